@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything the build, the demo and the tests need on Debian 12, as root.
+# Idempotent: each step is skipped when what it provides is already there.
+#   scripts/setup.sh          SQLite pieces only (demo and SQLite tests)
+#   scripts/setup.sh --pg     also PostgreSQL 15, pgrx's toolchain and cargo-pgrx
+set -euo pipefail
+
+PGRX_VERSION=0.18.1
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+want_pg=0
+[ "${1:-}" = "--pg" ] && want_pg=1
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+missing=()
+need_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed" || missing+=("$1"); }
+
+for p in sqlite3 libsqlite3-dev python3 gcc pkg-config; do need_pkg "$p"; done
+if [ "$want_pg" = 1 ]; then
+  for p in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo python3-psycopg2 \
+           libreadline-dev zlib1g-dev libssl-dev bison flex; do need_pkg "$p"; done
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  log "Debian packages already installed"
+fi
+
+command -v cargo >/dev/null || { echo "cargo not found: this project needs the machine's Rust toolchain" >&2; exit 1; }
+
+if [ "$want_pg" = 1 ]; then
+  if cargo pgrx --version 2>/dev/null | grep -q " ${PGRX_VERSION}\$"; then
+    log "cargo-pgrx ${PGRX_VERSION} already installed"
+  else
+    log "installing cargo-pgrx ${PGRX_VERSION} (takes several minutes)"
+    cargo install cargo-pgrx --version "${PGRX_VERSION}" --locked --quiet
+  fi
+  if grep -qs "pg15" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+    log "pgrx already initialised for PostgreSQL 15"
+  else
+    log "cargo pgrx init --pg15 ${PG_CONFIG}"
+    cargo pgrx init --pg15 "${PG_CONFIG}" >/dev/null
+  fi
+fi
+log "done"

@@ -1,0 +1,175 @@
+//! Token bucket arithmetic: given the stored state, the limits of this call and a clock
+//! reading, what is the answer and what must be stored.
+//!
+//! Levels are f64 tokens; every time is integer epoch milliseconds. Retry and reset times
+//! are found against the very predicate that admits a take, so waiting exactly
+//! `retry_after_ms` admits and waiting 1 ms less does not, whatever the float rounding.
+
+use crate::args::{self, Arg, Clock};
+use crate::error::Result;
+use crate::json::number;
+use serde_json::{json, Value};
+
+const MS_PER_MINUTE: f64 = 60_000.0;
+/// Longest wait ever reported (2^53 - 1 ms, about 285,000 years): keeps every reported
+/// time an exact integer in any JSON reader, and times far from overflow.
+pub const MAX_WAIT_MS: i64 = (1 << 53) - 1;
+
+/// What a bucket row stores: `level` tokens at `refilled_at`; `full_at` is when it is full
+/// again under the limits of the call that wrote it (the sweep removes it from then on).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketState {
+    pub level: f64,
+    pub refilled_at: i64,
+    pub full_at: i64,
+}
+
+/// The limits passed with a call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketLimits {
+    pub burst: f64,
+    pub refill_per_minute: f64,
+}
+
+/// The validated arguments of rl_take / rl_peek.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TakeArgs<'a> {
+    pub key: &'a str,
+    pub limits: BucketLimits,
+    pub cost: f64,
+    pub now_ms: i64,
+}
+
+impl<'a> TakeArgs<'a> {
+    /// `(key, burst, refill_per_minute [, cost = 1 [, now_ms]])`
+    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        args::arity(function, args.len(), 3, 5)?;
+        Ok(TakeArgs {
+            key: args::key(function, &args[0])?,
+            limits: BucketLimits {
+                burst: args::positive_number(function, "burst", &args[1])?,
+                refill_per_minute: args::positive_number(function, "refill_per_minute", &args[2])?,
+            },
+            cost: match args.get(3) {
+                None => 1.0,
+                Some(a) => args::positive_number(function, "cost", a)?,
+            },
+            now_ms: args::now_ms(function, args.get(4), clock)?,
+        })
+    }
+}
+
+/// The answer to a take, and the state to store when it admitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TakeDecision {
+    pub admitted: bool,
+    /// Whole tokens left after the call.
+    pub remaining: i64,
+    pub limit: f64,
+    pub retry_after_ms: i64,
+    pub reset_after_ms: i64,
+    /// Some exactly when admitted: the row to write.
+    pub new_state: Option<BucketState>,
+}
+
+impl TakeDecision {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "admitted": self.admitted,
+            "remaining": self.remaining,
+            "limit": number(self.limit),
+            "retry_after_ms": self.retry_after_ms,
+            "retry_after_seconds": ceil_seconds(self.retry_after_ms),
+            "reset_after_seconds": ceil_seconds(self.reset_after_ms),
+        })
+    }
+}
+
+pub fn ceil_seconds(ms: i64) -> i64 {
+    (ms + 999).div_euclid(1000)
+}
+
+/// Tokens in the bucket at time `t`. No row is a full bucket; a clock behind the row's
+/// refill time gets no refill; the level never exceeds the current burst.
+pub fn level_at(state: Option<&BucketState>, limits: &BucketLimits, t: i64) -> f64 {
+    match state {
+        None => limits.burst,
+        Some(s) => {
+            let stored = if s.level.is_finite() { s.level.max(0.0) } else { 0.0 };
+            let elapsed = t.saturating_sub(s.refilled_at).max(0) as f64;
+            (stored + elapsed * limits.refill_per_minute / MS_PER_MINUTE).min(limits.burst)
+        }
+    }
+}
+
+/// Milliseconds from `now` until the bucket holds `target` tokens (0 if it already does),
+/// capped at [`MAX_WAIT_MS`]. The estimate is corrected against [`level_at`] itself.
+pub fn wait_for(state: Option<&BucketState>, limits: &BucketLimits, now: i64, target: f64) -> i64 {
+    let ready = |wait: i64| level_at(state, limits, now + wait) >= target;
+    if ready(0) {
+        return 0;
+    }
+    let Some(s) = state else {
+        // Only a target above the burst is unreachable from a full bucket.
+        return MAX_WAIT_MS;
+    };
+    if target > limits.burst {
+        return MAX_WAIT_MS;
+    }
+    let start = s.refilled_at.max(now);
+    let deficit = target - level_at(state, limits, start);
+    let estimate = (start - now) as f64 + (deficit * MS_PER_MINUTE / limits.refill_per_minute).ceil();
+    if !(estimate < MAX_WAIT_MS as f64) {
+        return MAX_WAIT_MS;
+    }
+    let mut wait = (estimate as i64).max(1);
+    // Float rounding can put the estimate a few ms off either way; step to the exact edge.
+    for _ in 0..64 {
+        if ready(wait) {
+            break;
+        }
+        wait += 1;
+    }
+    for _ in 0..64 {
+        if wait <= 1 || !ready(wait - 1) {
+            break;
+        }
+        wait -= 1;
+    }
+    wait.min(MAX_WAIT_MS)
+}
+
+/// The one question of a bucket: take `cost` tokens now?
+pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: i64) -> TakeDecision {
+    let level = level_at(state, limits, now);
+    if cost <= level {
+        let refilled_at = state.map_or(now, |s| s.refilled_at.max(now));
+        let mut new_state = BucketState { level: level - cost, refilled_at, full_at: refilled_at };
+        let reset_after_ms = wait_for(Some(&new_state), limits, now, limits.burst);
+        new_state.full_at = now + reset_after_ms;
+        TakeDecision {
+            admitted: true,
+            remaining: new_state.level.floor() as i64,
+            limit: limits.burst,
+            retry_after_ms: 0,
+            reset_after_ms,
+            new_state: Some(new_state),
+        }
+    } else {
+        let retry_after_ms = if cost > limits.burst {
+            // Never admitted: report the time to refill a whole bucket.
+            let full = (limits.burst * MS_PER_MINUTE / limits.refill_per_minute).ceil();
+            if full < MAX_WAIT_MS as f64 { (full as i64).max(1) } else { MAX_WAIT_MS }
+        } else {
+            wait_for(state, limits, now, cost)
+        };
+        TakeDecision {
+            admitted: false,
+            remaining: level.floor() as i64,
+            limit: limits.burst,
+            retry_after_ms,
+            reset_after_ms: wait_for(state, limits, now, limits.burst),
+            new_state: None,
+        }
+    }
+}

@@ -1,0 +1,1 @@
+SELECT level, refilled_at, full_at FROM rl_bucket WHERE key = $1

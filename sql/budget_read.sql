@@ -1,0 +1,1 @@
+SELECT used, resets_at FROM rl_budget WHERE key = $1 AND period = $2

@@ -1,0 +1,17 @@
+-- State of the SQLite extension, created in the main database on first use.
+-- rl_bucket: a token bucket holds `level` tokens at `refilled_at` (epoch ms) and is full
+-- again at `full_at`. rl_budget: `used` millionths of a unit in the period ending at
+-- `resets_at` (epoch ms). No row means a full bucket / nothing spent.
+CREATE TABLE IF NOT EXISTS main.rl_bucket (
+    key         TEXT    NOT NULL PRIMARY KEY,
+    level       REAL    NOT NULL,
+    refilled_at INTEGER NOT NULL,
+    full_at     INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS main.rl_budget (
+    key       TEXT    NOT NULL,
+    period    TEXT    NOT NULL,
+    used      INTEGER NOT NULL,
+    resets_at INTEGER NOT NULL,
+    PRIMARY KEY (key, period)
+) WITHOUT ROWID;
