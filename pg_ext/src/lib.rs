@@ -1,1 +1,274 @@
+//! PostgreSQL extension pg_ratelimit: the rl_* functions over the shared core.
+//! Glue only: convert arguments, run the core's statements through SPI with plans
+//! prepared once per backend, raise the core's errors with their SQLSTATE.
 
+use std::cell::RefCell;
+
+use pgrx::prelude::*;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, JsonB, PgOid};
+use ratelimit_core::bucket::BucketState;
+use ratelimit_core::budget::{BudgetState, Period};
+use ratelimit_core::{calls, sql, Arg, Clock, ErrorKind, StateStore, StoreError, StoreResult};
+
+::pgrx::pg_module_magic!(name, version);
+
+pgrx::extension_sql_file!("../../sql/pg_schema.sql", name = "schema", bootstrap);
+pgrx::extension_sql_file!("../../sql/pg_finalize.sql", name = "comments", finalize);
+
+/// An explicit now_ms can refill a bucket early, so only a superuser may allow it.
+static ALLOW_EXPLICIT_CLOCK: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    GucRegistry::define_bool_guc(
+        c"pg_ratelimit.allow_explicit_clock",
+        c"Allows callers to pass now_ms to pg_ratelimit functions.",
+        c"An explicit clock lets a caller refill buckets early; meant for tests and replays.",
+        &ALLOW_EXPLICIT_CLOCK,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
+
+fn clock() -> Clock {
+    Clock::system(ALLOW_EXPLICIT_CLOCK.get())
+}
+
+/// Raises a core error as a PostgreSQL ERROR with the SQLSTATE its kind calls for.
+fn raise(e: ratelimit_core::Error) -> ! {
+    let code = match e.kind {
+        ErrorKind::InvalidArgument => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        ErrorKind::ClockNotAllowed => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        ErrorKind::ReadOnly => PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        ErrorKind::Storage => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+    };
+    ereport!(ERROR, code, e.to_string());
+}
+
+fn text(v: Option<&str>) -> Arg<'_> {
+    v.map_or(Arg::Null, Arg::Text)
+}
+
+fn real(v: Option<f64>) -> Arg<'static> {
+    v.map_or(Arg::Null, Arg::Real)
+}
+
+#[pg_extern(name = "rl_take", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_take(
+    key: Option<&str>,
+    burst: Option<f64>,
+    refill_per_minute: Option<f64>,
+    cost: default!(Option<f64>, 1),
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonB {
+    let args = [text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)];
+    with_store(|store| calls::rl_take(store, &args, &clock())).map(JsonB).unwrap_or_else(|e| raise(e))
+}
+
+#[pg_extern(name = "rl_spend", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_spend(
+    key: Option<&str>,
+    period: Option<&str>,
+    quota: Option<f64>,
+    cost: default!(Option<f64>, 1),
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonB {
+    let args = [text(key), text(period), real(quota), real(cost), real(now_ms)];
+    with_store(|store| calls::rl_spend(store, &args, &clock())).map(JsonB).unwrap_or_else(|e| raise(e))
+}
+
+#[pg_extern(name = "rl_budget", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_budget(
+    key: Option<&str>,
+    period: Option<&str>,
+    quota: Option<f64>,
+    cost: default!(Option<f64>, 1),
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonB {
+    let args = [text(key), text(period), real(quota), real(cost), real(now_ms)];
+    with_store(|store| calls::rl_budget(store, &args, &clock())).map(JsonB).unwrap_or_else(|e| raise(e))
+}
+
+#[pg_extern(name = "rl_sweep", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_sweep(now_ms: default!(Option<f64>, "NULL")) -> i64 {
+    let args: Vec<Arg> = now_ms.map(Arg::Real).into_iter().collect();
+    with_store(|store| calls::rl_sweep(store, &args, &clock())).unwrap_or_else(|e| raise(e))
+}
+
+#[pg_extern(name = "rl_key", immutable, parallel_safe)]
+fn rl_key(parts: Option<VariadicArray<'_, &str>>) -> String {
+    let args: Vec<Arg> = match &parts {
+        Some(p) => p.iter().map(text).collect(),
+        None => vec![Arg::Null],
+    };
+    calls::rl_key(&args).unwrap_or_else(|e| raise(e))
+}
+
+/// Statements prepared once per backend and kept for its lifetime.
+struct Plans {
+    bucket_read: OwnedPreparedStatement,
+    bucket_lock: OwnedPreparedStatement,
+    bucket_insert: OwnedPreparedStatement,
+    bucket_update: OwnedPreparedStatement,
+    budget_read: OwnedPreparedStatement,
+    budget_lock: OwnedPreparedStatement,
+    budget_insert: OwnedPreparedStatement,
+    budget_update: OwnedPreparedStatement,
+    sweep_buckets: OwnedPreparedStatement,
+    sweep_budgets: OwnedPreparedStatement,
+}
+
+thread_local! {
+    static PLANS: RefCell<Option<Plans>> = const { RefCell::new(None) };
+}
+
+const TEXT: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::TEXTOID);
+const FLOAT8: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::FLOAT8OID);
+const INT8: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::INT8OID);
+
+impl Plans {
+    fn prepare(client: &SpiClient<'_>) -> StoreResult<Plans> {
+        // prepare_mut: every statement takes a fresh snapshot, so a re-read sees the latest row.
+        let p = |text: &str, types: &[PgOid]| client.prepare_mut(text, types).map(|s| s.keep()).map_err(spi_error);
+        Ok(Plans {
+            bucket_read: p(sql::BUCKET_READ, &[TEXT])?,
+            bucket_lock: p(sql::BUCKET_LOCK, &[TEXT])?,
+            bucket_insert: p(sql::BUCKET_INSERT, &[TEXT, FLOAT8, INT8, INT8])?,
+            bucket_update: p(sql::BUCKET_UPDATE, &[TEXT, FLOAT8, INT8, INT8, FLOAT8, INT8])?,
+            budget_read: p(sql::BUDGET_READ, &[TEXT, TEXT])?,
+            budget_lock: p(sql::BUDGET_LOCK, &[TEXT, TEXT])?,
+            budget_insert: p(sql::BUDGET_INSERT, &[TEXT, TEXT, INT8, INT8])?,
+            budget_update: p(sql::BUDGET_UPDATE, &[TEXT, TEXT, INT8, INT8, INT8, INT8])?,
+            sweep_buckets: p(sql::SWEEP_BUCKETS, &[INT8])?,
+            sweep_budgets: p(sql::SWEEP_BUDGETS, &[INT8])?,
+        })
+    }
+}
+
+fn spi_error(e: pgrx::spi::SpiError) -> StoreError {
+    StoreError { message: e.to_string(), engine_code: None }
+}
+
+/// Runs a call with an SPI connection and this backend's prepared plans.
+fn with_store<T>(call: impl FnOnce(&mut PgStore) -> ratelimit_core::Result<T>) -> ratelimit_core::Result<T> {
+    Spi::connect_mut(|client| {
+        PLANS.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(Plans::prepare(client).map_err(|e| ratelimit_core::Error::storage("pg_ratelimit", e.message))?);
+            }
+            let plans = slot.as_ref().expect("prepared above");
+            call(&mut PgStore { client, plans })
+        })
+    })
+}
+
+struct PgStore<'a, 'conn> {
+    client: &'a mut SpiClient<'conn>,
+    plans: &'a Plans,
+}
+
+impl PgStore<'_, '_> {
+    fn changed(&mut self, plan: &OwnedPreparedStatement, args: &[pgrx::datum::DatumWithOid]) -> StoreResult<i64> {
+        self.client.update(plan, None, args).map(|t| t.len() as i64).map_err(spi_error)
+    }
+}
+
+impl StateStore for PgStore<'_, '_> {
+    fn read_only(&mut self) -> StoreResult<bool> {
+        // SAFETY: a backend-global flag, read on the backend's only thread.
+        Ok(unsafe { pg_sys::XactReadOnly })
+    }
+
+    fn read_bucket(&mut self, key: &str, lock: bool) -> StoreResult<Option<BucketState>> {
+        let plan = if lock { &self.plans.bucket_lock } else { &self.plans.bucket_read };
+        let table = self.client.update(plan, Some(1), &[key.into()]).map_err(spi_error)?;
+        if table.is_empty() {
+            return Ok(None);
+        }
+        let (level, refilled_at, full_at) = table.first().get_three::<f64, i64, i64>().map_err(spi_error)?;
+        Ok(Some(BucketState {
+            level: level.unwrap_or(0.0),
+            refilled_at: refilled_at.unwrap_or(0),
+            full_at: full_at.unwrap_or(0),
+        }))
+    }
+
+    fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
+        let n = match expected {
+            None => self.changed(
+                &self.plans.bucket_insert,
+                &[key.into(), new.level.into(), new.refilled_at.into(), new.full_at.into()],
+            )?,
+            Some(old) => self.changed(
+                &self.plans.bucket_update,
+                &[
+                    key.into(),
+                    new.level.into(),
+                    new.refilled_at.into(),
+                    new.full_at.into(),
+                    old.level.into(),
+                    old.refilled_at.into(),
+                ],
+            )?,
+        };
+        Ok(n == 1)
+    }
+
+    fn read_budget(&mut self, key: &str, period: Period, lock: bool) -> StoreResult<Option<BudgetState>> {
+        let plan = if lock { &self.plans.budget_lock } else { &self.plans.budget_read };
+        let table = self.client.update(plan, Some(1), &[key.into(), period.as_str().into()]).map_err(spi_error)?;
+        if table.is_empty() {
+            return Ok(None);
+        }
+        let (used, resets_at) = table.first().get_two::<i64, i64>().map_err(spi_error)?;
+        Ok(Some(BudgetState { used: used.unwrap_or(0), resets_at: resets_at.unwrap_or(0) }))
+    }
+
+    fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool> {
+        let n = match expected {
+            None => self.changed(
+                &self.plans.budget_insert,
+                &[key.into(), period.as_str().into(), new.used.into(), new.resets_at.into()],
+            )?,
+            Some(old) => self.changed(
+                &self.plans.budget_update,
+                &[
+                    key.into(),
+                    period.as_str().into(),
+                    new.used.into(),
+                    new.resets_at.into(),
+                    old.used.into(),
+                    old.resets_at.into(),
+                ],
+            )?,
+        };
+        Ok(n == 1)
+    }
+
+    fn sweep(&mut self, cutoff_ms: i64) -> StoreResult<i64> {
+        let buckets = self.changed(&self.plans.sweep_buckets, &[cutoff_ms.into()])?;
+        let budgets = self.changed(&self.plans.sweep_budgets, &[cutoff_ms.into()])?;
+        Ok(buckets + budgets)
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests;
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

@@ -1,0 +1,11 @@
+-- Deliberate declarations of every function's purpose.
+COMMENT ON FUNCTION rl_take(text, double precision, double precision, double precision, double precision) IS
+  'token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb';
+COMMENT ON FUNCTION rl_spend(text, text, double precision, double precision, double precision) IS
+  'calendar budget (UTC day or month): spend cost (all or nothing) against quota; returns jsonb';
+COMMENT ON FUNCTION rl_budget(text, text, double precision, double precision, double precision) IS
+  'what rl_spend with the same arguments would return, spending nothing';
+COMMENT ON FUNCTION rl_sweep(double precision) IS
+  'delete buckets that are full again and budgets whose period ended; returns the number of rows removed';
+COMMENT ON FUNCTION rl_key(text[]) IS
+  'composite key: the parts JSON-encoded as an array of strings, so different part lists never collide';
