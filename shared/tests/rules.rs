@@ -1,0 +1,414 @@
+//! Table-driven tests of the core rules with an explicit clock, plus a property test.
+
+use chrono::{TimeZone, Utc};
+use proptest::prelude::*;
+use ratelimit_core::args::{Arg, Clock};
+use ratelimit_core::bucket::{self, BucketLimits, BucketState};
+use ratelimit_core::budget::{self, BudgetState, Period, SpendArgs};
+use ratelimit_core::calls;
+use ratelimit_core::key::encode_key;
+use ratelimit_core::store::{StateStore, StoreResult};
+use ratelimit_core::ErrorKind;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+/// An in-memory store: the rules' view of a database, with a switch that makes the next
+/// compare-and-set fail as if another connection had written in between.
+#[derive(Default)]
+struct MemStore {
+    buckets: HashMap<String, BucketState>,
+    budgets: HashMap<(String, Period), BudgetState>,
+    read_only: bool,
+    writes: usize,
+    lost_races: usize,
+}
+
+impl StateStore for MemStore {
+    fn read_only(&mut self) -> StoreResult<bool> {
+        Ok(self.read_only)
+    }
+    fn read_bucket(&mut self, key: &str, _lock: bool) -> StoreResult<Option<BucketState>> {
+        Ok(self.buckets.get(key).copied())
+    }
+    fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
+        if self.lost_races > 0 {
+            self.lost_races -= 1;
+            return Ok(false);
+        }
+        if self.buckets.get(key) != expected {
+            return Ok(false);
+        }
+        self.writes += 1;
+        self.buckets.insert(key.to_owned(), *new);
+        Ok(true)
+    }
+    fn read_budget(&mut self, key: &str, period: Period, _lock: bool) -> StoreResult<Option<BudgetState>> {
+        Ok(self.budgets.get(&(key.to_owned(), period)).copied())
+    }
+    fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool> {
+        let k = (key.to_owned(), period);
+        if self.budgets.get(&k) != expected {
+            return Ok(false);
+        }
+        self.writes += 1;
+        self.budgets.insert(k, *new);
+        Ok(true)
+    }
+    fn sweep(&mut self, cutoff_ms: i64) -> StoreResult<i64> {
+        let before = self.buckets.len() + self.budgets.len();
+        self.buckets.retain(|_, b| b.full_at > cutoff_ms);
+        self.budgets.retain(|_, b| b.resets_at > cutoff_ms);
+        Ok((before - self.buckets.len() - self.budgets.len()) as i64)
+    }
+}
+
+const TEST_CLOCK: Clock = Clock { wall_ms: 4_000_000_000_000, explicit_allowed: true };
+
+fn take(s: &mut MemStore, key: &str, burst: f64, rate: f64, cost: f64, now: i64) -> Value {
+    calls::rl_take(s, &[Arg::Text(key), Arg::Real(burst), Arg::Real(rate), Arg::Real(cost), Arg::Integer(now)], &TEST_CLOCK).unwrap()
+}
+
+fn spend(s: &mut MemStore, key: &str, period: &str, quota: Arg, cost: Arg, now: i64) -> Value {
+    calls::rl_spend(s, &[Arg::Text(key), Arg::Text(period), quota, cost, Arg::Integer(now)], &TEST_CLOCK).unwrap()
+}
+
+fn ms(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
+    Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap().timestamp_millis()
+}
+
+#[test]
+fn the_contract_example_burst_3_refill_60() {
+    let mut s = MemStore::default();
+    // (now_ms, admitted, remaining, retry_after_ms, retry_after_seconds)
+    let steps = [
+        (0, true, 2, 0, 0),
+        (0, true, 1, 0, 0),
+        (0, true, 0, 0, 0),
+        (0, false, 0, 1000, 1),
+        (999, false, 0, 1, 1),
+        (1000, true, 0, 0, 0),
+    ];
+    for (now, admitted, remaining, retry_ms, retry_s) in steps {
+        let r = take(&mut s, "a", 3.0, 60.0, 1.0, now);
+        assert_eq!(r["admitted"], admitted, "at {now}: {r}");
+        assert_eq!(r["remaining"], remaining, "at {now}: {r}");
+        assert_eq!(r["retry_after_ms"], retry_ms, "at {now}: {r}");
+        assert_eq!(r["retry_after_seconds"], retry_s, "at {now}: {r}");
+        assert_eq!(r["limit"], 3);
+    }
+    assert_eq!(take(&mut s, "b", 3.0, 60.0, 1.0, 0)["remaining"], 2, "a second key has its own bucket");
+    let idle = take(&mut s, "a", 3.0, 60.0, 1.0, 10_000_000);
+    assert_eq!(idle["remaining"], 2, "never more than burst after idling: {idle}");
+}
+
+#[test]
+fn result_keys_are_exactly_the_contract() {
+    let mut s = MemStore::default();
+    let r = take(&mut s, "k", 3.0, 60.0, 1.0, 0);
+    let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds"]);
+    let b = spend(&mut s, "k", "day", Arg::Integer(5), Arg::Integer(1), 0);
+    let keys: Vec<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds"]);
+}
+
+#[test]
+fn cost_above_burst_is_refused_with_full_refill_time() {
+    let mut s = MemStore::default();
+    let r = take(&mut s, "k", 3.0, 60.0, 4.0, 0);
+    assert_eq!(r["admitted"], false);
+    assert_eq!(r["retry_after_ms"], 3000);
+    assert_eq!(r["reset_after_seconds"], 0, "an untouched bucket is full");
+    assert_eq!(s.writes, 0, "a refusal writes nothing");
+}
+
+#[test]
+fn reset_after_counts_until_full() {
+    let mut s = MemStore::default();
+    // burst 10, 6/min = 1 token per 10 s; take 4 -> full again in 40 s
+    let r = take(&mut s, "k", 10.0, 6.0, 4.0, 0);
+    assert_eq!(r["reset_after_seconds"], 40);
+    let r = take(&mut s, "k", 10.0, 6.0, 1.0, 5_500);
+    assert_eq!(r["reset_after_seconds"], 45, "{r}");
+}
+
+#[test]
+fn clock_behind_the_row_gets_no_refill_and_never_moves_times_back() {
+    let mut s = MemStore::default();
+    take(&mut s, "k", 2.0, 60.0, 2.0, 10_000);
+    let stored = s.buckets["k"];
+    let r = take(&mut s, "k", 2.0, 60.0, 1.0, 5_000);
+    assert_eq!(r["admitted"], false);
+    // waiting until the row's own time plus one token's refill
+    assert_eq!(r["retry_after_ms"], 6_000);
+    assert_eq!(s.buckets["k"], stored);
+    let r = take(&mut s, "k", 2.0, 60.0, 1.0, 11_000);
+    assert_eq!(r["admitted"], true);
+    assert!(s.buckets["k"].refilled_at >= stored.refilled_at);
+}
+
+#[test]
+fn lowered_burst_caps_the_stored_level() {
+    let mut s = MemStore::default();
+    take(&mut s, "k", 10.0, 60.0, 1.0, 0); // 9 left
+    let r = take(&mut s, "k", 3.0, 60.0, 1.0, 0);
+    assert_eq!(r["remaining"], 2);
+    assert_eq!(r["limit"], 3);
+}
+
+#[test]
+fn odd_rates_meet_the_retry_boundary_exactly() {
+    for rate in [7.0, 0.5, 100_000.0, 1.0 / 3.0, 59.999, 1e-3] {
+        for burst in [1.0, 3.0, 2.5, 1000.0] {
+            for cost in [1.0, 0.7, 2.0] {
+                if cost > burst {
+                    continue;
+                }
+                let limits = BucketLimits { burst, refill_per_minute: rate };
+                let empty = BucketState { level: 0.0, refilled_at: 12_345, full_at: 0 };
+                let d = bucket::take(Some(&empty), &limits, cost, 12_345);
+                assert!(!d.admitted);
+                let wait = d.retry_after_ms;
+                assert!(wait >= 1);
+                assert!(bucket::take(Some(&empty), &limits, cost, 12_345 + wait).admitted, "rate {rate} burst {burst} cost {cost} wait {wait}");
+                assert!(!bucket::take(Some(&empty), &limits, cost, 12_345 + wait - 1).admitted, "rate {rate} burst {burst} cost {cost} wait {wait}");
+            }
+        }
+    }
+}
+
+#[test]
+fn huge_and_tiny_numbers_stay_finite() {
+    let mut s = MemStore::default();
+    let r = take(&mut s, "k", 1e308, 1e-300, 1e308, 0);
+    assert_eq!(r["admitted"], true);
+    let r = take(&mut s, "k", 1e308, 1e-300, 1e308, 1);
+    assert_eq!(r["admitted"], false);
+    assert_eq!(r["retry_after_ms"], bucket::MAX_WAIT_MS);
+    assert!(r["remaining"].is_i64());
+}
+
+#[test]
+fn calendar_periods_in_utc() {
+    // (period, now, expected end)
+    let cases = [
+        (Period::Day, ms(2026, 11, 29, 13, 5, 0), ms(2026, 11, 30, 0, 0, 0)),
+        (Period::Day, ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
+        (Period::Day, ms(2028, 2, 28, 12, 0, 0), ms(2028, 2, 29, 0, 0, 0)),
+        (Period::Day, ms(2028, 2, 29, 0, 0, 0), ms(2028, 3, 1, 0, 0, 0)),
+        (Period::Month, ms(2028, 2, 10, 0, 0, 0), ms(2028, 3, 1, 0, 0, 0)),
+        (Period::Month, ms(2027, 2, 28, 23, 0, 0), ms(2027, 3, 1, 0, 0, 0)),
+        (Period::Month, ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
+        (Period::Month, ms(2026, 4, 30, 10, 0, 0), ms(2026, 5, 1, 0, 0, 0)),
+        (Period::Month, ms(2026, 5, 1, 0, 0, 0), ms(2026, 6, 1, 0, 0, 0)),
+        (Period::Month, 0, ms(1970, 2, 1, 0, 0, 0)),
+    ];
+    for (period, now, end) in cases {
+        assert_eq!(period.end_ms(now), end, "{period:?} at {now}");
+    }
+}
+
+#[test]
+fn a_spend_one_ms_before_midnight_belongs_to_that_day() {
+    let mut s = MemStore::default();
+    let midnight = ms(2026, 12, 1, 0, 0, 0);
+    let r = spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), midnight - 1);
+    assert_eq!(r["admitted"], true);
+    assert_eq!(r["resets_at"], midnight / 1000);
+    let r = spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), midnight - 1);
+    assert_eq!(r["admitted"], false);
+    assert_eq!(r["retry_after_seconds"], 1, "never 0 on a refusal");
+    let r = spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), midnight);
+    assert_eq!(r["admitted"], true, "a new day: {r}");
+    assert_eq!(r["used"], 1);
+}
+
+#[test]
+fn tenths_are_exact() {
+    let mut s = MemStore::default();
+    for i in 1..=10 {
+        let r = spend(&mut s, "k", "month", Arg::Integer(1), Arg::Real(0.1), 0);
+        assert_eq!(r["admitted"], true, "spend {i}");
+    }
+    let r = calls::rl_budget(&mut s, &[Arg::Text("k"), Arg::Text("month"), Arg::Integer(1), Arg::Real(0.1), Arg::Integer(0)], &TEST_CLOCK).unwrap();
+    assert_eq!(r.to_string(), json!({"admitted": false, "used": 1, "limit": 1, "remaining": 0, "resets_at": 2678400, "retry_after_seconds": 2678400}).to_string());
+    let r = spend(&mut s, "k", "month", Arg::Integer(1), Arg::Real(0.1), 0);
+    assert_eq!(r["admitted"], false);
+    assert_eq!(r["used"].to_string(), "1");
+    // text decimals are exact too
+    let r = spend(&mut s, "t", "day", Arg::Text("0.3"), Arg::Text("0.1"), 0);
+    assert_eq!(r["remaining"].to_string(), "0.2");
+}
+
+#[test]
+fn budget_and_bucket_and_periods_are_separate() {
+    let mut s = MemStore::default();
+    take(&mut s, "k", 1.0, 1.0, 1.0, 0);
+    assert_eq!(spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), 0)["admitted"], true);
+    assert_eq!(spend(&mut s, "k", "month", Arg::Integer(1), Arg::Integer(1), 0)["admitted"], true);
+    assert_eq!(spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), 0)["admitted"], false);
+    // used belongs to (key, period) whatever quota is passed
+    let r = spend(&mut s, "k", "day", Arg::Integer(5), Arg::Integer(1), 0);
+    assert_eq!(r["used"], 2);
+    assert_eq!(r["limit"], 5);
+}
+
+#[test]
+fn budget_clock_behind_a_newer_period_answers_from_that_period() {
+    let state = BudgetState { used: 3_000_000, resets_at: ms(2027, 1, 1, 0, 0, 0) };
+    let d = budget::spend(Some(&state), Period::Month, 3_000_000, 1_000_000, ms(2026, 11, 15, 0, 0, 0));
+    assert!(!d.admitted);
+    assert_eq!(d.resets_at_ms, state.resets_at);
+}
+
+#[test]
+fn sweep_removes_only_rows_that_no_longer_matter() {
+    let mut s = MemStore::default();
+    take(&mut s, "full-soon", 3.0, 60.0, 1.0, 0); // full at 1000
+    take(&mut s, "refilling", 3.0, 60.0, 3.0, 0); // full at 3000
+    spend(&mut s, "b", "day", Arg::Integer(1), Arg::Integer(1), 0); // ends at 86_400_000
+    let sweep = |s: &mut MemStore, now: i64| calls::rl_sweep(s, &[Arg::Integer(now)], &TEST_CLOCK).unwrap();
+    assert_eq!(sweep(&mut s, 999), 0);
+    assert_eq!(sweep(&mut s, 1000), 1);
+    // an answer after the sweep equals the answer had the row stayed
+    assert_eq!(take(&mut s, "full-soon", 3.0, 60.0, 1.0, 1500)["remaining"], 2);
+    assert_eq!(sweep(&mut s, 2499), 0, "the new full-soon row is full at 2500, refilling at 3000");
+    assert_eq!(sweep(&mut s, 2500), 1);
+    assert_eq!(sweep(&mut s, 86_399_999), 1, "refilling is full by now; the budget's day has not ended");
+    assert_eq!(sweep(&mut s, 86_400_000), 1);
+    // a caller's clock later than the real clock is held back to the real clock
+    take(&mut s, "future", 3.0, 60.0, 3.0, TEST_CLOCK.wall_ms + 10);
+    assert_eq!(sweep(&mut s, TEST_CLOCK.wall_ms + 1_000_000), 0);
+}
+
+#[test]
+fn lost_races_retry_and_still_admit_once() {
+    let mut s = MemStore { lost_races: 3, ..Default::default() };
+    let r = take(&mut s, "k", 1.0, 1.0, 1.0, 0);
+    assert_eq!(r["admitted"], true);
+    assert_eq!(s.writes, 1);
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_writes_nothing() {
+    let mut s = MemStore::default();
+    let cases: Vec<(&str, Vec<Arg>, &str)> = vec![
+        ("rl_take", vec![Arg::Null, Arg::Integer(3), Arg::Integer(60)], "rl_take: key must be text, got NULL"),
+        ("rl_take", vec![Arg::Text(""), Arg::Integer(3), Arg::Integer(60)], "rl_take: key must not be empty"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Integer(0), Arg::Integer(60)], "rl_take: burst must be a finite number greater than 0, got 0"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Text("abc"), Arg::Integer(60)], "rl_take: burst must be a finite number greater than 0, got 'abc'"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Real(f64::NAN)], "rl_take: refill_per_minute must be a finite number greater than 0, got NaN"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Real(f64::INFINITY)], "rl_take: refill_per_minute must be a finite number greater than 0, got Infinity"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(-1)], "rl_take: cost must be a finite number greater than 0, got -1"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Null], "rl_take: cost must be a finite number greater than 0, got NULL"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(-5)], "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got -5"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Real(1.5)], "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5"),
+        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3)], "rl_take: expected 3 to 5 arguments, got 2"),
+        ("rl_spend", vec![Arg::Text("k"), Arg::Text("week"), Arg::Integer(3)], "rl_spend: period must be 'day' or 'month', got 'week'"),
+        ("rl_spend", vec![Arg::Text("k"), Arg::Null, Arg::Integer(3)], "rl_spend: period must be 'day' or 'month', got NULL"),
+        ("rl_spend", vec![Arg::Text("k"), Arg::Text("day"), Arg::Real(-0.5)], "rl_spend: quota must be a finite number greater than 0, got -0.5"),
+        ("rl_spend", vec![Arg::Text("k"), Arg::Text("day"), Arg::Integer(1), Arg::Real(1e-9)], "rl_spend: cost must be at least 0.000001, got 0.000000001"),
+        ("rl_budget", vec![Arg::Text("k"), Arg::Text("day"), Arg::Blob(b"\xff")], "rl_budget: quota must be a finite number greater than 0, got a blob of 1 bytes"),
+        ("rl_sweep", vec![Arg::Text("soon")], "rl_sweep: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 'soon'"),
+    ];
+    for (function, args, message) in cases {
+        let result = match function {
+            "rl_take" => calls::rl_take(&mut s, &args, &TEST_CLOCK),
+            "rl_spend" => calls::rl_spend(&mut s, &args, &TEST_CLOCK),
+            "rl_budget" => calls::rl_budget(&mut s, &args, &TEST_CLOCK),
+            _ => calls::rl_sweep(&mut s, &args, &TEST_CLOCK).map(Value::from),
+        };
+        let err = result.expect_err(message);
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert_eq!(err.to_string(), message.replace("0.000000001", &format!("{}", 1e-9)));
+    }
+    let long = "x".repeat(1025);
+    let err = calls::rl_take(&mut s, &[Arg::Text(&long), Arg::Integer(3), Arg::Integer(60)], &TEST_CLOCK).unwrap_err();
+    assert_eq!(err.to_string(), "rl_take: key must be at most 1024 bytes, got 1025 bytes");
+    assert!(calls::rl_take(&mut s, &[Arg::Text(&long[..1024]), Arg::Integer(3), Arg::Integer(60)], &TEST_CLOCK).is_ok());
+    assert_eq!(s.writes, 1, "only the valid call wrote");
+}
+
+#[test]
+fn explicit_clock_can_be_forbidden_and_read_only_refuses() {
+    let mut s = MemStore::default();
+    let strict = Clock { wall_ms: 1, explicit_allowed: false };
+    let err = calls::rl_take(&mut s, &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(0)], &strict).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ClockNotAllowed);
+    assert!(calls::rl_take(&mut s, &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Null], &strict).is_ok());
+    s.read_only = true;
+    let err = calls::rl_take(&mut s, &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60)], &strict).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ReadOnly);
+    assert!(err.to_string().starts_with("rl_take: "));
+}
+
+#[test]
+fn keys_are_json_arrays_of_strings() {
+    assert_eq!(encode_key(&[Arg::Text("share1"), Arg::Text("caller:2")]).unwrap(), r#"["share1","caller:2"]"#);
+    assert_eq!(encode_key(&[Arg::Text("a\",\"b")]).unwrap(), r#"["a\",\"b"]"#);
+    assert_ne!(encode_key(&[Arg::Text("a\",\"b")]).unwrap(), encode_key(&[Arg::Text("a"), Arg::Text("b")]).unwrap());
+    assert_eq!(encode_key(&[Arg::Integer(7), Arg::Text("x")]).unwrap(), r#"["7","x"]"#);
+    assert_eq!(encode_key(&[Arg::Text("a"), Arg::Null]).unwrap_err().to_string(), "rl_key: part 2 must not be NULL");
+    assert!(encode_key(&[]).is_err());
+}
+
+#[test]
+fn spend_args_round_decimals_to_millionths() {
+    let a = SpendArgs::parse("rl_spend", &[Arg::Text("k"), Arg::Text("day"), Arg::Text("12.345678"), Arg::Real(0.000001)], &TEST_CLOCK).unwrap();
+    assert_eq!(a.quota, 12_345_678);
+    assert_eq!(a.cost, 1);
+}
+
+fn state_strategy() -> impl Strategy<Value = (f64, i64)> {
+    (0.0f64..200.0, 0i64..100_000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+    #[test]
+    fn bucket_invariants(
+        burst in prop_oneof![1.0f64..200.0, Just(1.0), Just(3.0)],
+        rate in prop_oneof![0.01f64..200_000.0, Just(7.0), Just(0.5), Just(100_000.0)],
+        cost in 0.01f64..50.0,
+        (level, refilled_at) in state_strategy(),
+        dt in -50_000i64..500_000,
+    ) {
+        let limits = BucketLimits { burst, refill_per_minute: rate };
+        let state = BucketState { level: level.min(burst), refilled_at, full_at: 0 };
+        let now = (refilled_at + dt).max(0);
+        let d = bucket::take(Some(&state), &limits, cost, now);
+        match d.new_state {
+            Some(new) => {
+                prop_assert!(d.admitted);
+                prop_assert!(new.level >= 0.0 && new.level <= burst);
+                prop_assert!(new.refilled_at >= state.refilled_at, "times never move back");
+                prop_assert_eq!(d.retry_after_ms, 0);
+            }
+            None => {
+                prop_assert!(!d.admitted);
+                prop_assert!(d.retry_after_ms >= 1);
+                if cost <= burst {
+                    let wait = d.retry_after_ms;
+                    prop_assert!(bucket::take(Some(&state), &limits, cost, now + wait).admitted, "waiting retry_after_ms admits");
+                    prop_assert!(!bucket::take(Some(&state), &limits, cost, now + wait - 1).admitted, "1 ms less does not");
+                }
+            }
+        }
+        prop_assert!(d.remaining >= 0 && (d.remaining as f64) <= burst);
+    }
+
+    #[test]
+    fn budget_never_exceeds_quota(quota in 1i64..5_000_000, costs in prop::collection::vec(1i64..2_000_000, 1..30)) {
+        let mut state: Option<BudgetState> = None;
+        for cost in costs {
+            let d = budget::spend(state.as_ref(), Period::Day, quota, cost, 1000);
+            if d.admitted {
+                state = d.new_state;
+            } else {
+                prop_assert_eq!(d.used, state.map_or(0, |s| s.used), "a refusal changes nothing");
+                prop_assert!(d.retry_after_seconds >= 1);
+            }
+            prop_assert!(d.used <= quota);
+        }
+    }
+}
