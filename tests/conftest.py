@@ -1,0 +1,122 @@
+"""Black-box test fixtures: the built SQLite extension through Python's sqlite3 module and
+the sqlite3 shell, and the installed PostgreSQL extension through psycopg2.
+
+Run with Debian's /usr/bin/python3 (its sqlite3 module can load extensions).
+Environment: RL_SQLITE_EXT (path of libratelimit without .so), and for PostgreSQL the
+usual PGHOST/PGPORT/PGUSER of a cluster where pg_ratelimit is installed; PostgreSQL
+tests are skipped when PGHOST is not set, unless RL_REQUIRE_PG=1 makes that a failure.
+"""
+import json
+import os
+import sqlite3
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SQLITE_EXT = os.environ.get("RL_SQLITE_EXT", os.path.join(ROOT, "target", "release", "libratelimit"))
+
+
+def sqlite_connect(path, timeout=30.0):
+    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    conn.enable_load_extension(True)
+    conn.load_extension(SQLITE_EXT)
+    conn.enable_load_extension(False)
+    return conn
+
+
+@pytest.fixture
+def sqlite_db(tmp_path):
+    path = str(tmp_path / "state.db")
+    conn = sqlite_connect(path)
+    yield conn, path
+    conn.close()
+
+
+class SqliteEngine:
+    name = "sqlite"
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def call(self, function, *args):
+        placeholders = ", ".join("?" for _ in args)
+        (value,) = self.conn.execute(f"SELECT {function}({placeholders})", args).fetchone()
+        return json.loads(value) if isinstance(value, str) and value.startswith("{") else value
+
+    def error_of(self, function, *args):
+        try:
+            self.call(function, *args)
+        except sqlite3.Error as e:
+            return str(e), None
+        raise AssertionError(f"{function}{args} did not fail")
+
+
+class PgEngine:
+    name = "postgres"
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def call(self, function, *args):
+        placeholders = ", ".join("%s" for _ in args)
+        with self.conn.cursor() as cur:
+            cur.execute(f"SELECT {function}({placeholders})", args)
+            (value,) = cur.fetchone()
+        return value
+
+    def error_of(self, function, *args):
+        import psycopg2
+
+        try:
+            self.call(function, *args)
+        except psycopg2.Error as e:
+            return e.diag.message_primary, e.pgcode
+        raise AssertionError(f"{function}{args} did not fail")
+
+
+def pg_available():
+    if os.environ.get("PGHOST"):
+        return True
+    if os.environ.get("RL_REQUIRE_PG") == "1":
+        pytest.fail("RL_REQUIRE_PG=1 but PGHOST is not set")
+    return False
+
+
+def pg_connect(dbname, autocommit=True):
+    import psycopg2
+
+    conn = psycopg2.connect(dbname=dbname)
+    conn.autocommit = autocommit
+    return conn
+
+
+@pytest.fixture
+def pg_db():
+    """A fresh database with pg_ratelimit created and the explicit clock allowed."""
+    if not pg_available():
+        pytest.skip("PGHOST not set: no PostgreSQL cluster for client tests")
+    name = "rl_test_" + uuid.uuid4().hex[:12]
+    admin = pg_connect("postgres")
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    conn = pg_connect(name)
+    with conn.cursor() as cur:
+        cur.execute("CREATE EXTENSION pg_ratelimit")
+        cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.allow_explicit_clock = on")
+        cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+    yield conn, name
+    conn.close()
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    admin.close()
+
+
+@pytest.fixture
+def sqlite_engine(sqlite_db):
+    return SqliteEngine(sqlite_db[0])
+
+
+@pytest.fixture
+def pg_engine(pg_db):
+    return PgEngine(pg_db[0])

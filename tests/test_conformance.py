@@ -1,0 +1,160 @@
+"""One list of calls with explicit now_ms, run against SQLite and PostgreSQL: both engines
+must return equal JSON (parsed) and the values the contract states."""
+import calendar
+import datetime
+
+import pytest
+
+from conftest import PgEngine, SqliteEngine, pg_available
+
+
+def ms(*ymd_hms):
+    return calendar.timegm(datetime.datetime(*ymd_hms).timetuple()) * 1000
+
+
+def take(admitted, remaining, limit, retry_ms, reset_s):
+    return {
+        "admitted": admitted,
+        "remaining": remaining,
+        "limit": limit,
+        "retry_after_ms": retry_ms,
+        "retry_after_seconds": -(-retry_ms // 1000),
+        "reset_after_seconds": reset_s,
+    }
+
+
+def spend(admitted, used, limit, resets_at_ms, retry_s):
+    return {
+        "admitted": admitted,
+        "used": used,
+        "limit": limit,
+        "remaining": round(limit - used, 6),
+        "resets_at": resets_at_ms // 1000,
+        "retry_after_seconds": retry_s,
+    }
+
+
+NOV_29 = ms(2026, 11, 29, 12, 0, 0)
+DEC_1 = ms(2026, 12, 1)
+MAX_NOW = "253402300799999"
+
+# (function, args, expected): expected is a dict (exact JSON), an int, a str (rl_key),
+# or ("error", message) for a 22023 error with that exact text.
+STEPS = [
+    # the contract's example: burst 3, refill 60/min
+    ("rl_take", ("a", 3, 60, 1, 0), take(True, 2, 3, 0, 1)),
+    ("rl_take", ("a", 3, 60, 1, 0), take(True, 1, 3, 0, 2)),
+    ("rl_take", ("a", 3, 60, 1, 0), take(True, 0, 3, 0, 3)),
+    ("rl_take", ("a", 3, 60, 1, 0), take(False, 0, 3, 1000, 3)),
+    ("rl_take", ("a", 3, 60, 1, 999), take(False, 0, 3, 1, 3)),
+    ("rl_take", ("a", 3, 60, 1, 1000), take(True, 0, 3, 0, 3)),
+    ("rl_take", ("b", 3, 60, 1, 1000), take(True, 2, 3, 0, 1)),
+    ("rl_take", ("a", 3, 60, 1, 100_000_000), take(True, 2, 3, 0, 1)),
+    # cost above burst: refused with the time to refill a full bucket
+    ("rl_take", ("c", 3, 60, 5, 0), take(False, 3, 3, 3000, 0)),
+    # odd rates: 7/min needs 8572 ms for one token
+    ("rl_take", ("odd", 1, 7, 1, 0), take(True, 0, 1, 0, 9)),
+    ("rl_take", ("odd", 1, 7, 1, 1), take(False, 0, 1, 8571, 9)),
+    ("rl_take", ("odd", 1, 7, 1, 8571), take(False, 0, 1, 1, 1)),
+    ("rl_take", ("odd", 1, 7, 1, 8572), take(True, 0, 1, 0, 9)),
+    ("rl_take", ("half", 1, 0.5, 1, 0), take(True, 0, 1, 0, 120)),
+    ("rl_take", ("half", 1, 0.5, 1, 119_999), take(False, 0, 1, 1, 1)),
+    ("rl_take", ("fast", 2, 100000, 2, 0), take(True, 0, 2, 0, 1)),
+    ("rl_take", ("fast", 2, 100000, 1, 0), take(False, 0, 2, 1, 1)),
+    ("rl_take", ("fast", 2, 100000, 1, 1), take(True, 0, 2, 0, 1)),
+    # a clock behind the row gets no refill
+    ("rl_take", ("skew", 2, 60, 2, 10_000), take(True, 0, 2, 0, 2)),
+    ("rl_take", ("skew", 2, 60, 1, 5_000), take(False, 0, 2, 6000, 7)),
+    # limits may change: a lower burst caps the stored level
+    ("rl_take", ("cap", 10, 60, 1, 0), take(True, 9, 10, 0, 1)),
+    ("rl_take", ("cap", 3, 60, 1, 0), take(True, 2, 3, 0, 1)),
+    # fractional burst and cost
+    ("rl_take", ("frac", 2.5, 60, 0.5, 0), take(True, 2, 2.5, 0, 1)),
+    # budgets: day and month in UTC, separate from each other and from buckets
+    ("rl_spend", ("a", "day", 2, 1, NOV_29), spend(True, 1, 2, ms(2026, 11, 30), 0)),
+    ("rl_spend", ("a", "day", 2, 1, NOV_29), spend(True, 2, 2, ms(2026, 11, 30), 0)),
+    ("rl_spend", ("a", "day", 2, 1, NOV_29), spend(False, 2, 2, ms(2026, 11, 30), 43200)),
+    ("rl_budget", ("a", "day", 2, 1, NOV_29), spend(False, 2, 2, ms(2026, 11, 30), 43200)),
+    ("rl_budget", ("a", "day", 5, 1, NOV_29), spend(True, 3, 5, ms(2026, 11, 30), 0)),  # as rl_spend would answer
+    ("rl_spend", ("a", "month", 2, 1, NOV_29), spend(True, 1, 2, DEC_1, 0)),
+    ("rl_spend", ("a", "day", 2, 1, ms(2026, 11, 30)), spend(True, 1, 2, ms(2026, 12, 1), 0)),
+    # a spend 1 ms before midnight, and the refusal never says 0 seconds
+    ("rl_spend", ("edge", "day", 1, 1, ms(2026, 12, 31, 23, 59, 59) + 999), spend(True, 1, 1, ms(2027, 1, 1), 0)),
+    ("rl_spend", ("edge", "day", 1, 1, ms(2026, 12, 31, 23, 59, 59) + 999), spend(False, 1, 1, ms(2027, 1, 1), 1)),
+    ("rl_spend", ("edge", "day", 1, 1, ms(2027, 1, 1)), spend(True, 1, 1, ms(2027, 1, 2), 0)),
+    ("rl_spend", ("leap", "month", 1, 1, ms(2028, 2, 29, 23)), spend(True, 1, 1, ms(2028, 3, 1), 0)),
+    ("rl_spend", ("leap", "day", 1, 1, ms(2028, 2, 28, 23)), spend(True, 1, 1, ms(2028, 2, 29), 0)),
+    ("rl_spend", ("dec", "month", 1, 1, ms(2026, 12, 15)), spend(True, 1, 1, ms(2027, 1, 1), 0)),
+    # decimal exactness: ten spends of 0.1 fill a quota of 1 exactly
+    *[("rl_spend", ("tenth", "day", 1, 0.1, NOV_29), spend(True, round(0.1 * i, 1), 1, ms(2026, 11, 30), 0)) for i in range(1, 10)],
+    ("rl_spend", ("tenth", "day", 1, 0.1, NOV_29), spend(True, 1, 1, ms(2026, 11, 30), 0)),
+    ("rl_spend", ("tenth", "day", 1, 0.1, NOV_29), spend(False, 1, 1, ms(2026, 11, 30), 43200)),
+    # sweep: the bucket "b" (taken at 1000) is full at 2000; budgets end at their period
+    ("rl_sweep", (1999,), None),  # value depends on earlier rows; checked for equality only
+    ("rl_take", ("sw", 2, 60, 2, 0), take(True, 0, 2, 0, 2)),
+    ("rl_sweep", (1999,), 0),
+    ("rl_sweep", (2000,), 2),  # "b" and "sw"
+    ("rl_take", ("sw", 2, 60, 1, 2500), take(True, 1, 2, 0, 1)),
+    # keys
+    ("rl_key", ("share1", "caller:2"), '["share1","caller:2"]'),
+    ("rl_key", ('a","b',), '["a\\",\\"b"]'),
+    ("rl_key", ("a", "b"), '["a","b"]'),
+    ("rl_key", ("ünï", "\n"), '["ünï","\\n"]'),
+    # every bad input: a clear error naming the function, the argument and the value
+    ("rl_take", (None, 3, 60), ("error", "rl_take: key must be text, got NULL")),
+    ("rl_take", ("", 3, 60), ("error", "rl_take: key must not be empty")),
+    ("rl_take", ("x" * 1025, 3, 60), ("error", "rl_take: key must be at most 1024 bytes, got 1025 bytes")),
+    ("rl_take", ("k", None, 60), ("error", "rl_take: burst must be a finite number greater than 0, got NULL")),
+    ("rl_take", ("k", 0, 60), ("error", "rl_take: burst must be a finite number greater than 0, got 0")),
+    ("rl_take", ("k", -3, 60), ("error", "rl_take: burst must be a finite number greater than 0, got -3")),
+    ("rl_take", ("k", 3, 0), ("error", "rl_take: refill_per_minute must be a finite number greater than 0, got 0")),
+    ("rl_take", ("k", 3, None), ("error", "rl_take: refill_per_minute must be a finite number greater than 0, got NULL")),
+    ("rl_take", ("k", 3, 60, 0), ("error", "rl_take: cost must be a finite number greater than 0, got 0")),
+    ("rl_take", ("k", 3, 60, None), ("error", "rl_take: cost must be a finite number greater than 0, got NULL")),
+    ("rl_take", ("k", 3, 60, 1, -1), ("error", "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got -1")),
+    ("rl_take", ("k", 3, 60, 1, 1.5), ("error", "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5")),
+    ("rl_spend", ("k", "week", 3), ("error", "rl_spend: period must be 'day' or 'month', got 'week'")),
+    ("rl_spend", ("k", None, 3), ("error", "rl_spend: period must be 'day' or 'month', got NULL")),
+    ("rl_spend", ("k", "day", 0), ("error", "rl_spend: quota must be a finite number greater than 0, got 0")),
+    ("rl_spend", ("k", "day", 3, -0.5), ("error", "rl_spend: cost must be a finite number greater than 0, got -0.5")),
+    ("rl_spend", (None, "day", 3), ("error", "rl_spend: key must be text, got NULL")),
+    ("rl_budget", ("k", "Day", 3), ("error", "rl_budget: period must be 'day' or 'month', got 'Day'")),
+    ("rl_budget", ("k", "day", None), ("error", "rl_budget: quota must be a finite number greater than 0, got NULL")),
+    ("rl_sweep", (-1,), ("error", "rl_sweep: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got -1")),
+    ("rl_key", ("a", None), ("error", "rl_key: part 2 must not be NULL")),
+    # nothing was written by the failed calls: "k" is still a full bucket
+    ("rl_take", ("k", 3, 60, 1, 0), take(True, 2, 3, 0, 1)),
+]
+
+
+def run(engine):
+    results = []
+    for function, args, expected in STEPS:
+        if isinstance(expected, tuple):
+            message, code = engine.error_of(function, *args)
+            results.append(("error", message))
+            assert message == expected[1], f"{engine.name} {function}{args}"
+            if engine.name == "postgres":
+                assert code == "22023", f"{function}{args}: SQLSTATE {code}"
+        else:
+            got = engine.call(function, *args)
+            results.append(got)
+            if expected is not None:
+                assert got == expected, f"{engine.name} {function}{args}"
+    return results
+
+
+def test_sqlite_follows_the_contract(sqlite_engine):
+    run(sqlite_engine)
+
+
+def test_postgres_follows_the_contract(pg_engine):
+    run(pg_engine)
+
+
+def test_engines_agree(sqlite_db, pg_db):
+    sqlite_results = run(SqliteEngine(sqlite_db[0]))
+    pg_results = run(PgEngine(pg_db[0]))
+    assert len(sqlite_results) == len(STEPS)
+    for step, a, b in zip(STEPS, sqlite_results, pg_results):
+        assert a == b, f"engines differ on {step[0]}{step[1]}: sqlite {a} postgres {b}"
