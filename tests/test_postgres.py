@@ -1,0 +1,175 @@
+"""PostgreSQL-specific behaviour of pg_ratelimit through a real client (psycopg2)."""
+import threading
+
+import psycopg2
+import pytest
+
+from conftest import pg_connect
+
+
+def one(conn, sql, args=()):
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchone()[0]
+
+
+@pytest.fixture
+def app_role(pg_db):
+    """A NOLOGIN role with no privileges beyond the default EXECUTE, used via SET ROLE."""
+    conn, name = pg_db
+    role = f"app_{name}"
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE ROLE {role} NOLOGIN")
+        cur.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
+    yield role
+    with conn.cursor() as cur:
+        cur.execute("RESET ROLE")
+        cur.execute(f"DROP OWNED BY {role}")
+        cur.execute(f"DROP ROLE {role}")
+
+
+def test_default_search_path_and_jsonb(pg_db):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_typeof(rl_take('k', 10, 60)), rl_take('k', 10, 60) ->> 'remaining'")
+        assert cur.fetchone() == ("jsonb", "8")
+
+
+def test_ordinary_role_calls_functions_but_cannot_touch_state(pg_db, app_role):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("SET pg_ratelimit.allow_explicit_clock = off")
+        cur.execute(f"SET ROLE {app_role}")
+        cur.execute("SELECT rl_take('k', 3, 60) ->> 'admitted', rl_spend('k', 'day', 3) ->> 'admitted'")
+        assert cur.fetchone() == ("true", "true")
+        for sql in [
+            "SELECT * FROM ratelimit.rl_bucket",
+            "INSERT INTO ratelimit.rl_bucket VALUES ('x', 1, 0, 0)",
+            "UPDATE ratelimit.rl_budget SET used = 0",
+            "DELETE FROM ratelimit.rl_bucket",
+        ]:
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute(sql)
+
+
+def test_explicit_clock_is_off_by_default_and_superuser_only(pg_db, app_role):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("SELECT reset_val FROM pg_settings WHERE name = 'pg_ratelimit.allow_explicit_clock'")
+        cur.execute("SELECT boot_val, context FROM pg_settings WHERE name = 'pg_ratelimit.allow_explicit_clock'")
+        assert cur.fetchone() == ("off", "superuser")
+        cur.execute("SET pg_ratelimit.allow_explicit_clock = off")
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege) as e:
+            cur.execute("SELECT rl_take('k', 3, 60, 1, 0)")
+        assert e.value.diag.message_primary == (
+            "rl_take: an explicit now_ms is not allowed unless pg_ratelimit.allow_explicit_clock is on")
+        cur.execute("SELECT rl_take('k', 3, 60, 1, NULL) ->> 'admitted'")
+        assert cur.fetchone() == ("true",)
+        cur.execute(f"SET ROLE {app_role}")
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+        cur.execute("RESET ROLE")
+        cur.execute("SHOW pg_ratelimit.allow_explicit_clock")
+        assert cur.fetchone() == ("off",)
+
+
+def test_search_path_hijack_is_ignored(pg_db, app_role):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute(f"SET ROLE {app_role}")
+        # shadow a catalog function, an operator and the state table in schemas the role controls
+        cur.execute("CREATE FUNCTION public.least(double precision, double precision) RETURNS double precision "
+                    "LANGUAGE sql AS 'SELECT 1e9::float8'")
+        cur.execute("CREATE FUNCTION public.rl_evil_eq(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'")
+        cur.execute("CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.rl_evil_eq)")
+        cur.execute("CREATE TEMP TABLE rl_bucket (key text PRIMARY KEY, level float8, refilled_at int8, full_at int8)")
+        cur.execute("SET search_path = pg_temp, public, pg_catalog")
+        results = []
+        for _ in range(4):
+            cur.execute("SELECT rl_take('hijack', 3, 0.001) ->> 'admitted'")
+            results.append(cur.fetchone()[0])
+        assert results == ["true", "true", "true", "false"]
+        cur.execute("SELECT count(*) FROM pg_temp.rl_bucket")
+        assert cur.fetchone() == (0,)
+
+
+def test_rollback_undoes_a_take(pg_db):
+    conn, name = pg_db
+    tx = pg_connect(name, autocommit=False)
+    assert one(tx, "SELECT rl_take('tx', 1, 0.001) ->> 'admitted'") == "true"
+    tx.rollback()
+    assert one(tx, "SELECT rl_take('tx', 1, 0.001) ->> 'admitted'") == "true"
+    tx.commit()
+    assert one(tx, "SELECT rl_take('tx', 1, 0.001) ->> 'admitted'") == "false"
+    tx.close()
+
+
+def test_read_only_transaction_is_a_clear_error(pg_db):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("BEGIN READ ONLY")
+        with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction) as e:
+            cur.execute("SELECT rl_take('k', 3, 60)")
+        assert e.value.diag.message_primary.startswith("rl_take: cannot change rate-limit state")
+        cur.execute("ROLLBACK")
+
+
+def test_clock_is_the_real_time(pg_db):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("SELECT rl_spend('clock', 'day', 5) ->> 'resets_at', "
+                    "extract(epoch FROM date_trunc('day', clock_timestamp() AT TIME ZONE 'UTC') + interval '1 day')::bigint")
+        resets_at, expected = cur.fetchone()
+        assert int(resets_at) == expected
+
+
+def test_every_function_has_a_comment_and_drop_removes_everything(pg_db):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("SELECT p.proname, obj_description(p.oid, 'pg_proc') FROM pg_proc p "
+                    "JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e' "
+                    "JOIN pg_extension e ON e.oid = d.refobjid WHERE e.extname = 'pg_ratelimit'")
+        functions = dict(cur.fetchall())
+        assert set(functions) == {"rl_take", "rl_spend", "rl_budget", "rl_sweep", "rl_key"}
+        assert all(functions.values())
+        cur.execute("SELECT rl_take('k', 3, 60)")
+        cur.execute("DROP EXTENSION pg_ratelimit")
+        cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'ratelimit'")
+        assert cur.fetchone() == (0,)
+        cur.execute("SELECT count(*) FROM pg_proc WHERE proname LIKE 'rl\\_%'")
+        assert cur.fetchone() == (0,)
+        cur.execute("CREATE EXTENSION pg_ratelimit")
+        cur.execute("SELECT rl_take('k', 3, 60) ->> 'remaining'")
+        assert cur.fetchone() == ("2",)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT rl_take('hot-{n}', 100, 0.000001)",
+    "SELECT rl_spend('hot-{n}', 'month', 100, 1)",
+])
+def test_sixteen_sessions_admit_exactly_the_limit(pg_db, sql):
+    conn, name = pg_db
+    sessions, calls = 16, 40
+    key_sql = sql.replace("{n}", name)
+    barrier = threading.Barrier(sessions)
+    admitted = [0] * sessions
+    errors = []
+
+    def worker(i):
+        try:
+            c = pg_connect(name)
+            barrier.wait()  # first-ever use of the key by all sessions at once
+            for _ in range(calls):
+                if one(c, key_sql)["admitted"]:
+                    admitted[i] += 1
+            c.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sum(admitted) == 100
