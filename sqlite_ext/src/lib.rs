@@ -33,23 +33,27 @@ pub unsafe extern "C" fn sqlite3_ratelimit_init(
 }
 
 fn register(db: Connection) -> rusqlite::Result<bool> {
-    db.create_scalar_function(calls::RL_TAKE, -1, STATEFUL, |ctx| {
-        with_store(ctx, |store, args| calls::rl_take(store, args, &Clock::system(true)).map(|v| v.to_string()))
-    })?;
-    db.create_scalar_function(calls::RL_SPEND, -1, STATEFUL, |ctx| {
-        with_store(ctx, |store, args| calls::rl_spend(store, args, &Clock::system(true)).map(|v| v.to_string()))
-    })?;
-    db.create_scalar_function(calls::RL_BUDGET, -1, STATEFUL, |ctx| {
-        with_store(ctx, |store, args| calls::rl_budget(store, args, &Clock::system(true)).map(|v| v.to_string()))
-    })?;
-    db.create_scalar_function(calls::RL_SWEEP, -1, STATEFUL, |ctx| {
-        with_store(ctx, |store, args| calls::rl_sweep(store, args, &Clock::system(true)))
-    })?;
-    db.create_scalar_function("rl_key", -1, PURE, |ctx| {
-        let args = args_of(ctx);
-        calls::rl_key(&args).map_err(to_sqlite_error)
-    })?;
+    register_stateful(&db, calls::RL_TAKE, |s, a, c| calls::rl_take(s, a, c).map(|v| v.to_string()))?;
+    register_stateful(&db, calls::RL_SPEND, |s, a, c| calls::rl_spend(s, a, c).map(|v| v.to_string()))?;
+    register_stateful(&db, calls::RL_BUDGET, |s, a, c| calls::rl_budget(s, a, c).map(|v| v.to_string()))?;
+    register_stateful(&db, calls::RL_SWEEP, |s, a, c| calls::rl_sweep(s, a, c))?;
+    db.create_scalar_function("rl_key", -1, PURE, |ctx| calls::rl_key(&args_of(ctx)).map_err(to_sqlite_error))?;
     Ok(false)
+}
+
+/// Registers a function that runs a core call on the caller's own connection. SQLite has
+/// no clock policy of its own: an explicit now_ms is always allowed.
+fn register_stateful<T: rusqlite::functions::SqlFnOutput + 'static>(
+    db: &Connection,
+    name: &'static str,
+    call: fn(&mut SqliteStore<'_>, &[Arg<'_>], &Clock) -> ratelimit_core::Result<T>,
+) -> rusqlite::Result<()> {
+    db.create_scalar_function(name, -1, STATEFUL, move |ctx| {
+        // SAFETY: the connection is only used during this call, on this thread.
+        let conn = unsafe { ctx.get_connection()? };
+        let mut store = SqliteStore { conn: &conn };
+        call(&mut store, &args_of(ctx), &Clock::system(true)).map_err(to_sqlite_error)
+    })
 }
 
 /// The arguments of a call as core values. Text that is not UTF-8 arrives as a blob.
@@ -63,18 +67,6 @@ fn args_of<'a>(ctx: &'a Context<'_>) -> Vec<Arg<'a>> {
             ValueRef::Blob(b) => Arg::Blob(b),
         })
         .collect()
-}
-
-/// Runs a stateful call on the connection the function was called on.
-fn with_store<T>(
-    ctx: &Context<'_>,
-    call: impl FnOnce(&mut SqliteStore, &[Arg]) -> ratelimit_core::Result<T>,
-) -> rusqlite::Result<T> {
-    // SAFETY: the connection is only used during this call, on this thread.
-    let conn = unsafe { ctx.get_connection()? };
-    let args = args_of(ctx);
-    let mut store = SqliteStore { conn: &conn };
-    call(&mut store, &args).map_err(to_sqlite_error)
 }
 
 /// A core error as the SQLite error the caller sees: the core's text, and SQLite's own
