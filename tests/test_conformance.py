@@ -158,3 +158,34 @@ def test_engines_agree(sqlite_db, pg_db):
     assert len(sqlite_results) == len(STEPS)
     for step, a, b in zip(STEPS, sqlite_results, pg_results):
         assert a == b, f"engines differ on {step[0]}{step[1]}: sqlite {a} postgres {b}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request):
+    if request.param == "sqlite":
+        return SqliteEngine(request.getfixturevalue("sqlite_db")[0])
+    return PgEngine(request.getfixturevalue("pg_db")[0])
+
+
+def test_sweep_with_any_clock_keeps_a_refilling_bucket(engine):
+    # taken now, on the real clock: refilling for about 100 years
+    assert engine.call("rl_take", "slow", 10, 1e-4, 10)["admitted"] is True
+    assert engine.call("rl_spend", "budget", "month", 1, 1)["admitted"] is True
+    for clock in (0, 1, int(MAX_NOW), None):
+        removed = engine.call("rl_sweep", clock) if clock is not None else engine.call("rl_sweep")
+        assert removed == 0, f"sweep at {clock} removed {removed}"
+    assert engine.call("rl_take", "slow", 10, 1e-4, 1)["admitted"] is False
+    kept = engine.call("rl_budget", "budget", "month", 1, 1)
+    assert (kept["admitted"], kept["used"]) == (False, 1)
+
+
+def test_clock_behind_never_moves_stored_times_back(engine):
+    first = engine.call("rl_take", "skew", 5, 60, 5, 50_000)
+    assert first["admitted"] is True
+    for behind in (0, 10_000, 49_999):
+        r = engine.call("rl_take", "skew", 5, 60, 1, behind)
+        assert r["admitted"] is False, "no refill for a clock behind the row"
+        assert r["retry_after_ms"] == 50_000 - behind + 1000
+    # the row still refills from 50 000 ms: one token is back at 51 000, not earlier
+    assert engine.call("rl_take", "skew", 5, 60, 1, 50_999)["admitted"] is False
+    assert engine.call("rl_take", "skew", 5, 60, 1, 51_000)["admitted"] is True

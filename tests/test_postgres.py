@@ -173,3 +173,53 @@ def test_sixteen_sessions_admit_exactly_the_limit(pg_db, sql):
         t.join()
     assert errors == []
     assert sum(admitted) == 100
+
+
+def test_32_sessions_mixed_keys_exact_totals(pg_db):
+    """Many keys and one hot key, buckets and budgets mixed, every key's first use by all
+    sessions at once: exact admitted totals, no deadlock, no unique violation."""
+    import random
+
+    conn, name = pg_db
+    sessions, calls = 32, 60
+    barrier = threading.Barrier(sessions)
+    lock = threading.Lock()
+    admitted, attempted, errors = {}, {}, []
+
+    def call_for(rng):
+        kind = rng.randrange(4)
+        if kind == 0:
+            return ("hot-bucket", "SELECT rl_take('hot', 100, 0.000001)", 100)
+        if kind == 1:
+            return ("hot-budget", "SELECT rl_spend('hot', 'month', 100, 1)", 100)
+        n = rng.randrange(24)
+        if kind == 2:
+            return (f"bucket-{n}", f"SELECT rl_take('k{n}', 5, 0.000001)", 5)
+        return (f"budget-{n}", f"SELECT rl_spend('k{n}', 'day', 5, 1)", 5)
+
+    def worker(i):
+        rng = random.Random(i)
+        try:
+            c = pg_connect(name)
+            barrier.wait()
+            for _ in range(calls):
+                label, sql, _ = call_for(rng)
+                ok = one(c, sql)["admitted"]
+                with lock:
+                    attempted[label] = attempted.get(label, 0) + 1
+                    admitted[label] = admitted.get(label, 0) + ok
+            c.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a session hung"
+    assert errors == []
+    for label, count in attempted.items():
+        limit = 100 if label.startswith("hot") else 5
+        assert admitted[label] == min(limit, count), (label, admitted[label], count)
+    print(f"\n32 sessions: {sum(attempted.values())} calls, {sum(admitted.values())} admitted over {len(attempted)} limits")

@@ -1,0 +1,136 @@
+"""Hostile input: random argument tuples for every function on both engines. Every call
+must return a valid answer obeying the contract or raise a clear error; never crash the
+host process, never return NULL, never write a row from a failed call.
+
+RL_FUZZ_CALLS sets the tuples per engine (default 100000)."""
+import json
+import math
+import os
+import random
+import sqlite3
+
+import pytest
+
+from conftest import PgEngine, pg_connect
+
+CALLS = int(os.environ.get("RL_FUZZ_CALLS", "100000"))
+I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
+MAX_NOW = 253402300799999
+
+NUMBERS = [None, float("nan"), float("inf"), float("-inf"), 0, -1, -0.5, 1, 2, 3, 0.1, 0.5, 7, 60,
+           1e308, 1e-300, 5e-7, 1e9, 1e9 + 1, I64_MAX, I64_MIN, "3", "0.25", "abc", "", " 1 ", "1e3", "-2"]
+CLOCKS = [None, 0, 1, 999, 1000, 86_399_999, MAX_NOW, MAX_NOW + 1, -1, 1.5, I64_MAX, I64_MIN, float("nan"), "5", "x"]
+PERIODS = [None, "day", "month", "week", "DAY", "", "month ", 1]
+
+
+def keys(rng):
+    return rng.choice([None, "", "k", "k2", "ключ", "x" * 1024, "x" * 1025, "y" * 10_240, 5, 2.5,
+                       b"\xff\xfe", b"k", "a\x00b", rng.choice("abcdef")])
+
+
+def random_call(rng):
+    function = rng.choice(["rl_take", "rl_spend", "rl_budget", "rl_sweep", "rl_key"])
+    if function == "rl_sweep":
+        args = [rng.choice(CLOCKS)] if rng.random() < 0.8 else []
+    elif function == "rl_key":
+        args = [keys(rng) for _ in range(rng.randint(1, 4))]
+    else:
+        second = rng.choice(NUMBERS) if function == "rl_take" else rng.choice(PERIODS)
+        args = [keys(rng), second, rng.choice(NUMBERS)]
+        if rng.random() < 0.7:
+            args.append(rng.choice(NUMBERS))
+            if rng.random() < 0.7:
+                args.append(rng.choice(CLOCKS))
+    return function, args
+
+
+TAKE_KEYS = ["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds"]
+SPEND_KEYS = ["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds"]
+
+
+def check_answer(function, value):
+    assert value is not None, f"{function} returned NULL"
+    if function == "rl_key":
+        assert isinstance(value, str) and isinstance(json.loads(value), list)
+        return
+    if function == "rl_sweep":
+        assert isinstance(value, int) and value >= 0
+        return
+    r = json.loads(value) if isinstance(value, str) else value
+    if function == "rl_take":
+        assert sorted(r) == sorted(TAKE_KEYS), r
+        assert isinstance(r["admitted"], bool)
+        assert r["remaining"] >= 0 and r["remaining"] <= r["limit"]
+        if r["admitted"]:
+            assert r["retry_after_ms"] == 0 and r["retry_after_seconds"] == 0
+        else:
+            assert r["retry_after_ms"] >= 1 and r["retry_after_seconds"] >= 1
+            assert r["retry_after_seconds"] == -(-r["retry_after_ms"] // 1000)
+    else:
+        assert sorted(r) == sorted(SPEND_KEYS), r
+        assert math.isclose(r["remaining"], r["limit"] - r["used"], abs_tol=1e-6)
+        assert (r["retry_after_seconds"] == 0) == r["admitted"]
+        if r["admitted"] and function == "rl_spend":
+            assert r["used"] <= r["limit"]
+
+
+def test_sqlite_survives_hostile_input(sqlite_db):
+    conn, _ = sqlite_db
+    conn.execute("SELECT rl_take('warm', 1, 1)")  # create the state tables
+    rng = random.Random(20261129)
+    answers = errors = 0
+    for _ in range(CALLS):
+        function, args = random_call(rng)
+        before = conn.total_changes
+        try:
+            (value,) = conn.execute(f"SELECT {function}({', '.join('?' * len(args))})", args).fetchone()
+        except sqlite3.Error as e:
+            errors += 1
+            message = str(e)
+            assert message.startswith(function + ": ") or "wrong number of arguments" in message, message
+            assert conn.total_changes == before, f"{function}{args} failed but wrote"
+            continue
+        answers += 1
+        check_answer(function, value)
+    print(f"\nsqlite: {CALLS} tuples, {answers} answers, {errors} errors")
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert answers > CALLS // 10 and errors > CALLS // 10
+
+
+def pg_value(v):
+    return bytes(v) if isinstance(v, (bytes, bytearray)) else v
+
+
+def test_postgres_survives_hostile_input(pg_db):
+    import psycopg2
+
+    conn, name = pg_db
+    engine = PgEngine(conn)
+    rng = random.Random(20261130)
+    answers = errors = 0
+    for _ in range(CALLS):
+        function, args = random_call(rng)
+        args = [pg_value(a) for a in args]
+        try:
+            value = engine.call(function, *args)
+        except ValueError:  # the driver refuses NUL in text before sending anything
+            errors += 1
+            continue
+        except psycopg2.Error as e:
+            errors += 1
+            primary = e.diag.message_primary or ""
+            # our own errors name the function; the rest are PostgreSQL rejecting a type
+            # before the call (text that is no number, a bytea key, an out-of-range value)
+            assert primary.startswith(function + ": ") or e.pgcode in (
+                "22P02", "42883", "22003", "54000", "22021"), (function, args, e.pgcode, primary)
+            if primary.startswith(function + ": "):
+                assert e.pgcode == "22023", (function, args, e.pgcode, primary)
+            continue
+        answers += 1
+        check_answer(function, value)
+    # the backend is alive and the state is consistent
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM ratelimit.rl_bucket WHERE NOT (level >= 0)")
+        assert cur.fetchone()[0] == 0
+    print(f"\npostgres: {CALLS} tuples, {answers} answers, {errors} errors")
+    assert answers > CALLS // 10 and errors > CALLS // 10
