@@ -1,33 +1,46 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL 15 cluster for client tests, run as the postgres user on a
 # private port and socket folder (initdb and postgres refuse to run as root).
-#   scripts/pg_cluster.sh start   -> prints the connection settings to export
-#   scripts/pg_cluster.sh stop
+#   scripts/pg_cluster.sh start   create if missing, start if stopped (recovering after a
+#                                 crash); prints the connection settings to eval
+#   scripts/pg_cluster.sh crash   kill -9 the postmaster and every backend (tests only)
+#   scripts/pg_cluster.sh stop    stop and delete the cluster
 set -euo pipefail
 BIN=/usr/lib/postgresql/15/bin
 DIR=${RL_PG_DIR:-/tmp/pg_ratelimit_cluster}
 PORT=${RL_PG_PORT:-54329}
 as_pg() { runuser -u postgres -- "$@"; }
+running() { as_pg "$BIN/pg_ctl" -D "$DIR/data" status >/dev/null 2>&1; }
 
 case "${1:-}" in
   start)
-    if [ -f "$DIR/data/postmaster.pid" ] && as_pg "$BIN/pg_ctl" -D "$DIR/data" status >/dev/null 2>&1; then
-      : # already running
-    else
-      rm -rf "$DIR"
+    if [ ! -d "$DIR/data" ]; then
       mkdir -p "$DIR"
       chown postgres:postgres "$DIR"
       as_pg "$BIN/initdb" -D "$DIR/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log"
-      as_pg "$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w \
-        -o "-p $PORT -k $DIR -c listen_addresses='' -c max_connections=120 -c fsync=${RL_PG_FSYNC:-on}" start >/dev/null
     fi
-    echo "export PGHOST=$DIR PGPORT=$PORT PGUSER=postgres"
+    if ! running; then
+      as_pg "$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 120 \
+        -o "-p $PORT -k $DIR -c listen_addresses='' -c max_connections=120" start >/dev/null
+    fi
+    echo "export PGHOST=$DIR PGPORT=$PORT PGUSER=postgres RL_PG_DIR=$DIR"
+    ;;
+  crash)
+    pm=$(head -n 1 "$DIR/data/postmaster.pid")
+    children=$(pgrep -P "$pm" || true)
+    kill -9 "$pm" $children
+    # wait until every process of the cluster is gone, as after a power cut
+    for _ in $(seq 100); do
+      kill -0 "$pm" 2>/dev/null || [ -n "$(for c in $children; do kill -0 "$c" 2>/dev/null && echo alive; done)" ] || break
+      sleep 0.1
+    done
     ;;
   stop)
-    if [ -d "$DIR/data" ]; then
+    if [ -d "$DIR/data" ] && running; then
       as_pg "$BIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null 2>&1 || true
     fi
+    rm -rf "$DIR"
     ;;
   *)
-    echo "usage: $0 start|stop" >&2; exit 2 ;;
+    echo "usage: $0 start|crash|stop" >&2; exit 2 ;;
 esac

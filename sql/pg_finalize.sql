@@ -5,7 +5,7 @@ COMMENT ON FUNCTION rl_spend(text, text, double precision, double precision, dou
   'calendar budget (UTC day or month): spend cost (all or nothing) against quota; returns jsonb';
 COMMENT ON FUNCTION rl_budget(text, text, double precision, double precision, double precision) IS
   'what rl_spend with the same arguments would return, spending nothing';
-COMMENT ON FUNCTION rl_sweep(double precision) IS
-  'delete buckets that are full again and budgets whose period ended; returns the number of rows removed';
+COMMENT ON FUNCTION rl_sweep(double precision, bigint) IS
+  'delete buckets that are full again and budgets whose period ended, at most max_rows per call; returns the number of rows removed';
 COMMENT ON FUNCTION rl_key(text[]) IS
   'composite key: the parts JSON-encoded as an array of strings, so different part lists never collide';

@@ -106,8 +106,8 @@ def test_wrong_argument_count(sqlite_db):
     conn, _ = sqlite_db
     with pytest.raises(sqlite3.Error, match=r"^rl_take: expected 3 to 5 arguments, got 2$"):
         conn.execute("SELECT rl_take('k', 3)").fetchone()
-    with pytest.raises(sqlite3.Error, match=r"^rl_sweep: expected 0 to 1 arguments, got 2$"):
-        conn.execute("SELECT rl_sweep(1, 2)").fetchone()
+    with pytest.raises(sqlite3.Error, match=r"^rl_sweep: expected 0 to 2 arguments, got 3$"):
+        conn.execute("SELECT rl_sweep(1, 2, 3)").fetchone()
 
 
 def test_call_takes_part_in_the_callers_transaction(sqlite_db):

@@ -97,8 +97,8 @@ fn rl_budget(
 
 #[pg_extern(name = "rl_sweep", volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, ratelimit, pg_temp)]
-fn rl_sweep(now_ms: default!(Option<f64>, "NULL")) -> i64 {
-    let args: Vec<Arg> = now_ms.map(Arg::Real).into_iter().collect();
+fn rl_sweep(now_ms: default!(Option<f64>, "NULL"), max_rows: default!(Option<i64>, "NULL")) -> i64 {
+    let args = [real(now_ms), max_rows.map_or(Arg::Null, Arg::Integer)];
     with_store(|store| calls::rl_sweep(store, &args, &clock())).unwrap_or_else(|e| raise(e))
 }
 
@@ -146,8 +146,8 @@ impl Plans {
             budget_lock: p(sql::BUDGET_LOCK, &[TEXT, TEXT])?,
             budget_insert: p(sql::BUDGET_INSERT, &[TEXT, TEXT, INT8, INT8])?,
             budget_update: p(sql::BUDGET_UPDATE, &[TEXT, TEXT, INT8, INT8, INT8, INT8])?,
-            sweep_buckets: p(sql::SWEEP_BUCKETS, &[INT8])?,
-            sweep_budgets: p(sql::SWEEP_BUDGETS, &[INT8])?,
+            sweep_buckets: p(sql::SWEEP_BUCKETS, &[INT8, INT8])?,
+            sweep_budgets: p(sql::SWEEP_BUDGETS, &[INT8, INT8])?,
         })
     }
 }
@@ -253,10 +253,12 @@ impl StateStore for PgStore<'_, '_> {
         Ok(n == 1)
     }
 
-    fn sweep(&mut self, cutoff_ms: i64) -> StoreResult<i64> {
-        let buckets = self.changed(&self.plans.sweep_buckets, &[cutoff_ms.into()])?;
-        let budgets = self.changed(&self.plans.sweep_budgets, &[cutoff_ms.into()])?;
-        Ok(buckets + budgets)
+    fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        self.changed(&self.plans.sweep_buckets, &[cutoff_ms.into(), limit.into()])
+    }
+
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        self.changed(&self.plans.sweep_budgets, &[cutoff_ms.into(), limit.into()])
     }
 }
 

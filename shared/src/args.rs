@@ -199,6 +199,22 @@ pub fn explicit_now_ms(function: &'static str, arg: Option<&Arg>) -> Result<Opti
     }
 }
 
+/// A row limit: a positive integer; absent or NULL means no limit (i64::MAX).
+pub fn max_rows(function: &'static str, arg: Option<&Arg>) -> Result<i64> {
+    let arg = match arg {
+        None | Some(Arg::Null) => return Ok(i64::MAX),
+        Some(a) => a,
+    };
+    let value = match *arg {
+        Arg::Integer(i) => Some(i),
+        _ => as_number(arg).filter(|v| v.fract() == 0.0 && v.abs() < 9.0e15).map(|v| v as i64),
+    };
+    match value {
+        Some(n) if n >= 1 => Ok(n),
+        _ => Err(Error::invalid(function, format!("max_rows must be a positive integer, got {}", arg.describe()))),
+    }
+}
+
 /// The clock reading a call runs at: its explicit now_ms when given and allowed, else real time.
 pub fn now_ms(function: &'static str, arg: Option<&Arg>, clock: &Clock) -> Result<i64> {
     match explicit_now_ms(function, arg)? {

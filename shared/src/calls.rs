@@ -28,13 +28,15 @@ pub fn rl_budget<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> R
     Ok(store::peek_budget(store, RL_BUDGET, &a)?.to_json())
 }
 
-/// `rl_sweep([now_ms])`. The cutoff is never later than the real clock, so no caller's
-/// clock can make a bucket that is still refilling, or a current budget, look finished.
-/// That makes an explicit now_ms harmless here, so it needs no permission.
+/// `rl_sweep([now_ms [, max_rows]])`. The cutoff is never later than the real clock, so no
+/// caller's clock can make a bucket that is still refilling, or a current budget, look
+/// finished. That makes an explicit now_ms harmless here, so it needs no permission.
+/// `max_rows` bounds one call's work (and, in one transaction, the locks it holds).
 pub fn rl_sweep<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<i64> {
-    args::arity(RL_SWEEP, args.len(), 0, 1)?;
+    args::arity(RL_SWEEP, args.len(), 0, 2)?;
     let requested = args::explicit_now_ms(RL_SWEEP, args.first())?.unwrap_or(clock.wall_ms);
-    store::sweep(store, RL_SWEEP, requested.min(clock.wall_ms))
+    let max_rows = args::max_rows(RL_SWEEP, args.get(1))?;
+    store::sweep(store, RL_SWEEP, requested.min(clock.wall_ms), max_rows)
 }
 
 pub fn rl_key(parts: &[Arg]) -> Result<String> {

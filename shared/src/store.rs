@@ -44,8 +44,11 @@ pub trait StateStore {
     fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool>;
     fn read_budget(&mut self, key: &str, period: Period, lock: bool) -> StoreResult<Option<BudgetState>>;
     fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool>;
-    /// Delete buckets full by `cutoff_ms` and budgets whose period ended by then.
-    fn sweep(&mut self, cutoff_ms: i64) -> StoreResult<i64>;
+    /// Delete at most `limit` buckets that are full by `cutoff_ms`. The delete re-checks
+    /// `full_at` on the row it deletes, so a row a concurrent take just refilled stays.
+    fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+    /// Delete at most `limit` budgets whose period ended by `cutoff_ms`.
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
 }
 
 fn writable<S: StateStore>(store: &mut S, function: &'static str) -> Result<()> {
@@ -100,8 +103,13 @@ pub fn peek_budget<S: StateStore>(store: &mut S, function: &'static str, a: &Spe
     Ok(budget::spend(state.as_ref(), a.period, a.quota, a.cost, a.now_ms))
 }
 
-/// rl_sweep: remove rows that no longer change any answer.
-pub fn sweep<S: StateStore>(store: &mut S, function: &'static str, cutoff_ms: i64) -> Result<i64> {
+/// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
+pub fn sweep<S: StateStore>(store: &mut S, function: &'static str, cutoff_ms: i64, max_rows: i64) -> Result<i64> {
     writable(store, function)?;
-    store.sweep(cutoff_ms).map_err(|e| e.in_call(function))
+    let buckets = store.sweep_buckets(cutoff_ms, max_rows).map_err(|e| e.in_call(function))?;
+    if buckets >= max_rows {
+        return Ok(buckets);
+    }
+    let budgets = store.sweep_budgets(cutoff_ms, max_rows - buckets).map_err(|e| e.in_call(function))?;
+    Ok(buckets + budgets)
 }

@@ -54,11 +54,15 @@ impl StateStore for MemStore {
         self.budgets.insert(k, *new);
         Ok(true)
     }
-    fn sweep(&mut self, cutoff_ms: i64) -> StoreResult<i64> {
-        let before = self.buckets.len() + self.budgets.len();
-        self.buckets.retain(|_, b| b.full_at > cutoff_ms);
-        self.budgets.retain(|_, b| b.resets_at > cutoff_ms);
-        Ok((before - self.buckets.len() - self.budgets.len()) as i64)
+    fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        let doomed: Vec<String> = self.buckets.iter().filter(|(_, b)| b.full_at <= cutoff_ms).map(|(k, _)| k.clone()).take(limit as usize).collect();
+        doomed.iter().for_each(|k| drop(self.buckets.remove(k)));
+        Ok(doomed.len() as i64)
+    }
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        let doomed: Vec<(String, Period)> = self.budgets.iter().filter(|(_, b)| b.resets_at <= cutoff_ms).map(|(k, _)| k.clone()).take(limit as usize).collect();
+        doomed.iter().for_each(|k| drop(self.budgets.remove(k)));
+        Ok(doomed.len() as i64)
     }
 }
 
@@ -276,6 +280,14 @@ fn sweep_removes_only_rows_that_no_longer_matter() {
     assert_eq!(sweep(&mut s, 2500), 1);
     assert_eq!(sweep(&mut s, 86_399_999), 1, "refilling is full by now; the budget's day has not ended");
     assert_eq!(sweep(&mut s, 86_400_000), 1);
+    // max_rows bounds a call: buckets first, then budgets
+    for i in 0..5 {
+        take(&mut s, &format!("batch{i}"), 1.0, 60.0, 1.0, 0);
+    }
+    spend(&mut s, "batch", "day", Arg::Integer(1), Arg::Integer(1), 0);
+    let batch = |s: &mut MemStore| calls::rl_sweep(s, &[Arg::Integer(86_400_000), Arg::Integer(2)], &TEST_CLOCK).unwrap();
+    assert_eq!([batch(&mut s), batch(&mut s), batch(&mut s), batch(&mut s)], [2, 2, 2, 0]);
+    assert!(s.buckets.is_empty() && s.budgets.is_empty());
     // a caller's clock later than the real clock is held back to the real clock
     take(&mut s, "future", 3.0, 60.0, 3.0, TEST_CLOCK.wall_ms + 10);
     assert_eq!(sweep(&mut s, TEST_CLOCK.wall_ms + 1_000_000), 0);
@@ -310,6 +322,8 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
         ("rl_spend", vec![Arg::Text("k"), Arg::Text("day"), Arg::Integer(1), Arg::Real(1e-9)], "rl_spend: cost must be at least 0.000001, got 0.000000001"),
         ("rl_budget", vec![Arg::Text("k"), Arg::Text("day"), Arg::Blob(b"\xff")], "rl_budget: quota must be a finite number greater than 0, got a blob of 1 bytes"),
         ("rl_sweep", vec![Arg::Text("soon")], "rl_sweep: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 'soon'"),
+        ("rl_sweep", vec![Arg::Null, Arg::Integer(0)], "rl_sweep: max_rows must be a positive integer, got 0"),
+        ("rl_sweep", vec![Arg::Null, Arg::Real(2.5)], "rl_sweep: max_rows must be a positive integer, got 2.5"),
     ];
     for (function, args, message) in cases {
         let result = match function {

@@ -161,9 +161,13 @@ impl StateStore for SqliteStore<'_> {
         changed.map(|n| n == 1).map_err(|e| self.fail(e))
     }
 
-    fn sweep(&mut self, cutoff_ms: i64) -> StoreResult<i64> {
-        let buckets = self.prepare(sql::SWEEP_BUCKETS)?.execute(named_params! {"$1": cutoff_ms}).map_err(|e| self.fail(e))?;
-        let budgets = self.prepare(sql::SWEEP_BUDGETS)?.execute(named_params! {"$1": cutoff_ms}).map_err(|e| self.fail(e))?;
-        Ok((buckets + budgets) as i64)
+    fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        let rows = self.prepare(sql::SWEEP_BUCKETS)?.execute(named_params! {"$1": cutoff_ms, "$2": limit});
+        rows.map(|n| n as i64).map_err(|e| self.fail(e))
+    }
+
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        let rows = self.prepare(sql::SWEEP_BUDGETS)?.execute(named_params! {"$1": cutoff_ms, "$2": limit});
+        rows.map(|n| n as i64).map_err(|e| self.fail(e))
     }
 }
