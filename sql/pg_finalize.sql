@@ -9,3 +9,15 @@ COMMENT ON FUNCTION rl_sweep(double precision, bigint) IS
   'delete buckets that are full again and budgets whose period ended, at most max_rows per call; returns the number of rows removed';
 COMMENT ON FUNCTION rl_key(text[]) IS
   'composite key: the parts JSON-encoded as an array of strings, so different part lists never collide';
+COMMENT ON FUNCTION rl_peek(text, double precision, double precision, double precision, double precision) IS
+  'what rl_take with the same arguments would return, taking nothing';
+COMMENT ON FUNCTION rl_refund(text, double precision, double precision, double precision, double precision) IS
+  'give amount tokens back to a bucket, never above burst; returns the new state as jsonb';
+COMMENT ON FUNCTION rl_refund_budget(text, text, double precision, double precision) IS
+  'lower the current period''s used by amount, never below 0; returns the new state as jsonb';
+COMMENT ON FUNCTION rl_reset(text) IS
+  'forget every bucket and budget under key; returns the number of rows removed';
+COMMENT ON FUNCTION rl_take_all(jsonb, double precision) IS
+  'take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb';
+COMMENT ON FUNCTION rl_headers(jsonb) IS
+  'HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result';

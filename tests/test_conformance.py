@@ -124,6 +124,52 @@ STEPS = [
     ("rl_key", ("a", None), ("error", "rl_key: part 2 must not be NULL")),
     # nothing was written by the failed calls: "k" is still a full bucket
     ("rl_take", ("k", 3, 60, 1, 0), take(True, 2, 3, 0, 1)),
+    # sweeping in batches
+    ("rl_sweep", (10**10, 1), 1),
+    ("rl_sweep", (0, None), 0),
+    ("rl_sweep", (None, 0), ("error", "rl_sweep: max_rows must be a positive integer, got 0")),
+    # peek: rl_take's answer, taking nothing
+    ("rl_take", ("p", 3, 60, 3, 0), take(True, 0, 3, 0, 3)),
+    ("rl_peek", ("p", 3, 60, 1, 500), take(False, 0, 3, 500, 3)),
+    ("rl_peek", ("p", 3, 60, 1, 1000), take(True, 0, 3, 0, 3)),
+    ("rl_take", ("p", 3, 60, 1, 1000), take(True, 0, 3, 0, 3)),
+    # refunds: never above burst, never below 0
+    ("rl_refund", ("p", 3, 60, 2, 1000), {"remaining": 2, "limit": 3, "reset_after_seconds": 1}),
+    ("rl_refund", ("p", 3, 60, 5, 1000), {"remaining": 3, "limit": 3, "reset_after_seconds": 0}),
+    ("rl_spend", ("p", "day", 1, 0.7, 0), spend(True, 0.7, 1, ms(1970, 1, 2), 0)),
+    ("rl_refund_budget", ("p", "day", 0.2, 0), {"used": 0.5, "resets_at": 86400}),
+    ("rl_refund_budget", ("p", "day", 9, 0), {"used": 0, "resets_at": 86400}),
+    ("rl_refund", ("p", 3, 60, 0), ("error", "rl_refund: amount must be a finite number greater than 0, got 0")),
+    ("rl_refund_budget", ("p", "week", 1), ("error", "rl_refund_budget: period must be 'day' or 'month', got 'week'")),
+    # reset: every bucket and budget under the key
+    ("rl_spend", ("p", "month", 1, 1, 0), spend(True, 1, 1, ms(1970, 2, 1), 0)),
+    ("rl_reset", ("p",), 3),
+    ("rl_reset", ("p",), 0),
+    ("rl_reset", ("",), ("error", "rl_reset: key must not be empty")),
+    # take_all: all or nothing over buckets and budgets
+    ("rl_take_all", ('[{"key":"ta","burst":2,"refill_per_minute":60},{"key":"ta","period":"day","quota":2}]', 0),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
+      "items": [take(True, 1, 2, 0, 1), spend(True, 1, 2, ms(1970, 1, 2), 0)]}),
+    ("rl_take_all", ('[{"key":"ta","burst":2,"refill_per_minute":60},{"key":"ta","period":"day","quota":1}]', 0),
+     {"admitted": False, "retry_after_ms": 86_400_000, "retry_after_seconds": 86_400,
+      "items": [take(True, 0, 2, 0, 2), spend(False, 1, 1, ms(1970, 1, 2), 86_400)]}),
+    ("rl_take", ("ta", 2, 60, 1, 0), take(True, 0, 2, 0, 2)),  # the refused call charged nothing
+    ("rl_take_all", ('[{"key":"ta","burst":2,"refill_per_minute":60,"cost":1}]', 500),
+     {"admitted": False, "retry_after_ms": 500, "retry_after_seconds": 1, "items": [take(False, 0, 2, 500, 2)]}),
+    ("rl_take_all", ('[{"key":"x","burst":1,"refill_per_minute":1},{"key":"x","burst":1,"refill_per_minute":1}]', 0),
+     ("error", "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)")),
+    ("rl_take_all", ('[{"key":"x","quota":1,"period":"hour"}]', 0),
+     ("error", "rl_take_all: item 1: period must be 'day' or 'month', got 'hour'")),
+    ("rl_take_all", ('[]', 0), ("error", "rl_take_all: limits must hold 1 to 64 items, got 0")),
+    ("rl_take_all", (None, 0), ("error", "rl_take_all: limits must be a JSON array, got NULL")),
+    # headers from any result
+    ("rl_headers", ('{"admitted":false,"remaining":0,"limit":3,"retry_after_ms":1,"retry_after_seconds":1,"reset_after_seconds":3}',),
+     {"RateLimit-Policy": '"bucket";q=3', "RateLimit": '"bucket";r=0;t=3', "X-RateLimit-Limit": "3",
+      "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "3", "Retry-After": "1"}),
+    ("rl_headers", ('{"admitted":true,"used":0.5,"limit":1,"remaining":0.5,"resets_at":86400,"retry_after_seconds":0}',),
+     {"RateLimit-Policy": '"budget";q=1', "RateLimit": '"budget";r=0', "X-RateLimit-Limit": "1",
+      "X-RateLimit-Remaining": "0.5", "X-RateLimit-Reset": "86400"}),
+    ("rl_headers", ('{"used":1}',), ("error", "rl_headers: result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all")),
 ]
 
 

@@ -130,7 +130,8 @@ def test_every_function_has_a_comment_and_drop_removes_everything(pg_db):
                     "JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e' "
                     "JOIN pg_extension e ON e.oid = d.refobjid WHERE e.extname = 'pg_ratelimit'")
         functions = dict(cur.fetchall())
-        assert set(functions) == {"rl_take", "rl_spend", "rl_budget", "rl_sweep", "rl_key"}
+        assert set(functions) == {"rl_take", "rl_spend", "rl_budget", "rl_sweep", "rl_key", "rl_peek", "rl_refund",
+                                  "rl_refund_budget", "rl_reset", "rl_take_all", "rl_headers"}
         assert all(functions.values())
         cur.execute("SELECT rl_take('k', 3, 60)")
         cur.execute("DROP EXTENSION pg_ratelimit")

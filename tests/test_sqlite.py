@@ -63,6 +63,11 @@ def test_read_only_database_gets_a_clear_error(tmp_path):
     ("CREATE VIEW v AS SELECT rl_take('x', 1, 1) AS r", "SELECT * FROM v"),
     ("CREATE VIEW v AS SELECT rl_spend('x', 'day', 1) AS r", "SELECT * FROM v"),
     ("CREATE VIEW v AS SELECT rl_sweep() AS r", "SELECT * FROM v"),
+    ("CREATE VIEW v AS SELECT rl_peek('x', 1, 1) AS r", "SELECT * FROM v"),
+    ("CREATE VIEW v AS SELECT rl_refund('x', 1, 1, 1) AS r", "SELECT * FROM v"),
+    ("CREATE VIEW v AS SELECT rl_refund_budget('x', 'day', 1) AS r", "SELECT * FROM v"),
+    ("CREATE VIEW v AS SELECT rl_reset('x') AS r", "SELECT * FROM v"),
+    ("CREATE VIEW v AS SELECT rl_take_all('[]') AS r", "SELECT * FROM v"),
     ("CREATE TABLE t(x); CREATE TRIGGER tr AFTER INSERT ON t BEGIN SELECT rl_take('x', 1, 1); END",
      "INSERT INTO t VALUES (1)"),
 ])
@@ -73,10 +78,13 @@ def test_state_functions_are_direct_only(sqlite_db, ddl, use):
         conn.execute(use).fetchall()
 
 
-def test_rl_key_is_allowed_in_views(sqlite_db):
+def test_pure_functions_are_allowed_in_views(sqlite_db):
     conn, _ = sqlite_db
-    conn.execute("CREATE VIEW v AS SELECT rl_key('a', 1) AS k")
-    assert conn.execute("SELECT k FROM v").fetchone()[0] == '["a","1"]'
+    conn.execute("CREATE VIEW v AS SELECT rl_key('a', 1) AS k, "
+                 "rl_headers('{\"admitted\":true,\"remaining\":1,\"limit\":2,\"reset_after_seconds\":3}') AS h")
+    k, h = conn.execute("SELECT k, h FROM v").fetchone()
+    assert k == '["a","1"]'
+    assert json.loads(h)["X-RateLimit-Remaining"] == "1"
 
 
 @pytest.mark.parametrize("args, message", [

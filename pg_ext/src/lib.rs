@@ -102,6 +102,55 @@ fn rl_sweep(now_ms: default!(Option<f64>, "NULL"), max_rows: default!(Option<i64
     with_store(|store| calls::rl_sweep(store, &args, &clock())).unwrap_or_else(|e| raise(e))
 }
 
+#[pg_extern(name = "rl_peek", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_peek(
+    key: Option<&str>,
+    burst: Option<f64>,
+    refill_per_minute: Option<f64>,
+    cost: default!(Option<f64>, 1),
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonB {
+    answer(|s, a, c| calls::rl_peek(s, a, c), &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)])
+}
+
+#[pg_extern(name = "rl_refund", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_refund(
+    key: Option<&str>,
+    burst: Option<f64>,
+    refill_per_minute: Option<f64>,
+    amount: Option<f64>,
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonB {
+    answer(|s, a, c| calls::rl_refund(s, a, c), &[text(key), real(burst), real(refill_per_minute), real(amount), real(now_ms)])
+}
+
+#[pg_extern(name = "rl_refund_budget", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_refund_budget(key: Option<&str>, period: Option<&str>, amount: Option<f64>, now_ms: default!(Option<f64>, "NULL")) -> JsonB {
+    answer(|s, a, c| calls::rl_refund_budget(s, a, c), &[text(key), text(period), real(amount), real(now_ms)])
+}
+
+#[pg_extern(name = "rl_reset", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_reset(key: Option<&str>) -> i64 {
+    with_store(|store| calls::rl_reset(store, &[text(key)])).unwrap_or_else(|e| raise(e))
+}
+
+#[pg_extern(name = "rl_take_all", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, ratelimit, pg_temp)]
+fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonB {
+    let limits = limits.map(|j| j.0.to_string());
+    answer(|s, a, c| calls::rl_take_all(s, a, c), &[text(limits.as_deref()), real(now_ms)])
+}
+
+#[pg_extern(name = "rl_headers", immutable, parallel_safe)]
+fn rl_headers(result: Option<JsonB>) -> JsonB {
+    let result = result.map(|j| j.0.to_string());
+    calls::rl_headers(&[text(result.as_deref())]).map(JsonB).unwrap_or_else(|e| raise(e))
+}
+
 #[pg_extern(name = "rl_key", immutable, parallel_safe)]
 fn rl_key(parts: Option<VariadicArray<'_, &str>>) -> String {
     let args: Vec<Arg> = match &parts {
@@ -123,6 +172,8 @@ struct Plans {
     budget_update: OwnedPreparedStatement,
     sweep_buckets: OwnedPreparedStatement,
     sweep_budgets: OwnedPreparedStatement,
+    reset_buckets: OwnedPreparedStatement,
+    reset_budgets: OwnedPreparedStatement,
 }
 
 thread_local! {
@@ -148,6 +199,8 @@ impl Plans {
             budget_update: p(sql::BUDGET_UPDATE, &[TEXT, TEXT, INT8, INT8, INT8, INT8])?,
             sweep_buckets: p(sql::SWEEP_BUCKETS, &[INT8, INT8])?,
             sweep_budgets: p(sql::SWEEP_BUDGETS, &[INT8, INT8])?,
+            reset_buckets: p(sql::RESET_BUCKETS, &[TEXT])?,
+            reset_budgets: p(sql::RESET_BUDGETS, &[TEXT])?,
         })
     }
 }
@@ -260,6 +313,23 @@ impl StateStore for PgStore<'_, '_> {
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         self.changed(&self.plans.sweep_budgets, &[cutoff_ms.into(), limit.into()])
     }
+
+    fn reset(&mut self, key: &str) -> StoreResult<i64> {
+        Ok(self.changed(&self.plans.reset_buckets, &[key.into()])? + self.changed(&self.plans.reset_budgets, &[key.into()])?)
+    }
+
+    fn has_row_locks(&self) -> bool {
+        true
+    }
+
+    /// A call already runs inside the caller's transaction, which makes it one unit.
+    fn begin_atomic(&mut self) -> StoreResult<bool> {
+        Ok(false)
+    }
+
+    fn end_atomic(&mut self, _owned: bool, _commit: bool) -> StoreResult<()> {
+        Ok(())
+    }
 }
 
 /// In-server tests (cargo pgrx test): the contract through SPI, with SQLSTATEs.
@@ -312,6 +382,27 @@ mod tests {
         assert_eq!(Spi::get_one::<i64>("SELECT rl_sweep(2000)").unwrap(), Some(1));
     }
 
+    #[pg_test]
+    fn take_all_charges_all_or_nothing() {
+        explicit_clock();
+        let limits = r#"'[{"key": "u", "burst": 1, "refill_per_minute": 1}, {"key": "u", "period": "day", "quota": 2}]'"#;
+        assert_eq!(json(&format!("SELECT rl_take_all({limits}, 0)"))["admitted"], true);
+        let refused = json(&format!("SELECT rl_take_all({limits}, 0)"));
+        assert_eq!(refused["admitted"], false);
+        assert_eq!(refused["items"][1]["admitted"], true, "the budget alone would admit");
+        assert_eq!(json("SELECT rl_budget('u', 'day', 2, 1, 0)")["used"], 2, "but it was not charged");
+        assert_eq!(Spi::get_one::<i64>("SELECT rl_reset('u')").unwrap(), Some(2));
+    }
+
+    #[pg_test]
+    fn headers_from_a_refusal_never_say_retry_after_0() {
+        explicit_clock();
+        json("SELECT rl_take('h', 1, 60, 1, 0)");
+        let headers = json("SELECT rl_headers(rl_take('h', 1, 60, 1, 999))");
+        assert_eq!(headers["Retry-After"], "1");
+        assert_eq!(headers["RateLimit"], r#""bucket";r=0;t=1"#);
+    }
+
     /// Each bad input is an error with the core's message. Every case is a test of its own:
     /// an error inside a SECURITY DEFINER function must abort its transaction to restore the
     /// caller's settings. (The client suite checks SQLSTATE 22023 for each.)
@@ -339,6 +430,11 @@ mod tests {
         zero_budget_cost: "SELECT rl_budget('k', 'day', 3, 0)" => "rl_budget: cost must be a finite number greater than 0, got 0";
         fractional_sweep_clock: "SELECT rl_sweep(1.5)" => "rl_sweep: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5";
         null_key_part: "SELECT rl_key('a', NULL)" => "rl_key: part 2 must not be NULL";
+        zero_refund: "SELECT rl_refund('k', 3, 60, 0)" => "rl_refund: amount must be a finite number greater than 0, got 0";
+        duplicate_items: "SELECT rl_take_all('[{\"key\": \"a\", \"period\": \"day\", \"quota\": 1}, {\"key\": \"a\", \"period\": \"day\", \"quota\": 2}]')"
+            => "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)";
+        headers_of_nothing: "SELECT rl_headers('{}')"
+            => "rl_headers: result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all";
     }
 
     #[pg_test(error = "rl_take: an explicit now_ms is not allowed unless pg_ratelimit.allow_explicit_clock is on")]

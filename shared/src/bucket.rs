@@ -44,6 +44,11 @@ impl<'a> TakeArgs<'a> {
     /// `(key, burst, refill_per_minute [, cost = 1 [, now_ms]])`
     pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
         args::arity(function, args.len(), 3, 5)?;
+        Self::parse_with(function, "cost", args, clock)
+    }
+
+    /// The same arguments with the fourth named `amount` (rl_refund) or `cost`.
+    pub fn parse_with(function: &'static str, fourth: &str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
         Ok(TakeArgs {
             key: args::key(function, &args[0])?,
             limits: BucketLimits {
@@ -52,7 +57,7 @@ impl<'a> TakeArgs<'a> {
             },
             cost: match args.get(3) {
                 None => 1.0,
-                Some(a) => args::positive_number(function, "cost", a)?,
+                Some(a) => args::positive_number(function, fourth, a)?,
             },
             now_ms: args::now_ms(function, args.get(4), clock)?,
         })
@@ -171,5 +176,49 @@ pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: 
             reset_after_ms: wait_for(state, limits, now, limits.burst),
             new_state: None,
         }
+    }
+}
+
+/// The row that answers exactly as no row does: full at any burst (it refilled since the
+/// epoch), and removable by the sweep at once.
+pub fn untouched(limits: &BucketLimits) -> BucketState {
+    BucketState { level: limits.burst, refilled_at: 0, full_at: 0 }
+}
+
+/// The state after tokens are given back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefundDecision {
+    pub remaining: i64,
+    pub limit: f64,
+    pub reset_after_ms: i64,
+    /// Some when the level changed: the row to write.
+    pub new_state: Option<BucketState>,
+}
+
+impl RefundDecision {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "remaining": self.remaining,
+            "limit": number(self.limit),
+            "reset_after_seconds": ceil_seconds(self.reset_after_ms),
+        })
+    }
+}
+
+/// Gives `amount` tokens back, never above the burst. A full bucket (or none) is unchanged.
+pub fn refund(state: Option<&BucketState>, limits: &BucketLimits, amount: f64, now: i64) -> RefundDecision {
+    let level = level_at(state, limits, now);
+    let new_state = state.filter(|_| level < limits.burst).map(|s| {
+        let refilled_at = s.refilled_at.max(now);
+        let mut new = BucketState { level: (level + amount).min(limits.burst), refilled_at, full_at: refilled_at };
+        new.full_at = now + wait_for(Some(&new), limits, now, limits.burst);
+        new
+    });
+    let after = new_state.as_ref().or(state);
+    RefundDecision {
+        remaining: level_at(after, limits, now).floor() as i64,
+        limit: limits.burst,
+        reset_after_ms: wait_for(after, limits, now, limits.burst),
+        new_state,
     }
 }

@@ -121,3 +121,36 @@ pub fn spend(state: Option<&BudgetState>, period: Period, quota: i64, cost: i64,
         new_state: admitted.then_some(BudgetState { used: total, resets_at }),
     }
 }
+
+/// The row that answers exactly as no row does: nothing used in the current period.
+pub fn untouched(period: Period, now_ms: i64) -> BudgetState {
+    BudgetState { used: 0, resets_at: period.end_ms(now_ms) }
+}
+
+/// The state after part of a period's use is given back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetRefund {
+    pub used: i64,
+    pub resets_at_ms: i64,
+    /// Some when `used` changed: the row to write.
+    pub new_state: Option<BudgetState>,
+}
+
+impl BudgetRefund {
+    pub fn to_json(&self) -> Value {
+        json!({ "used": micros_number(self.used), "resets_at": self.resets_at_ms / 1000 })
+    }
+}
+
+/// Lowers the current period's `used` by `amount`, never below 0.
+pub fn refund(state: Option<&BudgetState>, period: Period, amount: i64, now: i64) -> BudgetRefund {
+    let current = state.filter(|s| s.resets_at > now);
+    let resets_at = current.map_or_else(|| period.end_ms(now), |s| s.resets_at);
+    let used = current.map_or(0, |s| s.used.max(0));
+    let new_used = (used - amount).max(0);
+    BudgetRefund {
+        used: new_used,
+        resets_at_ms: resets_at,
+        new_state: (new_used != used).then_some(BudgetState { used: new_used, resets_at }),
+    }
+}

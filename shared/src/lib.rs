@@ -11,8 +11,10 @@ pub mod bucket;
 pub mod budget;
 pub mod calls;
 pub mod error;
+pub mod headers;
 pub mod json;
 pub mod key;
+pub mod multi;
 pub mod sql;
 pub mod store;
 

@@ -14,4 +14,6 @@ pub const BUDGET_INSERT: &str = include_str!("../../sql/budget_insert.sql");
 pub const BUDGET_UPDATE: &str = include_str!("../../sql/budget_update.sql");
 pub const SWEEP_BUCKETS: &str = include_str!("../../sql/sweep_buckets.sql");
 pub const SWEEP_BUDGETS: &str = include_str!("../../sql/sweep_budgets.sql");
+pub const RESET_BUCKETS: &str = include_str!("../../sql/reset_buckets.sql");
+pub const RESET_BUDGETS: &str = include_str!("../../sql/reset_budgets.sql");
 pub const SQLITE_SCHEMA: &str = include_str!("../../sql/sqlite_schema.sql");

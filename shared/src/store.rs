@@ -7,8 +7,9 @@
 //! from the second attempt on the read asks the engine to lock the row (PostgreSQL: FOR
 //! UPDATE), so contention costs a bounded number of attempts.
 
-use crate::bucket::{self, BucketState, TakeArgs, TakeDecision};
-use crate::budget::{self, BudgetState, Period, SpendArgs, SpendDecision};
+use crate::bucket::{self, BucketState, RefundDecision, TakeArgs, TakeDecision};
+use crate::budget::{self, BudgetRefund, BudgetState, Period, SpendArgs, SpendDecision};
+use crate::multi::{self, Item, ItemState, NewRow, TakeAllArgs, TakeAllDecision};
 use crate::error::{Error, Result};
 
 /// Attempts before a call gives up on a row that keeps changing under it. With row locks
@@ -49,6 +50,16 @@ pub trait StateStore {
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
     /// Delete at most `limit` budgets whose period ended by `cutoff_ms`.
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+    /// Delete every bucket and budget row of `key`.
+    fn reset(&mut self, key: &str) -> StoreResult<i64>;
+    /// Whether `lock` reads hold row locks (PostgreSQL) rather than relying on a
+    /// database-wide write lock (SQLite).
+    fn has_row_locks(&self) -> bool;
+    /// Makes the following statements one unit that holds the write lock from its start,
+    /// unless the caller's own transaction already is one. Returns whether it began one.
+    fn begin_atomic(&mut self) -> StoreResult<bool>;
+    /// Ends what `begin_atomic` began (`owned`): commit, or roll back after an error.
+    fn end_atomic(&mut self, owned: bool, commit: bool) -> StoreResult<()>;
 }
 
 fn writable<S: StateStore>(store: &mut S, function: &'static str) -> Result<()> {
@@ -62,38 +73,159 @@ fn gave_up(function: &'static str) -> Error {
     Error::storage(function, format!("the row kept changing under {MAX_ATTEMPTS} attempts; try again"))
 }
 
-/// rl_take: one atomic take.
-pub fn take<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
+/// The one compare-and-set loop every single-row change goes through: read the row
+/// (locked from the second attempt on), let `decide` answer and say what to store, write
+/// that only if the row is unchanged, else start again.
+fn update_row<S: StateStore, T, R>(
+    store: &mut S,
+    function: &'static str,
+    mut read: impl FnMut(&mut S, bool) -> StoreResult<Option<T>>,
+    decide: impl Fn(Option<&T>) -> (R, Option<T>),
+    mut write: impl FnMut(&mut S, Option<&T>, &T) -> StoreResult<bool>,
+) -> Result<R> {
     writable(store, function)?;
     for attempt in 0..MAX_ATTEMPTS {
-        let state = store.read_bucket(a.key, attempt > 0).map_err(|e| e.in_call(function))?;
-        let decision = bucket::take(state.as_ref(), &a.limits, a.cost, a.now_ms);
-        match &decision.new_state {
-            None => return Ok(decision),
-            Some(new) if store.write_bucket(a.key, state.as_ref(), new).map_err(|e| e.in_call(function))? => {
-                return Ok(decision)
-            }
+        let state = read(store, attempt > 0).map_err(|e| e.in_call(function))?;
+        let (answer, new_state) = decide(state.as_ref());
+        match new_state {
+            None => return Ok(answer),
+            Some(new) if write(store, state.as_ref(), &new).map_err(|e| e.in_call(function))? => return Ok(answer),
             Some(_) => continue,
         }
     }
     Err(gave_up(function))
 }
 
+/// [`update_row`] on the bucket row of `key`.
+fn update_bucket<S: StateStore, R>(
+    store: &mut S,
+    function: &'static str,
+    key: &str,
+    decide: impl Fn(Option<&BucketState>) -> (R, Option<BucketState>),
+) -> Result<R> {
+    update_row(store, function, |s, lock| s.read_bucket(key, lock), decide, |s, old, new| s.write_bucket(key, old, new))
+}
+
+/// [`update_row`] on the budget row of `key` and `period`.
+fn update_budget<S: StateStore, R>(
+    store: &mut S,
+    function: &'static str,
+    key: &str,
+    period: Period,
+    decide: impl Fn(Option<&BudgetState>) -> (R, Option<BudgetState>),
+) -> Result<R> {
+    update_row(
+        store,
+        function,
+        |s, lock| s.read_budget(key, period, lock),
+        decide,
+        |s, old, new| s.write_budget(key, period, old, new),
+    )
+}
+
+/// rl_take: one atomic take.
+pub fn take<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
+    update_bucket(store, function, a.key, |state| {
+        let d = bucket::take(state, &a.limits, a.cost, a.now_ms);
+        (d.clone(), d.new_state)
+    })
+}
+
+/// rl_refund: give tokens back, never above the burst.
+pub fn refund<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<RefundDecision> {
+    update_bucket(store, function, a.key, |state| {
+        let d = bucket::refund(state, &a.limits, a.cost, a.now_ms);
+        (d.clone(), d.new_state)
+    })
+}
+
 /// rl_spend: one atomic spend.
 pub fn spend<S: StateStore>(store: &mut S, function: &'static str, a: &SpendArgs) -> Result<SpendDecision> {
+    update_budget(store, function, a.key, a.period, |state| {
+        let d = budget::spend(state, a.period, a.quota, a.cost, a.now_ms);
+        (d.clone(), d.new_state)
+    })
+}
+
+/// rl_refund_budget: lower what a period used, never below 0.
+pub fn refund_budget<S: StateStore>(store: &mut S, function: &'static str, a: &SpendArgs) -> Result<BudgetRefund> {
+    update_budget(store, function, a.key, a.period, |state| {
+        let d = budget::refund(state, a.period, a.cost, a.now_ms);
+        (d.clone(), d.new_state)
+    })
+}
+
+/// rl_peek: what rl_take would answer, changing nothing.
+pub fn peek<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
     writable(store, function)?;
-    for attempt in 0..MAX_ATTEMPTS {
-        let state = store.read_budget(a.key, a.period, attempt > 0).map_err(|e| e.in_call(function))?;
-        let decision = budget::spend(state.as_ref(), a.period, a.quota, a.cost, a.now_ms);
-        match &decision.new_state {
-            None => return Ok(decision),
-            Some(new) if store.write_budget(a.key, a.period, state.as_ref(), new).map_err(|e| e.in_call(function))? => {
-                return Ok(decision)
+    let state = store.read_bucket(a.key, false).map_err(|e| e.in_call(function))?;
+    Ok(bucket::take(state.as_ref(), &a.limits, a.cost, a.now_ms))
+}
+
+/// rl_reset: forget every bucket and budget under a key.
+pub fn reset<S: StateStore>(store: &mut S, function: &'static str, key: &str) -> Result<i64> {
+    writable(store, function)?;
+    store.reset(key).map_err(|e| e.in_call(function))
+}
+
+/// rl_take_all: every item is charged, or none. An unlocked read answers most refusals
+/// without writing; otherwise every row is locked in a fixed order (so concurrent calls
+/// never deadlock), decided again from the locked rows, and written.
+pub fn take_all<S: StateStore>(store: &mut S, function: &'static str, a: &TakeAllArgs) -> Result<TakeAllDecision> {
+    writable(store, function)?;
+    let in_call = |e: StoreError| e.in_call(function);
+    let states = read_items(store, a, false).map_err(in_call)?;
+    let first = multi::decide(a, &states);
+    if !first.admitted {
+        return Ok(first);
+    }
+    let owned = store.begin_atomic().map_err(in_call)?;
+    let outcome = locked_take_all(store, function, a);
+    let finished = store.end_atomic(owned, outcome.is_ok()).map_err(in_call);
+    let decision = outcome?;
+    finished?;
+    Ok(decision)
+}
+
+fn locked_take_all<S: StateStore>(store: &mut S, function: &'static str, a: &TakeAllArgs) -> Result<TakeAllDecision> {
+    let in_call = |e: StoreError| e.in_call(function);
+    if store.has_row_locks() {
+        // A missing row cannot be locked: first insert the row that means the same as none.
+        for &i in &a.lock_order {
+            match &a.items[i] {
+                Item::Bucket(b) => drop(store.write_bucket(b.key, None, &bucket::untouched(&b.limits)).map_err(in_call)?),
+                Item::Budget(b) => drop(store.write_budget(b.key, b.period, None, &budget::untouched(b.period, a.now_ms)).map_err(in_call)?),
             }
-            Some(_) => continue,
         }
     }
-    Err(gave_up(function))
+    let states = read_items(store, a, true).map_err(in_call)?;
+    let decision = multi::decide(a, &states);
+    if decision.admitted {
+        for &i in &a.lock_order {
+            let written = match (&a.items[i], &states[i], &decision.new_states[i]) {
+                (Item::Bucket(b), ItemState::Bucket(old), Some(NewRow::Bucket(new))) => store.write_bucket(b.key, old.as_ref(), new),
+                (Item::Budget(b), ItemState::Budget(old), Some(NewRow::Budget(new))) => store.write_budget(b.key, b.period, old.as_ref(), new),
+                _ => Ok(true),
+            }
+            .map_err(in_call)?;
+            if !written {
+                return Err(Error::storage(function, "a row changed while this call held it; nothing was charged"));
+            }
+        }
+    }
+    Ok(decision)
+}
+
+/// Reads every item's row, in lock order.
+fn read_items<S: StateStore>(store: &mut S, a: &TakeAllArgs, lock: bool) -> StoreResult<Vec<ItemState>> {
+    let mut states: Vec<Option<ItemState>> = vec![None; a.items.len()];
+    for &i in &a.lock_order {
+        states[i] = Some(match &a.items[i] {
+            Item::Bucket(b) => ItemState::Bucket(store.read_bucket(b.key, lock)?),
+            Item::Budget(b) => ItemState::Budget(store.read_budget(b.key, b.period, lock)?),
+        });
+    }
+    Ok(states.into_iter().map(|s| s.expect("lock_order covers every item")).collect())
 }
 
 /// rl_budget: what rl_spend would answer, spending nothing.

@@ -21,6 +21,7 @@ struct MemStore {
     read_only: bool,
     writes: usize,
     lost_races: usize,
+    atomic_depth: i32,
 }
 
 impl StateStore for MemStore {
@@ -58,6 +59,23 @@ impl StateStore for MemStore {
         let doomed: Vec<String> = self.buckets.iter().filter(|(_, b)| b.full_at <= cutoff_ms).map(|(k, _)| k.clone()).take(limit as usize).collect();
         doomed.iter().for_each(|k| drop(self.buckets.remove(k)));
         Ok(doomed.len() as i64)
+    }
+    fn reset(&mut self, key: &str) -> StoreResult<i64> {
+        let before = self.buckets.len() + self.budgets.len();
+        self.buckets.remove(key);
+        self.budgets.retain(|(k, _), _| k != key);
+        Ok((before - self.buckets.len() - self.budgets.len()) as i64)
+    }
+    fn has_row_locks(&self) -> bool {
+        false
+    }
+    fn begin_atomic(&mut self) -> StoreResult<bool> {
+        self.atomic_depth += 1;
+        Ok(true)
+    }
+    fn end_atomic(&mut self, _owned: bool, _commit: bool) -> StoreResult<()> {
+        self.atomic_depth -= 1;
+        Ok(())
     }
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         let doomed: Vec<(String, Period)> = self.budgets.iter().filter(|(_, b)| b.resets_at <= cutoff_ms).map(|(k, _)| k.clone()).take(limit as usize).collect();
@@ -371,6 +389,139 @@ fn spend_args_round_decimals_to_millionths() {
     let a = SpendArgs::parse("rl_spend", &[Arg::Text("k"), Arg::Text("day"), Arg::Text("12.345678"), Arg::Real(0.000001)], &TEST_CLOCK).unwrap();
     assert_eq!(a.quota, 12_345_678);
     assert_eq!(a.cost, 1);
+}
+
+fn call(s: &mut MemStore, f: fn(&mut MemStore, &[Arg], &Clock) -> ratelimit_core::Result<Value>, args: &[Arg]) -> Value {
+    f(s, args, &TEST_CLOCK).unwrap()
+}
+
+#[test]
+fn peek_answers_like_take_and_changes_nothing() {
+    let mut s = MemStore::default();
+    take(&mut s, "k", 3.0, 60.0, 3.0, 0);
+    let peek = call(&mut s, calls::rl_peek, &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(500)]);
+    assert_eq!(peek["admitted"], false);
+    assert_eq!(peek["retry_after_ms"], 500);
+    assert_eq!(s.writes, 1);
+    assert_eq!(peek, take(&mut s, "k", 3.0, 60.0, 1.0, 500));
+}
+
+#[test]
+fn refunds_never_exceed_burst_or_go_below_zero() {
+    let mut s = MemStore::default();
+    take(&mut s, "k", 5.0, 60.0, 4.0, 0);
+    let r = call(&mut s, calls::rl_refund, &[Arg::Text("k"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(2), Arg::Integer(0)]);
+    assert_eq!(r, json!({"remaining": 3, "limit": 5, "reset_after_seconds": 2}));
+    let r = call(&mut s, calls::rl_refund, &[Arg::Text("k"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(100), Arg::Integer(0)]);
+    assert_eq!(r["remaining"], 5);
+    let untouched = call(&mut s, calls::rl_refund, &[Arg::Text("new"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(1), Arg::Integer(0)]);
+    assert_eq!(untouched["remaining"], 5);
+    assert!(!s.buckets.contains_key("new"), "refunding a full bucket writes nothing");
+
+    spend(&mut s, "b", "day", Arg::Integer(10), Arg::Real(2.5), 0);
+    let r = call(&mut s, calls::rl_refund_budget, &[Arg::Text("b"), Arg::Text("day"), Arg::Real(1.5), Arg::Integer(0)]);
+    assert_eq!(r, json!({"used": 1, "resets_at": 86400}));
+    let r = call(&mut s, calls::rl_refund_budget, &[Arg::Text("b"), Arg::Text("day"), Arg::Integer(7), Arg::Integer(0)]);
+    assert_eq!(r["used"], 0);
+    let r = call(&mut s, calls::rl_refund_budget, &[Arg::Text("b"), Arg::Text("day"), Arg::Integer(1), Arg::Integer(86_400_000)]);
+    assert_eq!(r, json!({"used": 0, "resets_at": 172800}), "an ended period has nothing to give back");
+}
+
+#[test]
+fn reset_forgets_every_row_of_a_key() {
+    let mut s = MemStore::default();
+    take(&mut s, "k", 1.0, 1.0, 1.0, 0);
+    spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), 0);
+    spend(&mut s, "k", "month", Arg::Integer(1), Arg::Integer(1), 0);
+    spend(&mut s, "other", "month", Arg::Integer(1), Arg::Integer(1), 0);
+    assert_eq!(calls::rl_reset(&mut s, &[Arg::Text("k")]).unwrap(), 3);
+    assert_eq!(calls::rl_reset(&mut s, &[Arg::Text("k")]).unwrap(), 0);
+    assert_eq!(take(&mut s, "k", 1.0, 1.0, 1.0, 0)["admitted"], true);
+    assert_eq!(s.budgets.len(), 1);
+}
+
+fn take_all(s: &mut MemStore, limits: &str, now: i64) -> ratelimit_core::Result<Value> {
+    calls::rl_take_all(s, &[Arg::Text(limits), Arg::Integer(now)], &TEST_CLOCK)
+}
+
+#[test]
+fn take_all_charges_every_item_or_none() {
+    let mut s = MemStore::default();
+    let limits = r#"[{"key": "u", "burst": 2, "refill_per_minute": 60}, {"key": "u", "period": "day", "quota": 3, "cost": 1.5}]"#;
+    let r = take_all(&mut s, limits, 0).unwrap();
+    assert_eq!(r["admitted"], true);
+    assert_eq!(r["items"][0]["remaining"], 1);
+    assert_eq!(r["items"][1]["used"], 1.5);
+    let r = take_all(&mut s, limits, 0).unwrap();
+    assert_eq!(r["admitted"], true);
+    // the bucket would admit, the budget would not: nothing is charged
+    let r = take_all(&mut s, r#"[{"key": "w", "burst": 3, "refill_per_minute": 60}, {"key": "u", "period": "day", "quota": 3, "cost": 1.5}]"#, 0).unwrap();
+    assert_eq!(r["admitted"], false);
+    assert_eq!(r["items"][0]["admitted"], true, "each item shows what its limit alone answers");
+    assert_eq!(r["items"][1]["admitted"], false);
+    assert_eq!(r["retry_after_ms"], 86_400_000);
+    assert_eq!(r["retry_after_seconds"], 86_400);
+    assert!(!s.buckets.contains_key("w"), "the admitting bucket was not charged");
+    // the longest wait wins
+    let r = take_all(&mut s, r#"[{"key": "u", "burst": 2, "refill_per_minute": 60}, {"key": "v", "burst": 1, "refill_per_minute": 1, "cost": 2}]"#, 0).unwrap();
+    assert_eq!(r["retry_after_ms"], 60_000);
+    assert_eq!(s.atomic_depth, 0);
+}
+
+#[test]
+fn take_all_rejects_bad_lists() {
+    let mut s = MemStore::default();
+    let cases = [
+        ("{}", "rl_take_all: limits must be a JSON array of limit objects"),
+        ("[]", "rl_take_all: limits must hold 1 to 64 items, got 0"),
+        ("nope", "rl_take_all: limits must be valid JSON: expected ident at line 1 column 2"),
+        (r#"[{"key": "a", "burst": 1, "refill_per_minute": 1}, {"key": "a", "burst": 2, "refill_per_minute": 1}]"#,
+         "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)"),
+        (r#"[{"key": "a", "burst": 0, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got 0"),
+        (r#"[{"key": "a", "period": "day", "quota": 1}, {"key": "", "period": "day", "quota": 1}]"#, "rl_take_all: item 2: key must not be empty"),
+        (r#"[{"key": "a", "burst": 1, "refil_per_minute": 1}]"#,
+         "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost)"),
+        (r#"[{"key": "a", "period": "year", "quota": 1}]"#, "rl_take_all: item 1: period must be 'day' or 'month', got 'year'"),
+        (r#"[{"key": "a", "burst": true, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got a blob of 7 bytes"),
+        (r#"[1]"#, "rl_take_all: item 1: must be a JSON object"),
+    ];
+    for (limits, message) in cases {
+        assert_eq!(take_all(&mut s, limits, 0).unwrap_err().to_string(), message.replace("\\\"", "\""));
+    }
+    let many = format!("[{}]", (0..65).map(|i| format!(r#"{{"key": "k{i}", "burst": 1, "refill_per_minute": 1}}"#)).collect::<Vec<_>>().join(","));
+    assert_eq!(take_all(&mut s, &many, 0).unwrap_err().to_string(), "rl_take_all: limits must hold 1 to 64 items, got 65");
+    // a bucket and a budget under one key, and two periods, are different limits
+    assert!(take_all(&mut s, r#"[{"key": "a", "burst": 1, "refill_per_minute": 1}, {"key": "a", "period": "day", "quota": 1}, {"key": "a", "period": "month", "quota": 1}]"#, 0).is_ok());
+    assert_eq!(s.writes, 3);
+}
+
+#[test]
+fn headers_for_every_result_shape() {
+    let h = |v: &Value| ratelimit_core::headers::headers(&v.to_string()).unwrap();
+    let mut s = MemStore::default();
+    let admitted = take(&mut s, "k", 10.0, 60.0, 1.0, 0);
+    assert_eq!(h(&admitted), json!({
+        "RateLimit-Policy": "\"bucket\";q=10", "RateLimit": "\"bucket\";r=9;t=1",
+        "X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "9", "X-RateLimit-Reset": "1"}));
+    take(&mut s, "k", 10.0, 60.0, 9.0, 0);
+    let refused = take(&mut s, "k", 10.0, 60.0, 1.0, 1);
+    let headers = h(&refused);
+    assert_eq!(headers["Retry-After"], "1", "rounded up, never 0 while limited");
+    let budget = spend(&mut s, "b", "day", Arg::Integer(2), Arg::Real(1.5), 0);
+    assert_eq!(h(&budget), json!({
+        "RateLimit-Policy": "\"budget\";q=2", "RateLimit": "\"budget\";r=0",
+        "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0.5", "X-RateLimit-Reset": "86400"}));
+    let over = spend(&mut s, "b", "day", Arg::Integer(2), Arg::Integer(1), 3_600_000);
+    assert_eq!(h(&over)["Retry-After"], "82800");
+    assert_eq!(h(&over)["RateLimit"], "\"budget\";r=0;t=82800");
+    let all = take_all(&mut s, r#"[{"key": "k", "burst": 10, "refill_per_minute": 60}, {"key": "b", "period": "day", "quota": 2}]"#, 2).unwrap();
+    let headers = h(&all);
+    assert_eq!(headers["RateLimit-Policy"], "\"bucket-1\";q=10, \"budget-2\";q=2");
+    assert_eq!(headers["Retry-After"], all["retry_after_seconds"].to_string());
+    let refund = call(&mut s, calls::rl_refund, &[Arg::Text("k"), Arg::Integer(10), Arg::Integer(60), Arg::Integer(1), Arg::Integer(2)]);
+    assert!(h(&refund).get("Retry-After").is_none());
+    assert!(ratelimit_core::headers::headers(r#"{"used": 1, "resets_at": 5}"#).is_err());
+    assert!(ratelimit_core::headers::headers("[]").is_err());
 }
 
 fn state_strategy() -> impl Strategy<Value = (f64, i64)> {

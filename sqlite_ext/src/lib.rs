@@ -37,7 +37,15 @@ fn register(db: Connection) -> rusqlite::Result<bool> {
     register_stateful(&db, calls::RL_SPEND, |s, a, c| calls::rl_spend(s, a, c).map(|v| v.to_string()))?;
     register_stateful(&db, calls::RL_BUDGET, |s, a, c| calls::rl_budget(s, a, c).map(|v| v.to_string()))?;
     register_stateful(&db, calls::RL_SWEEP, |s, a, c| calls::rl_sweep(s, a, c))?;
+    register_stateful(&db, calls::RL_PEEK, |s, a, c| calls::rl_peek(s, a, c).map(|v| v.to_string()))?;
+    register_stateful(&db, calls::RL_REFUND, |s, a, c| calls::rl_refund(s, a, c).map(|v| v.to_string()))?;
+    register_stateful(&db, calls::RL_REFUND_BUDGET, |s, a, c| calls::rl_refund_budget(s, a, c).map(|v| v.to_string()))?;
+    register_stateful(&db, calls::RL_RESET, |s, a, _| calls::rl_reset(s, a))?;
+    register_stateful(&db, calls::RL_TAKE_ALL, |s, a, c| calls::rl_take_all(s, a, c).map(|v| v.to_string()))?;
     db.create_scalar_function("rl_key", -1, PURE, |ctx| calls::rl_key(&args_of(ctx)).map_err(to_sqlite_error))?;
+    db.create_scalar_function("rl_headers", -1, PURE, |ctx| {
+        calls::rl_headers(&args_of(ctx)).map(|v| v.to_string()).map_err(to_sqlite_error)
+    })?;
     Ok(false)
 }
 
@@ -169,5 +177,33 @@ impl StateStore for SqliteStore<'_> {
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         let rows = self.prepare(sql::SWEEP_BUDGETS)?.execute(named_params! {"$1": cutoff_ms, "$2": limit});
         rows.map(|n| n as i64).map_err(|e| self.fail(e))
+    }
+
+    fn reset(&mut self, key: &str) -> StoreResult<i64> {
+        let buckets = self.prepare(sql::RESET_BUCKETS)?.execute(named_params! {"$1": key}).map_err(|e| self.fail(e))?;
+        let budgets = self.prepare(sql::RESET_BUDGETS)?.execute(named_params! {"$1": key}).map_err(|e| self.fail(e))?;
+        Ok((buckets + budgets) as i64)
+    }
+
+    fn has_row_locks(&self) -> bool {
+        false
+    }
+
+    /// Outside a transaction each statement would commit (and drop the write lock) on its
+    /// own, so a multi-row change takes the write lock first with BEGIN IMMEDIATE. Inside
+    /// the caller's transaction the first write holds the lock until the caller commits.
+    fn begin_atomic(&mut self) -> StoreResult<bool> {
+        if !self.conn.is_autocommit() {
+            return Ok(false);
+        }
+        self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| self.fail(e))?;
+        Ok(true)
+    }
+
+    fn end_atomic(&mut self, owned: bool, commit: bool) -> StoreResult<()> {
+        if owned {
+            self.conn.execute_batch(if commit { "COMMIT" } else { "ROLLBACK" }).map_err(|e| self.fail(e))?;
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,113 @@
+//! rl_headers: HTTP response headers from any result, without a database or a clock.
+//!
+//! `RateLimit-Policy` and `RateLimit` follow the IETF httpapi rate-limit headers draft
+//! (structured-field lists: `"name";q=<quota>` and `"name";r=<remaining>;t=<seconds>`);
+//! `X-RateLimit-*` are the common de-facto headers; `Retry-After` appears on a refusal only,
+//! in whole seconds rounded up, so it is never 0 while the caller is limited.
+
+use crate::error::{Error, Result};
+use serde_json::{Map, Value};
+
+pub const FUNCTION: &str = "rl_headers";
+
+/// One limit as the headers see it.
+struct Limit {
+    name: String,
+    limit: f64,
+    remaining: f64,
+    /// Seconds until the limit is whole again (buckets) or until a refused budget turns.
+    reset_seconds: Option<i64>,
+    /// What X-RateLimit-Reset shows: seconds for buckets, the period's end (epoch seconds)
+    /// for budgets, which is all a result without a clock can tell.
+    x_reset: Option<i64>,
+    retry_seconds: Option<i64>,
+}
+
+fn num(o: &Map<String, Value>, key: &str) -> Option<f64> {
+    o.get(key).and_then(Value::as_f64)
+}
+
+fn int(o: &Map<String, Value>, key: &str) -> Option<i64> {
+    o.get(key).and_then(Value::as_i64)
+}
+
+fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
+    let limit = num(o, "limit")?;
+    let remaining = num(o, "remaining")?;
+    let refused = o.get("admitted").and_then(Value::as_bool) == Some(false);
+    let retry_seconds = if refused { int(o, "retry_after_seconds") } else { None };
+    if let Some(reset) = int(o, "reset_after_seconds") {
+        Some(Limit { name, limit, remaining, reset_seconds: Some(reset), x_reset: Some(reset), retry_seconds })
+    } else {
+        let resets_at = int(o, "resets_at")?;
+        Some(Limit { name, limit, remaining, reset_seconds: retry_seconds, x_reset: Some(resets_at), retry_seconds })
+    }
+}
+
+fn kind(o: &Map<String, Value>) -> &'static str {
+    if o.contains_key("resets_at") { "budget" } else { "bucket" }
+}
+
+fn whole(v: f64) -> i64 {
+    v.max(0.0).floor() as i64
+}
+
+fn shown(v: f64) -> String {
+    crate::json::number(v.max(0.0)).to_string()
+}
+
+/// `rl_headers(result)`: a JSON object of header names to values.
+pub fn headers(result: &str) -> Result<Value> {
+    let bad = || {
+        Error::invalid(FUNCTION, "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all")
+    };
+    let value: Value = serde_json::from_str(result).map_err(|_| bad())?;
+    let o = value.as_object().ok_or_else(bad)?;
+    let (limits, retry) = match o.get("items").and_then(Value::as_array) {
+        Some(items) => {
+            let limits = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| item.as_object().and_then(|io| limit_of(format!("{}-{}", kind(io), i + 1), io)))
+                .collect::<Option<Vec<Limit>>>()
+                .filter(|l| !l.is_empty())
+                .ok_or_else(bad)?;
+            let refused = o.get("admitted").and_then(Value::as_bool) == Some(false);
+            (limits, if refused { int(o, "retry_after_seconds") } else { None })
+        }
+        None => {
+            let single = limit_of(kind(o).to_owned(), o).ok_or_else(bad)?;
+            let retry = single.retry_seconds;
+            (vec![single], retry)
+        }
+    };
+    // The X- headers describe the limit that binds: the refusing one that waits longest,
+    // else the one with the smallest share left.
+    let binding = limits
+        .iter()
+        .max_by(|a, b| {
+            let key = |l: &Limit| (l.retry_seconds.unwrap_or(-1), -(l.remaining / l.limit));
+            key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .expect("at least one limit");
+    let policy: Vec<String> = limits.iter().map(|l| format!("\"{}\";q={}", l.name, whole(l.limit))).collect();
+    let state: Vec<String> = limits
+        .iter()
+        .map(|l| match l.reset_seconds {
+            Some(t) => format!("\"{}\";r={};t={}", l.name, whole(l.remaining), t),
+            None => format!("\"{}\";r={}", l.name, whole(l.remaining)),
+        })
+        .collect();
+    let mut out = Map::new();
+    out.insert("RateLimit-Policy".into(), Value::String(policy.join(", ")));
+    out.insert("RateLimit".into(), Value::String(state.join(", ")));
+    out.insert("X-RateLimit-Limit".into(), Value::String(shown(binding.limit)));
+    out.insert("X-RateLimit-Remaining".into(), Value::String(shown(binding.remaining)));
+    if let Some(reset) = binding.x_reset {
+        out.insert("X-RateLimit-Reset".into(), Value::String(reset.to_string()));
+    }
+    if let Some(retry) = retry {
+        out.insert("Retry-After".into(), Value::String(retry.max(1).to_string()));
+    }
+    Ok(Value::Object(out))
+}

@@ -1,0 +1,1 @@
+DELETE FROM rl_bucket WHERE key = $1

@@ -1,0 +1,1 @@
+DELETE FROM rl_budget WHERE key = $1

@@ -1,0 +1,75 @@
+"""The example HTTP service, on each engine, driven past its limit by a real HTTP client."""
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from conftest import ROOT, SQLITE_EXT, pg_available, pg_connect
+
+SERVICE = os.path.join(ROOT, "examples", "service.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port, path):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read())
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def service(request, tmp_path):
+    if request.param == "sqlite":
+        engine = ["--sqlite", str(tmp_path / "app.db"), "--extension", SQLITE_EXT]
+    else:
+        if not pg_available():
+            pytest.skip("PGHOST not set")
+        name = "rl_example_" + uuid.uuid4().hex[:8]
+        admin = pg_connect("postgres")
+        admin.cursor().execute(f"CREATE DATABASE {name}")
+        pg_connect(name).cursor().execute("CREATE EXTENSION pg_ratelimit")
+        engine = ["--postgres", f"dbname={name}"]
+    port = free_port()
+    proc = subprocess.Popen(["/usr/bin/python3", SERVICE, *engine, "--port", str(port),
+                             "--burst", "3", "--per-minute", "0.001", "--daily", "4"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("listening"), "the service did not start"
+    yield port
+    proc.terminate()
+    proc.wait(timeout=10)
+    if request.param == "postgres":
+        admin.cursor().execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_service_limits_refunds_and_exempts_health(service):
+    port = service
+    status, headers, body = get(port, "/work?user=alice")
+    assert status == 200 and body["ok"] is True
+    assert headers["RateLimit-Policy"] == '"bucket-1";q=3, "budget-2";q=4'
+    assert headers["X-RateLimit-Remaining"] == "2"
+    # a failing handler gives the bucket token and the budget back
+    status, _, body = get(port, "/work?user=alice&fail=1")
+    assert status == 500
+    assert [get(port, "/work?user=alice")[0] for _ in range(2)] == [200, 200]
+    status, headers, body = get(port, "/work?user=alice")
+    assert status == 429
+    assert body["error"] == "rate_limited" and body["retry_after"] >= 1
+    assert headers["Retry-After"] == str(body["retry_after"])
+    assert int(headers["Retry-After"]) > 0
+    assert headers["X-RateLimit-Remaining"] == "0"
+    assert "RateLimit" in headers
+    # the health endpoint is never limited, and another user has limits of their own
+    assert all(get(port, "/health")[0] == 200 for _ in range(10))
+    assert get(port, "/work?user=bob")[0] == 200
