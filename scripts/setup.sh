@@ -3,12 +3,15 @@
 # Idempotent: each step is skipped when what it provides is already there.
 #   scripts/setup.sh          SQLite pieces only (demo and SQLite tests)
 #   scripts/setup.sh --pg     also PostgreSQL 15, pgrx's toolchain and cargo-pgrx
+#   scripts/setup.sh --bench  also what the benchmarks compare against (implies --pg)
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 want_pg=0
+want_bench=0
 [ "${1:-}" = "--pg" ] && want_pg=1
+[ "${1:-}" = "--bench" ] && want_pg=1 && want_bench=1
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -19,6 +22,9 @@ for p in sqlite3 libsqlite3-dev python3 python3-pytest gcc pkg-config; do need_p
 if [ "$want_pg" = 1 ]; then
   for p in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo python3-psycopg2 \
            libreadline-dev zlib1g-dev libssl-dev bison flex; do need_pkg "$p"; done
+fi
+if [ "$want_bench" = 1 ]; then
+  for p in redis-server redis-tools python3-matplotlib; do need_pkg "$p"; done
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
   log "apt-get install ${missing[*]}"

@@ -1,2 +1,2 @@
-UPDATE rl_budget SET used = $3, resets_at = $4
-WHERE key = $1 AND period = $2 AND used = $5 AND resets_at = $6
+UPDATE rl_budget SET used = $1, resets_at = $2
+WHERE key = $3 AND period = $4 AND used = $5 AND resets_at = $6

@@ -6,7 +6,10 @@ use std::cell::RefCell;
 
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, JsonB, PgOid};
+use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
+};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, IntoDatum, JsonB, PgOid};
 use ratelimit_core::bucket::BucketState;
 use ratelimit_core::budget::{BudgetState, Period};
 use ratelimit_core::{calls, sql, Arg, Clock, ErrorKind, StateStore, StoreError, StoreResult};
@@ -47,8 +50,40 @@ fn raise(e: ratelimit_core::Error) -> ! {
 }
 
 /// Runs a core call that answers in JSON; raises its error.
-fn answer(call: impl FnOnce(&mut PgStore, &[Arg], &Clock) -> ratelimit_core::Result<serde_json::Value>, args: &[Arg]) -> JsonB {
-    with_store(|store| call(store, args, &clock())).map(JsonB).unwrap_or_else(|e| raise(e))
+fn answer(call: impl FnOnce(&mut PgStore, &[Arg], &Clock) -> ratelimit_core::Result<String>, args: &[Arg]) -> JsonbText {
+    with_store(|store| call(store, args, &clock())).map(JsonbText).unwrap_or_else(|e| raise(e))
+}
+
+/// A result the core already wrote as JSON text, returned as `jsonb` by PostgreSQL's own
+/// parser (no detour through a JSON value tree).
+pub struct JsonbText(String);
+
+impl IntoDatum for JsonbText {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        let text = std::ffi::CString::new(self.0).expect("the core writes no NUL into JSON");
+        // SAFETY: jsonb_in reads a NUL-terminated string and returns a palloc'd jsonb.
+        unsafe { pgrx::direct_function_call_as_datum(pg_sys::jsonb_in, &[Some(text.as_ptr().into())]) }
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+unsafe impl pgrx::callconv::BoxRet for JsonbText {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        match self.into_datum() {
+            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+            None => fcinfo.return_null(),
+        }
+    }
+}
+
+unsafe impl SqlTranslatable for JsonbText {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbText);
+    const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
 }
 
 fn text(v: Option<&str>) -> Arg<'_> {
@@ -67,7 +102,7 @@ fn rl_take(
     refill_per_minute: Option<f64>,
     cost: default!(Option<f64>, 1),
     now_ms: default!(Option<f64>, "NULL"),
-) -> JsonB {
+) -> JsonbText {
     answer(|s, a, c| calls::rl_take(s, a, c), &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)])
 }
 
@@ -79,7 +114,7 @@ fn rl_spend(
     quota: Option<f64>,
     cost: default!(Option<f64>, 1),
     now_ms: default!(Option<f64>, "NULL"),
-) -> JsonB {
+) -> JsonbText {
     answer(|s, a, c| calls::rl_spend(s, a, c), &[text(key), text(period), real(quota), real(cost), real(now_ms)])
 }
 
@@ -91,7 +126,7 @@ fn rl_budget(
     quota: Option<f64>,
     cost: default!(Option<f64>, 1),
     now_ms: default!(Option<f64>, "NULL"),
-) -> JsonB {
+) -> JsonbText {
     answer(|s, a, c| calls::rl_budget(s, a, c), &[text(key), text(period), real(quota), real(cost), real(now_ms)])
 }
 
@@ -110,7 +145,7 @@ fn rl_peek(
     refill_per_minute: Option<f64>,
     cost: default!(Option<f64>, 1),
     now_ms: default!(Option<f64>, "NULL"),
-) -> JsonB {
+) -> JsonbText {
     answer(|s, a, c| calls::rl_peek(s, a, c), &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)])
 }
 
@@ -122,13 +157,13 @@ fn rl_refund(
     refill_per_minute: Option<f64>,
     amount: Option<f64>,
     now_ms: default!(Option<f64>, "NULL"),
-) -> JsonB {
+) -> JsonbText {
     answer(|s, a, c| calls::rl_refund(s, a, c), &[text(key), real(burst), real(refill_per_minute), real(amount), real(now_ms)])
 }
 
 #[pg_extern(name = "rl_refund_budget", volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, ratelimit, pg_temp)]
-fn rl_refund_budget(key: Option<&str>, period: Option<&str>, amount: Option<f64>, now_ms: default!(Option<f64>, "NULL")) -> JsonB {
+fn rl_refund_budget(key: Option<&str>, period: Option<&str>, amount: Option<f64>, now_ms: default!(Option<f64>, "NULL")) -> JsonbText {
     answer(|s, a, c| calls::rl_refund_budget(s, a, c), &[text(key), text(period), real(amount), real(now_ms)])
 }
 
@@ -140,15 +175,15 @@ fn rl_reset(key: Option<&str>) -> i64 {
 
 #[pg_extern(name = "rl_take_all", volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, ratelimit, pg_temp)]
-fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonB {
+fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonbText {
     let limits = limits.map(|j| j.0.to_string());
     answer(|s, a, c| calls::rl_take_all(s, a, c), &[text(limits.as_deref()), real(now_ms)])
 }
 
 #[pg_extern(name = "rl_headers", immutable, parallel_safe)]
-fn rl_headers(result: Option<JsonB>) -> JsonB {
+fn rl_headers(result: Option<JsonB>) -> JsonbText {
     let result = result.map(|j| j.0.to_string());
-    calls::rl_headers(&[text(result.as_deref())]).map(JsonB).unwrap_or_else(|e| raise(e))
+    calls::rl_headers(&[text(result.as_deref())]).map(JsonbText).unwrap_or_else(|e| raise(e))
 }
 
 #[pg_extern(name = "rl_key", immutable, parallel_safe)]
@@ -192,11 +227,11 @@ impl Plans {
             bucket_read: p(sql::BUCKET_READ, &[TEXT])?,
             bucket_lock: p(sql::BUCKET_LOCK, &[TEXT])?,
             bucket_insert: p(sql::BUCKET_INSERT, &[TEXT, FLOAT8, INT8, INT8])?,
-            bucket_update: p(sql::BUCKET_UPDATE, &[TEXT, FLOAT8, INT8, INT8, FLOAT8, INT8])?,
+            bucket_update: p(sql::BUCKET_UPDATE, &[FLOAT8, INT8, INT8, TEXT, FLOAT8, INT8])?,
             budget_read: p(sql::BUDGET_READ, &[TEXT, TEXT])?,
             budget_lock: p(sql::BUDGET_LOCK, &[TEXT, TEXT])?,
             budget_insert: p(sql::BUDGET_INSERT, &[TEXT, TEXT, INT8, INT8])?,
-            budget_update: p(sql::BUDGET_UPDATE, &[TEXT, TEXT, INT8, INT8, INT8, INT8])?,
+            budget_update: p(sql::BUDGET_UPDATE, &[INT8, INT8, TEXT, TEXT, INT8, INT8])?,
             sweep_buckets: p(sql::SWEEP_BUCKETS, &[INT8, INT8])?,
             sweep_budgets: p(sql::SWEEP_BUDGETS, &[INT8, INT8])?,
             reset_buckets: p(sql::RESET_BUCKETS, &[TEXT])?,
@@ -263,10 +298,10 @@ impl StateStore for PgStore<'_, '_> {
             Some(old) => self.changed(
                 &self.plans.bucket_update,
                 &[
-                    key.into(),
                     new.level.into(),
                     new.refilled_at.into(),
                     new.full_at.into(),
+                    key.into(),
                     old.level.into(),
                     old.refilled_at.into(),
                 ],
@@ -294,10 +329,10 @@ impl StateStore for PgStore<'_, '_> {
             Some(old) => self.changed(
                 &self.plans.budget_update,
                 &[
-                    key.into(),
-                    period.as_str().into(),
                     new.used.into(),
                     new.resets_at.into(),
+                    key.into(),
+                    period.as_str().into(),
                     old.used.into(),
                     old.resets_at.into(),
                 ],

@@ -7,8 +7,7 @@
 
 use crate::args::{self, Arg, Clock};
 use crate::error::Result;
-use crate::json::number;
-use serde_json::{json, Value};
+use crate::json::JsonObject;
 
 const MS_PER_MINUTE: f64 = 60_000.0;
 /// Longest wait ever reported (2^53 - 1 ms, about 285,000 years): keeps every reported
@@ -78,15 +77,15 @@ pub struct TakeDecision {
 }
 
 impl TakeDecision {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "admitted": self.admitted,
-            "remaining": self.remaining,
-            "limit": number(self.limit),
-            "retry_after_ms": self.retry_after_ms,
-            "retry_after_seconds": ceil_seconds(self.retry_after_ms),
-            "reset_after_seconds": ceil_seconds(self.reset_after_ms),
-        })
+    pub fn to_json(&self) -> String {
+        JsonObject::new()
+            .bool("admitted", self.admitted)
+            .int("remaining", self.remaining)
+            .number("limit", self.limit)
+            .int("retry_after_ms", self.retry_after_ms)
+            .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
+            .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
+            .finish()
     }
 }
 
@@ -196,12 +195,12 @@ pub struct RefundDecision {
 }
 
 impl RefundDecision {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "remaining": self.remaining,
-            "limit": number(self.limit),
-            "reset_after_seconds": ceil_seconds(self.reset_after_ms),
-        })
+    pub fn to_json(&self) -> String {
+        JsonObject::new()
+            .int("remaining", self.remaining)
+            .number("limit", self.limit)
+            .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
+            .finish()
     }
 }
 

@@ -2,10 +2,9 @@
 
 use crate::args::{self, Arg, Clock};
 use crate::error::Result;
-use crate::json::micros_number;
+use crate::json::JsonObject;
 use crate::bucket::ceil_seconds;
 use chrono::{DateTime, Datelike, NaiveDate};
-use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Period {
@@ -90,15 +89,15 @@ pub struct SpendDecision {
 }
 
 impl SpendDecision {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "admitted": self.admitted,
-            "used": micros_number(self.used),
-            "limit": micros_number(self.quota),
-            "remaining": micros_number(self.quota - self.used),
-            "resets_at": self.resets_at_ms / 1000,
-            "retry_after_seconds": self.retry_after_seconds,
-        })
+    pub fn to_json(&self) -> String {
+        JsonObject::new()
+            .bool("admitted", self.admitted)
+            .micros("used", self.used)
+            .micros("limit", self.quota)
+            .micros("remaining", self.quota - self.used)
+            .int("resets_at", self.resets_at_ms / 1000)
+            .int("retry_after_seconds", self.retry_after_seconds)
+            .finish()
     }
 }
 
@@ -137,8 +136,8 @@ pub struct BudgetRefund {
 }
 
 impl BudgetRefund {
-    pub fn to_json(&self) -> Value {
-        json!({ "used": micros_number(self.used), "resets_at": self.resets_at_ms / 1000 })
+    pub fn to_json(&self) -> String {
+        JsonObject::new().micros("used", self.used).int("resets_at", self.resets_at_ms / 1000).finish()
     }
 }
 

@@ -8,7 +8,6 @@ use crate::error::Result;
 use crate::headers;
 use crate::multi::{self, TakeAllArgs};
 use crate::store::{self, StateStore};
-use serde_json::Value;
 
 pub const RL_TAKE: &str = "rl_take";
 pub const RL_SPEND: &str = "rl_spend";
@@ -20,17 +19,17 @@ pub const RL_REFUND_BUDGET: &str = "rl_refund_budget";
 pub const RL_RESET: &str = "rl_reset";
 pub const RL_TAKE_ALL: &str = "rl_take_all";
 
-pub fn rl_take<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<Value> {
+pub fn rl_take<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
     let a = TakeArgs::parse(RL_TAKE, args, clock)?;
     Ok(store::take(store, RL_TAKE, &a)?.to_json())
 }
 
-pub fn rl_spend<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<Value> {
+pub fn rl_spend<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
     let a = SpendArgs::parse(RL_SPEND, args, clock)?;
     Ok(store::spend(store, RL_SPEND, &a)?.to_json())
 }
 
-pub fn rl_budget<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<Value> {
+pub fn rl_budget<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
     let a = SpendArgs::parse(RL_BUDGET, args, clock)?;
     Ok(store::peek_budget(store, RL_BUDGET, &a)?.to_json())
 }
@@ -51,20 +50,20 @@ pub fn rl_key(parts: &[Arg]) -> Result<String> {
 }
 
 /// `rl_peek(key, burst, refill_per_minute [, cost [, now_ms]])`: rl_take's answer, changing nothing.
-pub fn rl_peek<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<Value> {
+pub fn rl_peek<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
     let a = TakeArgs::parse(RL_PEEK, args, clock)?;
     Ok(store::peek(store, RL_PEEK, &a)?.to_json())
 }
 
 /// `rl_refund(key, burst, refill_per_minute, amount [, now_ms])`.
-pub fn rl_refund<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<Value> {
+pub fn rl_refund<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
     args::arity(RL_REFUND, args.len(), 4, 5)?;
     let a = TakeArgs::parse_with(RL_REFUND, "amount", args, clock)?;
     Ok(store::refund(store, RL_REFUND, &a)?.to_json())
 }
 
 /// `rl_refund_budget(key, period, amount [, now_ms])`.
-pub fn rl_refund_budget<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<Value> {
+pub fn rl_refund_budget<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
     args::arity(RL_REFUND_BUDGET, args.len(), 3, 4)?;
     let a = SpendArgs {
         key: args::key(RL_REFUND_BUDGET, &args[0])?,
@@ -84,7 +83,7 @@ pub fn rl_reset<S: StateStore>(store: &mut S, args: &[Arg]) -> Result<i64> {
 }
 
 /// `rl_take_all(limits [, now_ms])`.
-pub fn rl_take_all<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<Value> {
+pub fn rl_take_all<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
     args::arity(RL_TAKE_ALL, args.len(), 1, 2)?;
     let json = multi::parse_limits(RL_TAKE_ALL, &args[0])?;
     let a = TakeAllArgs::parse(RL_TAKE_ALL, &json, args.get(1), clock)?;
@@ -92,7 +91,7 @@ pub fn rl_take_all<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) ->
 }
 
 /// `rl_headers(result)`: pure.
-pub fn rl_headers(args: &[Arg]) -> Result<Value> {
+pub fn rl_headers(args: &[Arg]) -> Result<String> {
     args::arity(headers::FUNCTION, args.len(), 1, 1)?;
     match args[0] {
         Arg::Text(t) => headers::headers(t),

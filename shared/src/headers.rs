@@ -53,11 +53,11 @@ fn whole(v: f64) -> i64 {
 }
 
 fn shown(v: f64) -> String {
-    crate::json::number(v.max(0.0)).to_string()
+    crate::json::number_text(v.max(0.0))
 }
 
-/// `rl_headers(result)`: a JSON object of header names to values.
-pub fn headers(result: &str) -> Result<Value> {
+/// `rl_headers(result)`: a JSON object of header names to values, as text.
+pub fn headers(result: &str) -> Result<String> {
     let bad = || {
         Error::invalid(FUNCTION, "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all")
     };
@@ -109,5 +109,5 @@ pub fn headers(result: &str) -> Result<Value> {
     if let Some(retry) = retry {
         out.insert("Retry-After".into(), Value::String(retry.max(1).to_string()));
     }
-    Ok(Value::Object(out))
+    Ok(Value::Object(out).to_string())
 }

@@ -5,7 +5,8 @@ use crate::bucket::{self, BucketLimits, BucketState, TakeDecision};
 use crate::budget::{self, BudgetState, Period, SpendDecision};
 use crate::bucket::ceil_seconds;
 use crate::error::{Error, Result};
-use serde_json::{json, Map, Value};
+use crate::json::JsonObject;
+use serde_json::{Map, Value};
 
 /// Most items one call may hold.
 pub const MAX_ITEMS: usize = 64;
@@ -149,8 +150,8 @@ pub struct TakeAllDecision {
 }
 
 impl TakeAllDecision {
-    pub fn to_json(&self) -> Value {
-        let items: Vec<Value> = self
+    pub fn to_json(&self) -> String {
+        let items: Vec<String> = self
             .items
             .iter()
             .map(|d| match d {
@@ -158,12 +159,12 @@ impl TakeAllDecision {
                 ItemDecision::Budget(b) => b.to_json(),
             })
             .collect();
-        json!({
-            "admitted": self.admitted,
-            "retry_after_ms": self.retry_after_ms,
-            "retry_after_seconds": ceil_seconds(self.retry_after_ms),
-            "items": items,
-        })
+        JsonObject::new()
+            .bool("admitted", self.admitted)
+            .int("retry_after_ms", self.retry_after_ms)
+            .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
+            .raw("items", &format!("[{}]", items.join(",")))
+            .finish()
     }
 }
 

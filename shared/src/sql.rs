@@ -17,3 +17,41 @@ pub const SWEEP_BUDGETS: &str = include_str!("../../sql/sweep_budgets.sql");
 pub const RESET_BUCKETS: &str = include_str!("../../sql/reset_buckets.sql");
 pub const RESET_BUDGETS: &str = include_str!("../../sql/reset_budgets.sql");
 pub const SQLITE_SCHEMA: &str = include_str!("../../sql/sqlite_schema.sql");
+
+/// Every statement, for checks that hold for all of them.
+pub const ALL: [&str; 12] = [
+    BUCKET_READ,
+    BUCKET_LOCK,
+    BUCKET_INSERT,
+    BUCKET_UPDATE,
+    BUDGET_READ,
+    BUDGET_LOCK,
+    BUDGET_INSERT,
+    BUDGET_UPDATE,
+    SWEEP_BUCKETS,
+    SWEEP_BUDGETS,
+    RESET_BUCKETS,
+    RESET_BUDGETS,
+];
+
+#[cfg(test)]
+mod tests {
+    /// SQLite numbers `$n` parameters by first appearance, PostgreSQL by n: the two agree
+    /// (and positional binding is right on both) only if first appearances ascend.
+    #[test]
+    fn parameters_first_appear_in_order() {
+        for text in super::ALL {
+            let mut seen: Vec<u32> = Vec::new();
+            let mut rest = text;
+            while let Some(at) = rest.find('$') {
+                let digits: String = rest[at + 1..].chars().take_while(char::is_ascii_digit).collect();
+                let n: u32 = digits.parse().expect("a number after $");
+                if !seen.contains(&n) {
+                    assert_eq!(n as usize, seen.len() + 1, "in {text}");
+                    seen.push(n);
+                }
+                rest = &rest[at + 1 + digits.len()..];
+            }
+        }
+    }
+}

@@ -84,16 +84,30 @@ fn update_row<S: StateStore, T, R>(
     mut write: impl FnMut(&mut S, Option<&T>, &T) -> StoreResult<bool>,
 ) -> Result<R> {
     writable(store, function)?;
-    for attempt in 0..MAX_ATTEMPTS {
-        let state = read(store, attempt > 0).map_err(|e| e.in_call(function))?;
-        let (answer, new_state) = decide(state.as_ref());
-        match new_state {
-            None => return Ok(answer),
-            Some(new) if write(store, state.as_ref(), &new).map_err(|e| e.in_call(function))? => return Ok(answer),
-            Some(_) => continue,
+    atomically(store, function, |store| {
+        for attempt in 0..MAX_ATTEMPTS {
+            let state = read(store, attempt > 0).map_err(|e| e.in_call(function))?;
+            let (answer, new_state) = decide(state.as_ref());
+            match new_state {
+                None => return Ok(answer),
+                Some(new) if write(store, state.as_ref(), &new).map_err(|e| e.in_call(function))? => return Ok(answer),
+                Some(_) => continue,
+            }
         }
-    }
-    Err(gave_up(function))
+        Err(gave_up(function))
+    })
+}
+
+/// Runs `work` as one unit: on SQLite outside a transaction, BEGIN IMMEDIATE ... COMMIT,
+/// so the read and the write share one transaction under the write lock (and a failure
+/// rolls back); elsewhere the caller's transaction already is the unit.
+fn atomically<S: StateStore, R>(store: &mut S, function: &'static str, work: impl FnOnce(&mut S) -> Result<R>) -> Result<R> {
+    let owned = store.begin_atomic().map_err(|e| e.in_call(function))?;
+    let outcome = work(store);
+    let finished = store.end_atomic(owned, outcome.is_ok()).map_err(|e| e.in_call(function));
+    let answer = outcome?;
+    finished?;
+    Ok(answer)
 }
 
 /// [`update_row`] on the bucket row of `key`.
@@ -165,7 +179,7 @@ pub fn peek<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs) 
 /// rl_reset: forget every bucket and budget under a key.
 pub fn reset<S: StateStore>(store: &mut S, function: &'static str, key: &str) -> Result<i64> {
     writable(store, function)?;
-    store.reset(key).map_err(|e| e.in_call(function))
+    atomically(store, function, |store| store.reset(key).map_err(|e| e.in_call(function)))
 }
 
 /// rl_take_all: every item is charged, or none. An unlocked read answers most refusals
@@ -179,12 +193,7 @@ pub fn take_all<S: StateStore>(store: &mut S, function: &'static str, a: &TakeAl
     if !first.admitted {
         return Ok(first);
     }
-    let owned = store.begin_atomic().map_err(in_call)?;
-    let outcome = locked_take_all(store, function, a);
-    let finished = store.end_atomic(owned, outcome.is_ok()).map_err(in_call);
-    let decision = outcome?;
-    finished?;
-    Ok(decision)
+    atomically(store, function, |store| locked_take_all(store, function, a))
 }
 
 fn locked_take_all<S: StateStore>(store: &mut S, function: &'static str, a: &TakeAllArgs) -> Result<TakeAllDecision> {

@@ -2,14 +2,19 @@
 //! it. Glue only: convert values, run the core's statements on the caller's connection,
 //! return the core's answer as JSON text. Every rule lives in `ratelimit_core`.
 
+mod handle;
+
 use std::os::raw::{c_char, c_int};
+use std::sync::Arc;
+
+use handle::Handle;
 
 use ratelimit_core::bucket::BucketState;
 use ratelimit_core::budget::{BudgetState, Period};
 use ratelimit_core::{calls, sql, Arg, Clock, ErrorKind, StateStore, StoreError, StoreResult};
 use rusqlite::functions::{Context, FunctionFlags};
 use rusqlite::types::ValueRef;
-use rusqlite::{ffi, named_params, Connection, OptionalExtension, MAIN_DB};
+use rusqlite::{ffi, params, Connection, OptionalExtension, MAIN_DB};
 
 /// Functions that read or write state: never callable from views, triggers or schema of
 /// an untrusted database file, never assumed to give the same answer twice.
@@ -33,32 +38,36 @@ pub unsafe extern "C" fn sqlite3_ratelimit_init(
 }
 
 fn register(db: Connection) -> rusqlite::Result<bool> {
-    register_stateful(&db, calls::RL_TAKE, |s, a, c| calls::rl_take(s, a, c).map(|v| v.to_string()))?;
-    register_stateful(&db, calls::RL_SPEND, |s, a, c| calls::rl_spend(s, a, c).map(|v| v.to_string()))?;
-    register_stateful(&db, calls::RL_BUDGET, |s, a, c| calls::rl_budget(s, a, c).map(|v| v.to_string()))?;
-    register_stateful(&db, calls::RL_SWEEP, |s, a, c| calls::rl_sweep(s, a, c))?;
-    register_stateful(&db, calls::RL_PEEK, |s, a, c| calls::rl_peek(s, a, c).map(|v| v.to_string()))?;
-    register_stateful(&db, calls::RL_REFUND, |s, a, c| calls::rl_refund(s, a, c).map(|v| v.to_string()))?;
-    register_stateful(&db, calls::RL_REFUND_BUDGET, |s, a, c| calls::rl_refund_budget(s, a, c).map(|v| v.to_string()))?;
-    register_stateful(&db, calls::RL_RESET, |s, a, _| calls::rl_reset(s, a))?;
-    register_stateful(&db, calls::RL_TAKE_ALL, |s, a, c| calls::rl_take_all(s, a, c).map(|v| v.to_string()))?;
+    // SAFETY: the same connection SQLite just handed over; the handle never closes it.
+    let own = unsafe { Connection::from_handle(db.handle())? };
+    let h = Handle::new(own);
+    db.create_module(handle::ANCHOR_TABLE, &handle::ANCHOR_MODULE, Some(h.clone()))?;
+    let db = &h;
+    register_stateful(db, calls::RL_TAKE, |s, a, c| calls::rl_take(s, a, c))?;
+    register_stateful(db, calls::RL_SPEND, |s, a, c| calls::rl_spend(s, a, c))?;
+    register_stateful(db, calls::RL_BUDGET, |s, a, c| calls::rl_budget(s, a, c))?;
+    register_stateful(db, calls::RL_SWEEP, |s, a, c| calls::rl_sweep(s, a, c))?;
+    register_stateful(db, calls::RL_PEEK, |s, a, c| calls::rl_peek(s, a, c))?;
+    register_stateful(db, calls::RL_REFUND, |s, a, c| calls::rl_refund(s, a, c))?;
+    register_stateful(db, calls::RL_REFUND_BUDGET, |s, a, c| calls::rl_refund_budget(s, a, c))?;
+    register_stateful(db, calls::RL_RESET, |s, a, _| calls::rl_reset(s, a))?;
+    register_stateful(db, calls::RL_TAKE_ALL, |s, a, c| calls::rl_take_all(s, a, c))?;
+    let db = h.lock_unanchored();
     db.create_scalar_function("rl_key", -1, PURE, |ctx| calls::rl_key(&args_of(ctx)).map_err(to_sqlite_error))?;
-    db.create_scalar_function("rl_headers", -1, PURE, |ctx| {
-        calls::rl_headers(&args_of(ctx)).map(|v| v.to_string()).map_err(to_sqlite_error)
-    })?;
+    db.create_scalar_function("rl_headers", -1, PURE, |ctx| calls::rl_headers(&args_of(ctx)).map_err(to_sqlite_error))?;
     Ok(false)
 }
 
 /// Registers a function that runs a core call on the caller's own connection. SQLite has
 /// no clock policy of its own: an explicit now_ms is always allowed.
 fn register_stateful<T: rusqlite::functions::SqlFnOutput + 'static>(
-    db: &Connection,
+    h: &Arc<Handle>,
     name: &'static str,
     call: fn(&mut SqliteStore<'_>, &[Arg<'_>], &Clock) -> ratelimit_core::Result<T>,
 ) -> rusqlite::Result<()> {
-    db.create_scalar_function(name, -1, STATEFUL, move |ctx| {
-        // SAFETY: the connection is only used during this call, on this thread.
-        let conn = unsafe { ctx.get_connection()? };
+    let handle = h.clone();
+    h.lock_unanchored().create_scalar_function(name, -1, STATEFUL, move |ctx| {
+        let conn = handle.lock()?;
         let mut store = SqliteStore { conn: &conn };
         call(&mut store, &args_of(ctx), &Clock::system(true)).map_err(to_sqlite_error)
     })
@@ -108,12 +117,16 @@ impl SqliteStore<'_> {
         StoreError { engine_code, message }
     }
 
-    /// Prepares a statement, creating the state tables first if they do not exist yet.
-    fn prepare(&self, text: &str) -> StoreResult<rusqlite::CachedStatement<'_>> {
-        match self.conn.prepare_cached(text) {
+    /// Runs one statement, prepared once per connection. When the state tables are missing
+    /// (never created, dropped, or created in a transaction that rolled back) it creates
+    /// them and runs the statement once more.
+    fn run<T>(&self, text: &str, f: impl Fn(&mut rusqlite::CachedStatement<'_>) -> rusqlite::Result<T>) -> StoreResult<T> {
+        let attempt = || self.conn.prepare_cached(text).and_then(|mut stmt| f(&mut stmt));
+        match attempt() {
             Err(e) if e.to_string().contains("no such table") => {
+                self.conn.flush_prepared_statement_cache();
                 self.conn.execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))?;
-                self.conn.prepare_cached(text).map_err(|e| self.fail(e))
+                attempt().map_err(|e| self.fail(e))
             }
             other => other.map_err(|e| self.fail(e)),
         }
@@ -126,62 +139,49 @@ impl StateStore for SqliteStore<'_> {
     }
 
     fn read_bucket(&mut self, key: &str, _lock: bool) -> StoreResult<Option<BucketState>> {
-        self.prepare(sql::BUCKET_READ)?
-            .query_row(named_params! {"$1": key}, |r| {
-                Ok(BucketState { level: r.get(0)?, refilled_at: r.get(1)?, full_at: r.get(2)? })
-            })
-            .optional()
-            .map_err(|e| self.fail(e))
+        self.run(sql::BUCKET_READ, |stmt| {
+            stmt.query_row([key], |r| Ok(BucketState { level: r.get(0)?, refilled_at: r.get(1)?, full_at: r.get(2)? }))
+                .optional()
+        })
     }
 
     fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
         let changed = match expected {
-            None => self.prepare(sql::BUCKET_INSERT)?.execute(named_params! {
-                "$1": key, "$2": new.level, "$3": new.refilled_at, "$4": new.full_at,
-            }),
-            Some(old) => self.prepare(sql::BUCKET_UPDATE)?.execute(named_params! {
-                "$1": key, "$2": new.level, "$3": new.refilled_at, "$4": new.full_at,
-                "$5": old.level, "$6": old.refilled_at,
-            }),
+            None => self.run(sql::BUCKET_INSERT, |stmt| stmt.execute(params![key, new.level, new.refilled_at, new.full_at]))?,
+            Some(old) => self.run(sql::BUCKET_UPDATE, |stmt| {
+                stmt.execute(params![new.level, new.refilled_at, new.full_at, key, old.level, old.refilled_at])
+            })?,
         };
-        changed.map(|n| n == 1).map_err(|e| self.fail(e))
+        Ok(changed == 1)
     }
 
     fn read_budget(&mut self, key: &str, period: Period, _lock: bool) -> StoreResult<Option<BudgetState>> {
-        self.prepare(sql::BUDGET_READ)?
-            .query_row(named_params! {"$1": key, "$2": period.as_str()}, |r| {
-                Ok(BudgetState { used: r.get(0)?, resets_at: r.get(1)? })
-            })
-            .optional()
-            .map_err(|e| self.fail(e))
+        self.run(sql::BUDGET_READ, |stmt| {
+            stmt.query_row([key, period.as_str()], |r| Ok(BudgetState { used: r.get(0)?, resets_at: r.get(1)? })).optional()
+        })
     }
 
     fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool> {
         let changed = match expected {
-            None => self.prepare(sql::BUDGET_INSERT)?.execute(named_params! {
-                "$1": key, "$2": period.as_str(), "$3": new.used, "$4": new.resets_at,
-            }),
-            Some(old) => self.prepare(sql::BUDGET_UPDATE)?.execute(named_params! {
-                "$1": key, "$2": period.as_str(), "$3": new.used, "$4": new.resets_at,
-                "$5": old.used, "$6": old.resets_at,
-            }),
+            None => self.run(sql::BUDGET_INSERT, |stmt| stmt.execute(params![key, period.as_str(), new.used, new.resets_at]))?,
+            Some(old) => self.run(sql::BUDGET_UPDATE, |stmt| {
+                stmt.execute(params![new.used, new.resets_at, key, period.as_str(), old.used, old.resets_at])
+            })?,
         };
-        changed.map(|n| n == 1).map_err(|e| self.fail(e))
+        Ok(changed == 1)
     }
 
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        let rows = self.prepare(sql::SWEEP_BUCKETS)?.execute(named_params! {"$1": cutoff_ms, "$2": limit});
-        rows.map(|n| n as i64).map_err(|e| self.fail(e))
+        self.run(sql::SWEEP_BUCKETS, |stmt| stmt.execute([cutoff_ms, limit])).map(|n| n as i64)
     }
 
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        let rows = self.prepare(sql::SWEEP_BUDGETS)?.execute(named_params! {"$1": cutoff_ms, "$2": limit});
-        rows.map(|n| n as i64).map_err(|e| self.fail(e))
+        self.run(sql::SWEEP_BUDGETS, |stmt| stmt.execute([cutoff_ms, limit])).map(|n| n as i64)
     }
 
     fn reset(&mut self, key: &str) -> StoreResult<i64> {
-        let buckets = self.prepare(sql::RESET_BUCKETS)?.execute(named_params! {"$1": key}).map_err(|e| self.fail(e))?;
-        let budgets = self.prepare(sql::RESET_BUDGETS)?.execute(named_params! {"$1": key}).map_err(|e| self.fail(e))?;
+        let buckets = self.run(sql::RESET_BUCKETS, |stmt| stmt.execute([key]))?;
+        let budgets = self.run(sql::RESET_BUDGETS, |stmt| stmt.execute([key]))?;
         Ok((buckets + budgets) as i64)
     }
 
@@ -196,13 +196,13 @@ impl StateStore for SqliteStore<'_> {
         if !self.conn.is_autocommit() {
             return Ok(false);
         }
-        self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| self.fail(e))?;
+        self.run("BEGIN IMMEDIATE", |stmt| stmt.execute([]))?;
         Ok(true)
     }
 
     fn end_atomic(&mut self, owned: bool, commit: bool) -> StoreResult<()> {
         if owned {
-            self.conn.execute_batch(if commit { "COMMIT" } else { "ROLLBACK" }).map_err(|e| self.fail(e))?;
+            self.run(if commit { "COMMIT" } else { "ROLLBACK" }, |stmt| stmt.execute([]))?;
         }
         Ok(())
     }

@@ -1,0 +1,212 @@
+"""Benchmarks: pg_ratelimit and the SQLite extension against what users would pick
+instead, measured side by side in one run and reported as ratios.
+
+Run through scripts/bench.sh, which installs and starts everything this needs (a
+throwaway PostgreSQL 15 cluster, a Redis server on loopback, the built extensions, the
+SQLite driver). Writes bench/results/results.md and bench/results/chart.png.
+
+Every cell is the median of RL_BENCH_REPS runs (default 3) of RL_BENCH_SECONDS each
+(default 3); the runs of all systems are interleaved so that drift affects all alike."""
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results")
+SECONDS = float(os.environ.get("RL_BENCH_SECONDS", "3"))
+REPS = int(os.environ.get("RL_BENCH_REPS", "3"))
+SCALES = [int(x) for x in os.environ.get("RL_BENCH_SCALES", "1000000,10000000").split(",") if x]
+KEYS = 100_000
+DB = "rl_bench"
+REDIS_PORT = int(os.environ.get("RL_REDIS_PORT", "56379"))
+SQLITE_EXT = os.path.join(ROOT, "target", "release", "libratelimit")
+SQLITE_DRIVER = os.environ.get("RL_SQLITE_DRIVER", "/tmp/rl_sqlite_driver")
+
+# Always-admit limits: a burst no run can drain.
+BIG = "1000000000, 600000000"
+PG_SCRIPTS = {
+    "rl_take": f"SELECT rl_take('k' || :k, {BIG});",
+    "rl_spend": "SELECT rl_spend('k' || :k, 'month', 1000000000, 1);",
+    "hand-written SQL": f"SELECT hw_take('k' || :k, {BIG});",
+    "bare UPDATE": "UPDATE counters SET n = n + 1 WHERE k = 'k' || :k;",
+    "SELECT 1": "SELECT 1;",
+}
+FLOOD_SCRIPTS = {
+    "rl_take": "SELECT rl_take('flood', 1, 0.000001);",
+    "hand-written SQL": "SELECT hw_take('flood', 1, 0.000001);",
+}
+
+
+def psql(sql, db=DB):
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", db, "-c", sql], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def psql_value(sql, db=DB):
+    out = subprocess.run(["psql", "-X", "-At", "-d", db, "-c", sql], check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def redis(*args):
+    out = subprocess.run(["redis-cli", "-p", str(REDIS_PORT), *args], check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
+
+
+def pgbench(script, clients, keys, sync):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "script.sql")
+        with open(path, "w") as f:
+            f.write(f"\\set k random(1, {keys})\n{script}\n")
+        env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'}")
+        cmd = ["pgbench", "-n", "-M", "prepared", "-f", path, "-c", str(clients), "-j", str(min(clients, 2)),
+               "-T", str(SECONDS), "--log", "--sampling-rate=0.2", "--log-prefix", os.path.join(tmp, "log"), DB]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tmp).stdout
+        tps = float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out).group(1))
+        latencies = []
+        for log in glob.glob(os.path.join(tmp, "log*")):
+            with open(log) as f:
+                latencies += [int(line.split()[2]) / 1000 for line in f if line.strip()]
+    return {"calls_per_s": tps, "p50_ms": percentile(latencies, 0.5), "p99_ms": percentile(latencies, 0.99)}
+
+
+def redis_bench(sha, clients, keys, flood=False):
+    rps_target = 40000 * SECONDS
+    if flood:
+        cmd = ["EVALSHA", sha, "1", "flood", "1", "0.000001", "1"]
+    elif keys == 1:
+        cmd = ["EVALSHA", sha, "1", "k:1", *BIG.replace(" ", "").split(","), "1"]
+    else:
+        cmd = ["-r", str(keys), "EVALSHA", sha, "1", "k:__rand_int__", *BIG.replace(" ", "").split(","), "1"]
+    out = subprocess.run(["redis-benchmark", "-p", str(REDIS_PORT), "-c", str(clients), "-n", str(int(rps_target)),
+                          "--csv", *cmd], check=True, capture_output=True, text=True).stdout
+    row = [line for line in out.splitlines() if line and not line.startswith('"test"')][-1]
+    fields = [x.strip('"') for x in row.split(",")]
+    return {"calls_per_s": float(fields[1]), "p50_ms": float(fields[4]), "p99_ms": float(fields[6])}
+
+
+def sqlite_bench(path, journal, sql, keys):
+    out = subprocess.run([SQLITE_DRIVER, path, SQLITE_EXT, journal, sql, str(keys), str(SECONDS)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def median_cell(runs):
+    return {k: statistics.median(r[k] for r in runs) for k in ("calls_per_s", "p50_ms", "p99_ms")}
+
+
+def setup_postgres(keys):
+    psql(f"DROP DATABASE IF EXISTS {DB}", db="postgres")
+    psql(f"CREATE DATABASE {DB}", db="postgres")
+    psql("CREATE EXTENSION pg_ratelimit")
+    with open(os.path.join(ROOT, "bench", "pg_baseline.sql")) as f:
+        psql(f.read())
+    populate_postgres(keys)
+
+
+def populate_postgres(keys):
+    """Every key already has a row, as in steady state (a full bucket: same answers)."""
+    psql("TRUNCATE ratelimit.rl_bucket, ratelimit.rl_budget, hw_bucket, counters")
+    psql(f"INSERT INTO ratelimit.rl_bucket SELECT 'k' || g, 1000000000, 0, 0 FROM generate_series(1, {keys}) g")
+    psql(f"INSERT INTO hw_bucket SELECT 'k' || g, 1000000000, 0 FROM generate_series(1, {keys}) g")
+    psql(f"INSERT INTO counters SELECT 'k' || g, 0 FROM generate_series(1, {keys}) g")
+    psql("VACUUM ANALYZE")
+    psql("SELECT rl_take('flood', 1, 0.000001), hw_take('flood', 1, 0.000001)")  # drain the flood buckets
+
+
+def run_matrix(cells):
+    """cells: {name: thunk}; runs every thunk REPS times, interleaved; returns medians."""
+    runs = {name: [] for name in cells}
+    for rep in range(REPS):
+        for name, thunk in cells.items():
+            runs[name].append(thunk())
+            print(f"  rep {rep + 1}/{REPS} {name}: {runs[name][-1]['calls_per_s']:.0f}/s", file=sys.stderr, flush=True)
+    return {name: median_cell(r) for name, r in runs.items()}
+
+
+def main():
+    os.makedirs(RESULTS, exist_ok=True)
+    cells = {}
+    print("PostgreSQL setup", file=sys.stderr)
+    setup_postgres(KEYS)
+    with open(os.path.join(ROOT, "bench", "redis_bucket.lua")) as f:
+        sha = redis("SCRIPT", "LOAD", f.read())
+    redis("FLUSHALL")
+    redis("EVALSHA", sha, "1", "flood", "1", "0.000001", "1")
+
+    matrix = {}
+    for clients in (1, 8, 32):
+        for sync in (True, False):
+            for system, script in PG_SCRIPTS.items():
+                if system == "SELECT 1" and not sync:
+                    continue
+                matrix[("uniform", clients, system, sync)] = (lambda s=script, c=clients, y=sync: pgbench(s, c, KEYS, y))
+        matrix[("uniform", clients, "Redis Lua", None)] = (lambda c=clients: redis_bench(sha, c, KEYS))
+    for clients in (8, 32):
+        for sync in (True, False):
+            for system in ("rl_take", "hand-written SQL", "bare UPDATE"):
+                matrix[("hot key", clients, system, sync)] = (lambda s=PG_SCRIPTS[system], c=clients, y=sync: pgbench(s, c, 1, y))
+        matrix[("hot key", clients, "Redis Lua", None)] = (lambda c=clients: redis_bench(sha, c, 1))
+    for system, script in FLOOD_SCRIPTS.items():
+        matrix[("refusal flood", 8, system, True)] = (lambda s=script: pgbench(s, 8, 1, True))
+    matrix[("refusal flood", 8, "Redis Lua", None)] = lambda: redis_bench(sha, 8, 1, flood=True)
+    print(f"PostgreSQL and Redis: {len(matrix)} cells x {REPS} runs", file=sys.stderr)
+    cells.update(run_matrix(matrix))
+
+    sizes = {}
+    sizes["PostgreSQL rl_bucket"] = int(psql_value("SELECT pg_total_relation_size('ratelimit.rl_bucket') / count(*) FROM ratelimit.rl_bucket"))
+    sizes["PostgreSQL hand-written hw_bucket"] = int(psql_value("SELECT pg_total_relation_size('hw_bucket') / count(*) FROM hw_bucket"))
+    sizes["Redis hash (memory)"] = int(redis("MEMORY", "USAGE", "k:1") or 0)
+
+    for scale in SCALES:
+        print(f"PostgreSQL with {scale:,} keys", file=sys.stderr)
+        populate_postgres(scale)
+        scaled = {("keys", scale, system, True): (lambda s=PG_SCRIPTS[system], n=scale: pgbench(s, 8, n, True))
+                  for system in ("rl_take", "hand-written SQL", "bare UPDATE")}
+        cells.update(run_matrix(scaled))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sqlite_cells = {}
+        for journal in ("wal", "delete"):
+            path = os.path.join(tmp, f"{journal}.db")
+            subprocess.run(["sqlite3", path, ".load " + SQLITE_EXT, f"PRAGMA journal_mode={journal}",
+                            "CREATE TABLE up(k TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID", "BEGIN IMMEDIATE",
+                            f"WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {KEYS}) "
+                            "INSERT INTO up SELECT 'k' || i, 0 FROM g",
+                            f"SELECT count(rl_take('k' || value, 1000000000, 600000000)) FROM generate_series(1, {KEYS})",
+                            "COMMIT"],
+                           check=True, capture_output=True)
+            for system, sql in (("rl_take", f"SELECT rl_take(?1, {BIG})"),
+                                ("bare UPSERT", "INSERT INTO up(k, n) VALUES (?1, 1) ON CONFLICT(k) DO UPDATE SET n = n + 1"),
+                                ("SELECT 1", "SELECT 1")):
+                sqlite_cells[("sqlite " + journal, 1, system, None)] = (lambda p=path, j=journal, q=sql: sqlite_bench(p, j, q, KEYS))
+            sizes[f"SQLite rl_bucket ({journal})"] = None
+        print("SQLite", file=sys.stderr)
+        cells.update(run_matrix(sqlite_cells))
+        path = os.path.join(tmp, "wal.db")
+        out = subprocess.run(["sqlite3", path, "SELECT sum(pgsize), (SELECT count(*) FROM rl_bucket) FROM dbstat WHERE name LIKE 'rl_bucket%'"],
+                             capture_output=True, text=True).stdout.strip()
+        if "|" in out:
+            total, rows = (int(x) for x in out.split("|"))
+            sizes["SQLite rl_bucket"] = total // max(rows, 1)
+        sizes = {k: v for k, v in sizes.items() if v is not None}
+
+    with open(os.path.join(RESULTS, "results.json"), "w") as f:
+        json.dump({"cells": [[list(k), v] for k, v in cells.items()], "sizes": sizes}, f, indent=1)
+    import report  # noqa: E402  (bench/report.py)
+
+    report.write(cells, sizes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Turns benchmark cells into bench/results/results.md (tables, ratios, targets) and
+bench/results/chart.png."""
+import os
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results")
+
+
+def sync_label(sync):
+    return {True: "on", False: "off", None: "-"}[sync]
+
+
+def rate(cells, *key):
+    cell = cells.get(tuple(key))
+    return cell["calls_per_s"] if cell else float("nan")
+
+
+def ratio(a, b):
+    return a / b if b and b == b and a == a else float("nan")
+
+
+def targets(cells):
+    """(description, measured ratio, target) for each target of the benchmark issue."""
+    take_on = rate(cells, "uniform", 8, "rl_take", True)
+    take_off = rate(cells, "uniform", 8, "rl_take", False)
+    rows = [
+        ("sync on, 8 clients: rl_take / hand-written SQL", ratio(take_on, rate(cells, "uniform", 8, "hand-written SQL", True)), 1.0),
+        ("sync on, 8 clients: rl_take / bare UPDATE", ratio(take_on, rate(cells, "uniform", 8, "bare UPDATE", True)), 0.9),
+        ("sync off, 8 clients: rl_take / hand-written SQL", ratio(take_off, rate(cells, "uniform", 8, "hand-written SQL", False)), 1.3),
+        ("sync off, 8 clients: rl_take / bare UPDATE", ratio(take_off, rate(cells, "uniform", 8, "bare UPDATE", False)), 0.9),
+        ("sync off, 8 clients: rl_take / Redis Lua", ratio(take_off, rate(cells, "uniform", 8, "Redis Lua", None)), 1.0),
+        ("sync on, 8 clients: refusal flood / admitted rl_take", ratio(rate(cells, "refusal flood", 8, "rl_take", True), take_on), 1.5),
+        ("SQLite WAL: rl_take / bare UPSERT", ratio(rate(cells, "sqlite wal", 1, "rl_take", None), rate(cells, "sqlite wal", 1, "bare UPSERT", None)), 0.8),
+    ]
+    scales = sorted({k[1] for k in cells if k[0] == "keys"})
+    if scales:
+        rows.append((f"cost per call flat from 100,000 to {scales[-1]:,} keys (rl_take rate at {scales[-1]:,} / at 100,000)",
+                     ratio(rate(cells, "keys", scales[-1], "rl_take", True), take_on), 0.8))
+    return rows
+
+
+def write(cells, sizes):
+    lines = ["# Benchmarks", "",
+             "Medians of interleaved runs on one machine (2 cores). Load from a second process: pgbench "
+             "(prepared statements) for PostgreSQL, redis-benchmark for Redis, an in-process C driver for SQLite. "
+             "Absolute figures vary between runs; the ratios are what we track.", "",
+             "## Targets", "", "| target | measured | wanted | |", "|---|---|---|---|"]
+    for text, measured, wanted in targets(cells):
+        met = "met" if measured >= wanted else "missed"
+        lines.append(f"| {text} | {measured:.2f}x | >= {wanted}x | {met} |")
+    lines += ["", "## Every cell", "", "| workload | clients | system | synchronous_commit | calls/s | p50 ms | p99 ms | vs rl_take |",
+              "|---|---|---|---|---|---|---|---|"]
+    for key in sorted(cells, key=lambda k: (k[0], k[1], k[2], str(k[3]))):
+        workload, clients, system, sync = key
+        cell = cells[key]
+        take = cells.get((workload, clients, "rl_take", sync if sync is not None else True)) or cells.get((workload, clients, "rl_take", None))
+        rel = f"{ratio(take['calls_per_s'], cell['calls_per_s']):.2f}" if take else ""
+        lines.append(f"| {workload} | {clients} | {system} | {sync_label(sync)} | {cell['calls_per_s']:,.0f} | "
+                     f"{cell['p50_ms']:.3f} | {cell['p99_ms']:.3f} | {rel} |")
+    lines += ["", "\"vs rl_take\" is rl_take's calls/s divided by the row's (above 1: rl_take is faster).", "",
+              "## Bytes per key", "", "| store | bytes per key |", "|---|---|"]
+    lines += [f"| {name} | {size} |" for name, size in sizes.items()]
+    with open(os.path.join(RESULTS, "results.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    chart(cells)
+
+
+def chart(cells):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [("uniform, 8 clients\nsync on", "uniform", 8, True), ("uniform, 8 clients\nsync off", "uniform", 8, False),
+              ("hot key, 8 clients\nsync off", "hot key", 8, False), ("refusal flood\n8 clients, sync on", "refusal flood", 8, True)]
+    systems = ["rl_take", "hand-written SQL", "bare UPDATE", "Redis Lua"]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    width = 0.2
+    for i, system in enumerate(systems):
+        values = []
+        for _, workload, clients, sync in groups:
+            cell = cells.get((workload, clients, system, None if system == "Redis Lua" else sync))
+            values.append(cell["calls_per_s"] if cell else 0)
+        ax.bar([g + i * width for g in range(len(groups))], values, width, label=system)
+    ax.set_xticks([g + 1.5 * width for g in range(len(groups))])
+    ax.set_xticklabels([g[0] for g in groups])
+    ax.set_ylabel("calls per second (median)")
+    ax.set_title("pg_ratelimit rl_take against the alternatives")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS, "chart.png"), dpi=110)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Benchmarks (a longer run, ~20 minutes): rl_take / rl_spend against a hand-written SQL
+# bucket, a bare UPDATE, SELECT 1, a Redis Lua bucket, and a bare SQLite UPSERT.
+# Installs and starts everything it needs; writes bench/results/results.md and chart.png.
+#   RL_BENCH_SECONDS (3), RL_BENCH_REPS (3), RL_BENCH_SCALES (1000000,10000000) tune it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --bench
+cargo build --quiet --release -p sqlite_ratelimit
+cargo pgrx install -p pg_ratelimit --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
+export RL_SQLITE_DRIVER=/tmp/rl_sqlite_driver RL_REDIS_PORT=56379
+gcc -O2 -o "$RL_SQLITE_DRIVER" bench/sqlite_driver.c -lsqlite3
+
+# PostgreSQL: a throwaway cluster with stated settings (fsync and synchronous_commit on;
+# each run sets synchronous_commit for its own sessions).
+export RL_PG_DIR=/tmp/pg_ratelimit_bench RL_PG_PORT=54333
+redis_dir=$(mktemp -d /tmp/rl_redis.XXXXXX)
+cleanup() {
+  redis-cli -p "$RL_REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  rm -rf "$redis_dir"
+  bash scripts/pg_cluster.sh stop
+}
+trap cleanup EXIT
+bash scripts/pg_cluster.sh stop
+eval "$(bash scripts/pg_cluster.sh start)"
+cat >> "$RL_PG_DIR/data/postgresql.conf" <<'CONF'
+shared_buffers = 2GB
+max_connections = 120
+checkpoint_timeout = 30min
+max_wal_size = 8GB
+CONF
+runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$RL_PG_DIR/data" -w restart -m fast >/dev/null
+psql -X -At -c "SELECT 'PostgreSQL settings: ' || string_agg(name || '=' || setting, ', ') FROM pg_settings WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync', 'max_wal_size', 'wal_level')" postgres
+
+# Redis: loopback only, no persistence (its fastest configuration).
+redis-server --port "$RL_REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
+  --dir "$redis_dir" --logfile "$redis_dir/redis.log"
+for _ in $(seq 50); do redis-cli -p "$RL_REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+/usr/bin/python3 bench/bench.py

@@ -1,0 +1,121 @@
+//! The extension's own handle on a connection, kept for the connection's life so that
+//! the statements it runs are prepared once, not on every call.
+//!
+//! Cached statements would make a plain sqlite3_close() fail ("unfinalized statements"),
+//! so they are tied to an eponymous virtual table, `rl_statement_cache`: SQLite
+//! disconnects virtual tables at the start of closing a connection, before it checks for
+//! open statements, and disconnecting this one finalizes the cache.
+
+use std::borrow::Cow;
+use std::ffi::{c_int, CStr};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::vtab::{
+    sqlite3_vtab, sqlite3_vtab_cursor, Context, Filters, IndexInfo, Module, VTab,
+    VTabConnection, VTabCursor,
+};
+use rusqlite::Connection;
+
+pub const ANCHOR_TABLE: &CStr = c"rl_statement_cache";
+
+/// Shared by every function registered on one connection.
+pub struct Handle {
+    conn: Mutex<Connection>,
+    /// Whether the anchor table is connected, so that closing finalizes the cache.
+    anchored: AtomicBool,
+}
+
+impl Handle {
+    pub fn new(conn: Connection) -> Arc<Handle> {
+        Arc::new(Handle { conn: Mutex::new(conn), anchored: AtomicBool::new(false) })
+    }
+
+    /// The connection, with its statement cache, for the length of one call.
+    pub fn lock(&self) -> rusqlite::Result<MutexGuard<'_, Connection>> {
+        // A panic inside a call is caught at the FFI boundary; the connection stays usable.
+        let conn = self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !self.anchored.load(Ordering::Acquire) {
+            conn.execute_batch("SELECT * FROM rl_statement_cache")?;
+            self.anchored.store(true, Ordering::Release);
+        }
+        Ok(conn)
+    }
+
+    /// The connection without anchoring: for registering functions during load.
+    pub fn lock_unanchored(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn finalize_statements(&self) {
+        self.anchored.store(false, Ordering::Release);
+        let conn = self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        conn.flush_prepared_statement_cache();
+    }
+}
+
+pub const ANCHOR_MODULE: Module<'static, Anchor> = Module::eponymous_only_module();
+
+/// An empty table whose only job is its disconnect.
+#[repr(C)]
+pub struct Anchor {
+    base: sqlite3_vtab,
+    handle: Arc<Handle>,
+}
+
+impl Drop for Anchor {
+    fn drop(&mut self) {
+        self.handle.finalize_statements();
+    }
+}
+
+unsafe impl<'vtab> VTab<'vtab> for Anchor {
+    type Aux = Arc<Handle>;
+    type Cursor = EmptyCursor<'vtab>;
+
+    fn connect(
+        _db: &mut VTabConnection,
+        aux: Option<&Arc<Handle>>,
+        _module: &[u8],
+        _database: &[u8],
+        _table: &[u8],
+        _args: &[&[u8]],
+    ) -> rusqlite::Result<(Cow<'static, CStr>, Self)> {
+        let handle = aux.cloned().ok_or_else(|| rusqlite::Error::ModuleError("rl_statement_cache: no handle".into()))?;
+        Ok((Cow::Borrowed(c"CREATE TABLE x(statements)"), Anchor { base: sqlite3_vtab::default(), handle }))
+    }
+
+    fn best_index(&self, info: &mut IndexInfo) -> rusqlite::Result<bool> {
+        info.set_estimated_cost(1.0);
+        Ok(true)
+    }
+
+    fn open(&'vtab mut self) -> rusqlite::Result<EmptyCursor<'vtab>> {
+        Ok(EmptyCursor { base: sqlite3_vtab_cursor::default(), phantom: PhantomData })
+    }
+}
+
+#[repr(C)]
+pub struct EmptyCursor<'vtab> {
+    base: sqlite3_vtab_cursor,
+    phantom: PhantomData<&'vtab Anchor>,
+}
+
+unsafe impl VTabCursor for EmptyCursor<'_> {
+    fn filter(&mut self, _idx_num: c_int, _idx_str: Option<&str>, _args: &Filters<'_>) -> rusqlite::Result<()> {
+        Ok(())
+    }
+    fn next(&mut self) -> rusqlite::Result<()> {
+        Ok(())
+    }
+    fn eof(&self) -> bool {
+        true
+    }
+    fn column(&self, _ctx: &mut Context, _i: c_int) -> rusqlite::Result<()> {
+        Ok(())
+    }
+    fn rowid(&self) -> rusqlite::Result<i64> {
+        Ok(0)
+    }
+}
