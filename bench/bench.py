@@ -70,7 +70,7 @@ def pgbench(script, clients, keys, sync):
             f.write(f"\\set k random(1, {keys})\n{script}\n")
         env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'}")
         cmd = ["pgbench", "-n", "-M", "prepared", "-f", path, "-c", str(clients), "-j", str(min(clients, 2)),
-               "-T", str(SECONDS), "--log", "--sampling-rate=0.2", "--log-prefix", os.path.join(tmp, "log"), DB]
+               "-T", str(max(1, round(SECONDS))), "--log", "--sampling-rate=0.2", "--log-prefix", os.path.join(tmp, "log"), DB]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tmp).stdout
         tps = float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out).group(1))
         latencies = []
@@ -166,7 +166,8 @@ def main():
     sizes = {}
     sizes["PostgreSQL rl_bucket"] = int(psql_value("SELECT pg_total_relation_size('ratelimit.rl_bucket') / count(*) FROM ratelimit.rl_bucket"))
     sizes["PostgreSQL hand-written hw_bucket"] = int(psql_value("SELECT pg_total_relation_size('hw_bucket') / count(*) FROM hw_bucket"))
-    sizes["Redis hash (memory)"] = int(redis("MEMORY", "USAGE", "k:1") or 0)
+    sample = redis("RANDOMKEY")
+    sizes["Redis hash (memory, not disk)"] = int(redis("MEMORY", "USAGE", sample) or 0) if sample else 0
 
     for scale in SCALES:
         print(f"PostgreSQL with {scale:,} keys", file=sys.stderr)

@@ -19,6 +19,7 @@ from conftest import pg_connect, sqlite_connect  # noqa: E402
 
 KEYS = int(os.environ.get("RL_SOAK_KEYS", "1000000"))
 BATCH = int(os.environ.get("RL_SOAK_BATCH", "10000"))
+SQLITE_PAUSE = float(os.environ.get("RL_SOAK_SQLITE_PAUSE_MS", "10")) / 1000
 HOUR_AGO = int(time.time() * 1000) - 3_600_000
 
 
@@ -45,7 +46,10 @@ class Taker(threading.Thread):
         self.ready.wait()
 
 
-def sweep_in_batches(sweep):
+def sweep_in_batches(sweep, pause=0.0):
+    """Sweeps until a batch comes back short. `pause` sleeps between batches: SQLite's
+    write lock has no queue, and a waiting writer's busy handler polls with growing
+    sleeps, so a sweeper that takes the lock again at once can starve it."""
     batches, start = [], time.perf_counter()
     while True:
         t = time.perf_counter()
@@ -53,6 +57,7 @@ def sweep_in_batches(sweep):
         batches.append(time.perf_counter() - t)
         if removed < BATCH:
             return time.perf_counter() - start, batches
+        time.sleep(pause)
 
 
 def soak_sqlite(tmp):
@@ -73,7 +78,8 @@ def soak_sqlite(tmp):
 
     taker = Taker(lambda: sqlite_connect(path), lambda c, k: c.execute("SELECT rl_take(?, 1000000, 60)", (k,)).fetchone())
     taker.start()
-    total, batches = sweep_in_batches(lambda: conn.execute("SELECT rl_sweep(NULL, ?)", (BATCH,)).fetchone()[0])
+    total, batches = sweep_in_batches(lambda: conn.execute("SELECT rl_sweep(NULL, ?)", (BATCH,)).fetchone()[0],
+                                      pause=SQLITE_PAUSE)
     taker.done.set()
     taker.join()
     left = conn.execute("SELECT count(*) FROM rl_bucket WHERE key LIKE 'soak:%'").fetchone()[0]
@@ -123,7 +129,8 @@ def soak_postgres():
 
 def report(results):
     lines = [
-        f"# Soak and sweep: {KEYS:,} keys, sweep batches of {BATCH:,} rows",
+        f"# Soak and sweep: {KEYS:,} keys, sweep batches of {BATCH:,} rows "
+        f"(SQLite pauses {SQLITE_PAUSE * 1000:.0f} ms between batches)",
         "",
         "| engine | keys stored | fill time | bytes on disk per key | sweep time | batches | longest batch | "
         "keys left | concurrent takes | taker p50 | taker max |",
