@@ -38,10 +38,6 @@ impl Arg<'_> {
             Arg::Blob(b) => format!("a blob of {} bytes", b.len()),
         }
     }
-
-    pub fn is_null(&self) -> bool {
-        matches!(self, Arg::Null)
-    }
 }
 
 fn format_real(r: f64) -> String {
