@@ -191,7 +191,6 @@ def main():
                                 ("bare UPSERT", "INSERT INTO up(k, n) VALUES (?1, 1) ON CONFLICT(k) DO UPDATE SET n = n + 1"),
                                 ("SELECT 1", "SELECT 1")):
                 sqlite_cells[("sqlite " + journal, 1, system, None)] = (lambda p=path, j=journal, q=sql: sqlite_bench(p, j, q, KEYS))
-            sizes[f"SQLite rl_bucket ({journal})"] = None
         print("SQLite", file=sys.stderr)
         cells.update(run_matrix(sqlite_cells))
         path = os.path.join(tmp, "wal.db")
@@ -200,7 +199,6 @@ def main():
         if "|" in out:
             total, rows = (int(x) for x in out.split("|"))
             sizes["SQLite rl_bucket"] = total // max(rows, 1)
-        sizes = {k: v for k, v in sizes.items() if v is not None}
 
     with open(os.path.join(RESULTS, "results.json"), "w") as f:
         json.dump({"cells": [[list(k), v] for k, v in cells.items()], "sizes": sizes}, f, indent=1)
