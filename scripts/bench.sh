@@ -6,8 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --bench
-cargo build --quiet --release -p sqlite_ratelimit
-cargo pgrx install -p pg_ratelimit --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
+bash scripts/build.sh
 export RL_SQLITE_DRIVER=/tmp/rl_sqlite_driver RL_REDIS_PORT=56379
 gcc -O2 -o "$RL_SQLITE_DRIVER" bench/sqlite_driver.c -lsqlite3
 

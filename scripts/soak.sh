@@ -4,8 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --pg
-cargo build --quiet --release -p sqlite_ratelimit
-cargo pgrx install -p pg_ratelimit --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
+bash scripts/build.sh
 export RL_PG_DIR=/tmp/pg_ratelimit_soak RL_PG_PORT=54331
 trap 'bash scripts/pg_cluster.sh stop' EXIT
 eval "$(bash scripts/pg_cluster.sh start)"

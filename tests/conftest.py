@@ -91,6 +91,32 @@ def pg_connect(dbname, autocommit=True):
     return conn
 
 
+def run_sessions(dbname, count, work, timeout=120):
+    """Runs work(i, conn) in `count` threads, each with its own connection, all starting
+    together (a barrier), and fails on any error or on a session that never finishes."""
+    import threading
+
+    barrier = threading.Barrier(count)
+    errors = []
+
+    def session(i):
+        try:
+            conn = pg_connect(dbname)
+            barrier.wait()
+            work(i, conn)
+            conn.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a session hung (deadlock?)"
+    assert errors == []
+
+
 @pytest.fixture
 def pg_db():
     """A fresh database with pg_ratelimit created and the explicit clock allowed."""

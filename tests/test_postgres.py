@@ -4,7 +4,7 @@ import threading
 import psycopg2
 import pytest
 
-from conftest import pg_connect
+from conftest import pg_connect, run_sessions
 
 
 def one(conn, sql, args=()):
@@ -152,27 +152,15 @@ def test_sixteen_sessions_admit_exactly_the_limit(pg_db, sql):
     conn, name = pg_db
     sessions, calls = 16, 40
     key_sql = sql.replace("{n}", name)
-    barrier = threading.Barrier(sessions)
     admitted = [0] * sessions
-    errors = []
 
-    def worker(i):
-        try:
-            c = pg_connect(name)
-            barrier.wait()  # first-ever use of the key by all sessions at once
-            for _ in range(calls):
-                if one(c, key_sql)["admitted"]:
-                    admitted[i] += 1
-            c.close()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
+    def work(i, c):
+        # all sessions start together: the key's first-ever use is concurrent
+        for _ in range(calls):
+            if one(c, key_sql)["admitted"]:
+                admitted[i] += 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(sessions)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    run_sessions(name, sessions, work)
     assert sum(admitted) == 100
 
 
@@ -183,9 +171,8 @@ def test_32_sessions_mixed_keys_exact_totals(pg_db):
 
     conn, name = pg_db
     sessions, calls = 32, 60
-    barrier = threading.Barrier(sessions)
     lock = threading.Lock()
-    admitted, attempted, errors = {}, {}, []
+    admitted, attempted = {}, {}
 
     def call_for(rng):
         kind = rng.randrange(4)
@@ -198,28 +185,16 @@ def test_32_sessions_mixed_keys_exact_totals(pg_db):
             return (f"bucket-{n}", f"SELECT rl_take('k{n}', 5, 0.000001)", 5)
         return (f"budget-{n}", f"SELECT rl_spend('k{n}', 'day', 5, 1)", 5)
 
-    def worker(i):
+    def work(i, c):
         rng = random.Random(i)
-        try:
-            c = pg_connect(name)
-            barrier.wait()
-            for _ in range(calls):
-                label, sql, _ = call_for(rng)
-                ok = one(c, sql)["admitted"]
-                with lock:
-                    attempted[label] = attempted.get(label, 0) + 1
-                    admitted[label] = admitted.get(label, 0) + ok
-            c.close()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
+        for _ in range(calls):
+            label, sql, _ = call_for(rng)
+            ok = one(c, sql)["admitted"]
+            with lock:
+                attempted[label] = attempted.get(label, 0) + 1
+                admitted[label] = admitted.get(label, 0) + ok
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(sessions)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a session hung"
-    assert errors == []
+    run_sessions(name, sessions, work)
     for label, count in attempted.items():
         limit = 100 if label.startswith("hot") else 5
         assert admitted[label] == min(limit, count), (label, admitted[label], count)

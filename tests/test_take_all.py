@@ -5,11 +5,10 @@ use equals the number of admitted calls that named it."""
 import json
 import multiprocessing
 import random
-import threading
 
 import pytest
 
-from conftest import pg_connect, sqlite_connect
+from conftest import run_sessions, sqlite_connect
 
 LIMITS = {
     "bucket:a": {"key": "a", "burst": 150, "refill_per_minute": 0.000001},
@@ -83,28 +82,15 @@ def test_sqlite_processes_overlapping_take_all(tmp_path):
 
 def test_postgres_sessions_overlapping_take_all(pg_db):
     conn, name = pg_db
-    barrier = threading.Barrier(16)
-    results, errors = [], []
+    results = []
 
-    def worker(seed):
-        try:
-            c = pg_connect(name)
-            cur = c.cursor()
-            barrier.wait()
-            for names, limits in plan(seed):
-                cur.execute("SELECT rl_take_all(%s)", (limits,))
-                results.append((names, cur.fetchone()[0]["admitted"]))
-            c.close()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
+    def work(seed, c):
+        cur = c.cursor()
+        for names, limits in plan(seed):
+            cur.execute("SELECT rl_take_all(%s)", (limits,))
+            results.append((names, cur.fetchone()[0]["admitted"]))
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a session hung (deadlock?)"
-    assert errors == []
+    run_sessions(name, 16, work)
     admitted, refused = tally(results)
     print(f"\npostgres rl_take_all: {len(results)} calls, {refused} refused, admitted per limit {admitted}")
     assert refused > 0

@@ -13,8 +13,8 @@ use crate::multi::{self, Item, ItemState, NewRow, TakeAllArgs, TakeAllDecision};
 use crate::error::{Error, Result};
 
 /// Attempts before a call gives up on a row that keeps changing under it. With row locks
-/// the second attempt succeeds; engines without them (SQLite) retry only while another
-/// connection commits between a read and a write, which its write lock makes rare.
+/// the second attempt succeeds; SQLite holds its write lock for the whole call, so its
+/// first attempt does.
 pub const MAX_ATTEMPTS: u32 = 1000;
 
 /// A statement that failed in the engine: its message, and the engine's own error code.
