@@ -1,1 +1,1 @@
-SELECT level, refilled_at, full_at FROM rl_bucket WHERE key = $1
+SELECT level, refilled_at, full_at FROM ratelimit.rl_bucket WHERE key OPERATOR(pg_catalog.=) $1

@@ -1,1 +1,2 @@
-SELECT used, resets_at FROM rl_budget WHERE key = $1 AND period = $2 FOR UPDATE
+SELECT used, resets_at FROM ratelimit.rl_budget
+WHERE key OPERATOR(pg_catalog.=) $1 AND period OPERATOR(pg_catalog.=) $2 FOR UPDATE

@@ -1,6 +1,6 @@
 -- State of pg_ratelimit, in a schema the extension owns. Nobody but the extension's
 -- owner has any privilege on it: callers change state only through the rl_* functions,
--- which run as SECURITY DEFINER with a pinned search_path.
+-- which run as SECURITY DEFINER statements that qualify every name and operator.
 -- rl_bucket: a token bucket holds `level` tokens at `refilled_at` (epoch ms) and is full
 -- again at `full_at`. rl_budget: `used` millionths of a unit in the period ending at
 -- `resets_at` (epoch ms). No row means a full bucket / nothing spent.

@@ -1,1 +1,1 @@
-DELETE FROM rl_bucket WHERE key = $1
+DELETE FROM ratelimit.rl_bucket WHERE key OPERATOR(pg_catalog.=) $1

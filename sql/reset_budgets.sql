@@ -1,1 +1,1 @@
-DELETE FROM rl_budget WHERE key = $1
+DELETE FROM ratelimit.rl_budget WHERE key OPERATOR(pg_catalog.=) $1

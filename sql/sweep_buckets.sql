@@ -1,3 +1,3 @@
-DELETE FROM rl_bucket
-WHERE full_at <= $1
-  AND key IN (SELECT key FROM rl_bucket WHERE full_at <= $1 LIMIT $2)
+DELETE FROM ratelimit.rl_bucket
+WHERE full_at OPERATOR(pg_catalog.<=) $1
+  AND key IN (SELECT key FROM ratelimit.rl_bucket WHERE full_at OPERATOR(pg_catalog.<=) $1 LIMIT $2)

@@ -1,3 +1,3 @@
-DELETE FROM rl_budget
-WHERE resets_at <= $1
-  AND (key, period) IN (SELECT key, period FROM rl_budget WHERE resets_at <= $1 LIMIT $2)
+DELETE FROM ratelimit.rl_budget
+WHERE resets_at OPERATOR(pg_catalog.<=) $1
+  AND (key, period) IN (SELECT key, period FROM ratelimit.rl_budget WHERE resets_at OPERATOR(pg_catalog.<=) $1 LIMIT $2)

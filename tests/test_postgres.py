@@ -1,4 +1,7 @@
 """PostgreSQL-specific behaviour of pg_ratelimit through a real client (psycopg2)."""
+import os
+import shutil
+import subprocess
 import threading
 
 import psycopg2
@@ -86,11 +89,91 @@ def test_search_path_hijack_is_ignored(pg_db, app_role):
         cur.execute("SET search_path = pg_temp, public, pg_catalog")
         results = []
         for _ in range(4):
-            cur.execute("SELECT rl_take('hijack', 3, 0.001) ->> 'admitted'")
-            results.append(cur.fetchone()[0])
-        assert results == ["true", "true", "true", "false"]
+            cur.execute("SELECT rl_take('hijack', 3, 0.001) ->> 'admitted', rl_spend('hijack', 'day', 3) ->> 'admitted'")
+            results.append(cur.fetchone())
+        assert results == [("true", "true")] * 3 + [("false", "false")]
+        cur.execute("""SELECT rl_take_all('[{"key": "hijack", "burst": 3, "refill_per_minute": 0.001}]') ->> 'admitted'""")
+        assert cur.fetchone() == ("false",)
         cur.execute("SELECT count(*) FROM pg_temp.rl_bucket")
         assert cur.fetchone() == (0,)
+        # the internal functions the statements call are out of reach
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            cur.execute("SELECT ratelimit.rl_bucket_guard(1, 0, 0)")
+
+
+INTERNAL = {"rl_bucket_guard", "rl_bucket_new_level", "rl_bucket_new_refilled_at", "rl_bucket_new_full_at",
+            "rl_budget_guard", "rl_budget_new_used", "rl_budget_new_resets_at"}
+
+
+def test_internal_functions_refuse_calls_outside_their_statements(pg_db):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        for sql in ["SELECT ratelimit.rl_bucket_guard(1, 0, 0)", "SELECT ratelimit.rl_budget_new_used()"]:
+            with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState) as e:
+                cur.execute(sql)
+            assert "callable only from its own statements" in e.value.diag.message_primary
+
+
+def catalog(cur):
+    """What a user can observe of the installed extension: every function with its
+    signature, properties, settings, privileges and comment; every table column."""
+    cur.execute("""
+        SELECT n.nspname, p.proname, pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
+               p.prosecdef, p.proconfig, p.provolatile, p.proparallel, p.procost, p.proisstrict, p.proacl::text,
+               obj_description(p.oid, 'pg_proc')
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+        JOIN pg_extension e ON e.oid = d.refobjid WHERE e.extname = 'pg_ratelimit' ORDER BY 1, 2, 3""")
+    functions = cur.fetchall()
+    cur.execute("""
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, c.relacl::text,
+               obj_description(c.oid, 'pg_class')
+        FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
+        WHERE c.relnamespace = 'ratelimit'::regnamespace ORDER BY 1, a.attnum""")
+    return functions, cur.fetchall()
+
+
+RELEASED = os.path.join(os.path.dirname(__file__), "..", "pg_ext", "released")
+
+
+def test_upgrade_from_0_1_0_keeps_state_and_equals_a_fresh_install(pg_db):
+    conn, name = pg_db
+    pg_config = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
+    sharedir = subprocess.run([pg_config, "--sharedir"], capture_output=True, text=True, check=True).stdout.strip()
+    old_script = os.path.join(sharedir, "extension", "pg_ratelimit--0.1.0.sql")
+    added = not os.path.exists(old_script)
+    # the released script, also over a stale one a development build of 0.1.0 left behind
+    shutil.copy(os.path.join(RELEASED, "pg_ratelimit--0.1.0.sql"), old_script)
+    try:
+        with conn.cursor() as cur:
+            fresh = catalog(cur)
+            cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_ratelimit'")
+            current = cur.fetchone()[0]
+            cur.execute("DROP EXTENSION pg_ratelimit")
+            cur.execute("CREATE EXTENSION pg_ratelimit VERSION '0.1.0'")
+            # a bucket and a budget as 0.1.0 stored them
+            cur.execute("INSERT INTO ratelimit.rl_bucket VALUES ('kept', 1, 0, 120000)")
+            cur.execute("INSERT INTO ratelimit.rl_budget VALUES ('kept', 'day', 2000000, 86400000)")
+        # the new library on the old objects: a clear error until the update
+        old = pg_connect(name)
+        with old.cursor() as cur, pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState) as e:
+            cur.execute("SELECT rl_take('k', 3, 60)")
+        assert e.value.diag.message_primary == (
+            f"pg_ratelimit: the library is version {current} but the extension in this database is version 0.1.0")
+        assert e.value.diag.message_hint == "Run ALTER EXTENSION pg_ratelimit UPDATE in this database."
+        old.close()
+        with conn.cursor() as cur:
+            cur.execute("ALTER EXTENSION pg_ratelimit UPDATE")
+            assert catalog(cur) == fresh
+        updated = pg_connect(name)
+        with updated.cursor() as cur:
+            cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+            cur.execute("SELECT rl_take('kept', 3, 60, 1, 0) ->> 'remaining', rl_spend('kept', 'day', 3, 1, 0) ->> 'remaining'")
+            assert cur.fetchone() == ("0", "0")
+        updated.close()
+    finally:
+        if added:
+            os.remove(old_script)
 
 
 def test_rollback_undoes_a_take(pg_db):
@@ -131,8 +214,11 @@ def test_every_function_has_a_comment_and_drop_removes_everything(pg_db):
                     "JOIN pg_extension e ON e.oid = d.refobjid WHERE e.extname = 'pg_ratelimit'")
         functions = dict(cur.fetchall())
         assert set(functions) == {"rl_take", "rl_spend", "rl_budget", "rl_sweep", "rl_key", "rl_peek", "rl_refund",
-                                  "rl_refund_budget", "rl_reset", "rl_take_all", "rl_headers"}
+                                  "rl_refund_budget", "rl_reset", "rl_take_all", "rl_headers"} | INTERNAL
         assert all(functions.values())
+        cur.execute("SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                    "WHERE n.nspname = 'ratelimit' AND has_function_privilege('public', p.oid, 'EXECUTE')")
+        assert cur.fetchall() == [], "internal functions are not executable by PUBLIC"
         cur.execute("SELECT rl_take('k', 3, 60)")
         cur.execute("DROP EXTENSION pg_ratelimit")
         cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'ratelimit'")

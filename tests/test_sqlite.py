@@ -78,6 +78,18 @@ def test_state_functions_are_direct_only(sqlite_db, ddl, use):
         conn.execute(use).fetchall()
 
 
+@pytest.mark.parametrize("call", ["rl_bucket_guard(1, 0, 0)", "rl_bucket_new_level()", "rl_bucket_new_refilled_at()",
+                                  "rl_bucket_new_full_at()", "rl_budget_guard(1, 0)", "rl_budget_new_used()",
+                                  "rl_budget_new_resets_at()"])
+def test_internal_functions_work_only_inside_their_statements(sqlite_db, call):
+    conn, _ = sqlite_db
+    with pytest.raises(sqlite3.Error, match="callable only from its own statements"):
+        conn.execute(f"SELECT {call}").fetchall()
+    conn.execute(f"CREATE VIEW v AS SELECT {call} AS r")
+    with pytest.raises(sqlite3.Error, match="unsafe use of rl_"):
+        conn.execute("SELECT * FROM v").fetchall()
+
+
 def test_pure_functions_are_allowed_in_views(sqlite_db):
     conn, _ = sqlite_db
     conn.execute("CREATE VIEW v AS SELECT rl_key('a', 1) AS k, "

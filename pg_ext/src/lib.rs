@@ -2,7 +2,7 @@
 //! Glue only: convert arguments, run the core's statements through SPI with plans
 //! prepared once per backend, raise the core's errors with their SQLSTATE.
 
-use std::cell::RefCell;
+use std::cell::{Cell, OnceCell};
 
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
@@ -12,7 +12,9 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, IntoDatum, JsonB, PgOid};
 use ratelimit_core::bucket::BucketState;
 use ratelimit_core::budget::{BudgetState, Period};
-use ratelimit_core::{calls, sql, Arg, Clock, ErrorKind, StateStore, StoreError, StoreResult};
+use ratelimit_core::guard::{self, Change};
+use ratelimit_core::sql::Statement;
+use ratelimit_core::{calls, Arg, Clock, ErrorKind, StateStore, StoreError, StoreResult};
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -95,7 +97,6 @@ fn real(v: Option<f64>) -> Arg<'static> {
 }
 
 #[pg_extern(name = "rl_take", volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_take(
     key: Option<&str>,
     burst: Option<f64>,
@@ -107,7 +108,6 @@ fn rl_take(
 }
 
 #[pg_extern(name = "rl_spend", volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_spend(
     key: Option<&str>,
     period: Option<&str>,
@@ -119,7 +119,6 @@ fn rl_spend(
 }
 
 #[pg_extern(name = "rl_budget", volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_budget(
     key: Option<&str>,
     period: Option<&str>,
@@ -130,6 +129,9 @@ fn rl_budget(
     answer(|s, a, c| calls::rl_budget(s, a, c), &[text(key), text(period), real(quota), real(cost), real(now_ms)])
 }
 
+// Only rl_sweep pins its search_path: its statements use IN, whose `=` is found through
+// the search_path. Every other function runs statements that qualify every name and
+// operator (see ratelimit_core::sql), and saves the cost of switching search_path.
 #[pg_extern(name = "rl_sweep", volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_sweep(now_ms: default!(Option<f64>, "NULL"), max_rows: default!(Option<i64>, "NULL")) -> i64 {
@@ -138,7 +140,6 @@ fn rl_sweep(now_ms: default!(Option<f64>, "NULL"), max_rows: default!(Option<i64
 }
 
 #[pg_extern(name = "rl_peek", volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_peek(
     key: Option<&str>,
     burst: Option<f64>,
@@ -150,7 +151,6 @@ fn rl_peek(
 }
 
 #[pg_extern(name = "rl_refund", volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_refund(
     key: Option<&str>,
     burst: Option<f64>,
@@ -162,19 +162,16 @@ fn rl_refund(
 }
 
 #[pg_extern(name = "rl_refund_budget", volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_refund_budget(key: Option<&str>, period: Option<&str>, amount: Option<f64>, now_ms: default!(Option<f64>, "NULL")) -> JsonbText {
     answer(|s, a, c| calls::rl_refund_budget(s, a, c), &[text(key), text(period), real(amount), real(now_ms)])
 }
 
 #[pg_extern(name = "rl_reset", volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_reset(key: Option<&str>) -> i64 {
     with_store(|store| calls::rl_reset(store, &[text(key)])).unwrap_or_else(|e| raise(e))
 }
 
 #[pg_extern(name = "rl_take_all", volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonbText {
     let limits = limits.map(|j| j.0.to_string());
     answer(|s, a, c| calls::rl_take_all(s, a, c), &[text(limits.as_deref()), real(now_ms)])
@@ -195,48 +192,87 @@ fn rl_key(parts: Option<VariadicArray<'_, &str>>) -> String {
     calls::rl_key(&args).unwrap_or_else(|e| raise(e))
 }
 
-/// Statements prepared once per backend and kept for its lifetime.
-struct Plans {
-    bucket_read: OwnedPreparedStatement,
-    bucket_lock: OwnedPreparedStatement,
-    bucket_insert: OwnedPreparedStatement,
-    bucket_update: OwnedPreparedStatement,
-    budget_read: OwnedPreparedStatement,
-    budget_lock: OwnedPreparedStatement,
-    budget_insert: OwnedPreparedStatement,
-    budget_update: OwnedPreparedStatement,
-    sweep_buckets: OwnedPreparedStatement,
-    sweep_budgets: OwnedPreparedStatement,
-    reset_buckets: OwnedPreparedStatement,
-    reset_budgets: OwnedPreparedStatement,
+// The guarded UPDATEs (sql/bucket_change.sql, sql/budget_change.sql) call these: the
+// WHERE clause hands the row to the decision of the call in progress, the SET clause
+// reads the row it decided on. A high cost keeps them after the key comparison. Nobody
+// else can call them (no privileges on schema ratelimit), and outside those statements
+// they fail.
+
+#[pg_schema]
+mod ratelimit {
+    use pgrx::prelude::*;
+    use ratelimit_core::bucket::BucketState;
+    use ratelimit_core::budget::BudgetState;
+    use ratelimit_core::guard::{self, NotInStatement};
+
+    fn inside_statement<T>(r: Result<T, NotInStatement>) -> T {
+        match r {
+            Ok(value) => value,
+            Err(e) => {
+                ereport!(ERROR, PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, e.to_string());
+            }
+        }
+    }
+
+    #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
+    fn rl_bucket_guard(level: f64, refilled_at: i64, full_at: i64) -> bool {
+        inside_statement(guard::guard(&guard::BUCKET, &BucketState { level, refilled_at, full_at }))
+    }
+
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn rl_bucket_new_level() -> f64 {
+        inside_statement(guard::new_row(&guard::BUCKET)).level
+    }
+
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn rl_bucket_new_refilled_at() -> i64 {
+        inside_statement(guard::new_row(&guard::BUCKET)).refilled_at
+    }
+
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn rl_bucket_new_full_at() -> i64 {
+        inside_statement(guard::new_row(&guard::BUCKET)).full_at
+    }
+
+    #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
+    fn rl_budget_guard(used: i64, resets_at: i64) -> bool {
+        inside_statement(guard::guard(&guard::BUDGET, &BudgetState { used, resets_at }))
+    }
+
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn rl_budget_new_used() -> i64 {
+        inside_statement(guard::new_row(&guard::BUDGET)).used
+    }
+
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn rl_budget_new_resets_at() -> i64 {
+        inside_statement(guard::new_row(&guard::BUDGET)).resets_at
+    }
 }
 
 thread_local! {
-    static PLANS: RefCell<Option<Plans>> = const { RefCell::new(None) };
+    /// Statements prepared on first use in this backend, each by the function that runs
+    /// it, and kept for the backend's lifetime. (So the sweeps, the only statements whose
+    /// meaning depends on search_path, are only prepared under rl_sweep's pinned one.)
+    static PLANS: [OnceCell<OwnedPreparedStatement>; Statement::ALL.len()] = const { [const { OnceCell::new() }; Statement::ALL.len()] };
+    /// Whether [`require_updated_objects`] passed in this backend.
+    static OBJECTS_CHECKED: Cell<bool> = const { Cell::new(false) };
 }
 
 const TEXT: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::TEXTOID);
 const FLOAT8: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::FLOAT8OID);
 const INT8: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::INT8OID);
 
-impl Plans {
-    fn prepare(client: &SpiClient<'_>) -> StoreResult<Plans> {
-        // prepare_mut: every statement takes a fresh snapshot, so a re-read sees the latest row.
-        let p = |text: &str, types: &[PgOid]| client.prepare_mut(text, types).map(|s| s.keep()).map_err(spi_error);
-        Ok(Plans {
-            bucket_read: p(sql::BUCKET_READ, &[TEXT])?,
-            bucket_lock: p(sql::BUCKET_LOCK, &[TEXT])?,
-            bucket_insert: p(sql::BUCKET_INSERT, &[TEXT, FLOAT8, INT8, INT8])?,
-            bucket_update: p(sql::BUCKET_UPDATE, &[FLOAT8, INT8, INT8, TEXT, FLOAT8, INT8])?,
-            budget_read: p(sql::BUDGET_READ, &[TEXT, TEXT])?,
-            budget_lock: p(sql::BUDGET_LOCK, &[TEXT, TEXT])?,
-            budget_insert: p(sql::BUDGET_INSERT, &[TEXT, TEXT, INT8, INT8])?,
-            budget_update: p(sql::BUDGET_UPDATE, &[INT8, INT8, TEXT, TEXT, INT8, INT8])?,
-            sweep_buckets: p(sql::SWEEP_BUCKETS, &[INT8, INT8])?,
-            sweep_budgets: p(sql::SWEEP_BUDGETS, &[INT8, INT8])?,
-            reset_buckets: p(sql::RESET_BUCKETS, &[TEXT])?,
-            reset_budgets: p(sql::RESET_BUDGETS, &[TEXT])?,
-        })
+fn parameter_types(statement: Statement) -> &'static [PgOid] {
+    match statement {
+        Statement::BucketRead | Statement::BucketLock | Statement::BucketChange => &[TEXT],
+        Statement::BucketInsert => &[TEXT, FLOAT8, INT8, INT8],
+        Statement::BucketUpdate => &[FLOAT8, INT8, INT8, TEXT, FLOAT8, INT8],
+        Statement::BudgetRead | Statement::BudgetLock | Statement::BudgetChange => &[TEXT, TEXT],
+        Statement::BudgetInsert => &[TEXT, TEXT, INT8, INT8],
+        Statement::BudgetUpdate => &[INT8, INT8, TEXT, TEXT, INT8, INT8],
+        Statement::SweepBuckets | Statement::SweepBudgets => &[INT8, INT8],
+        Statement::ResetBuckets | Statement::ResetBudgets => &[TEXT],
     }
 }
 
@@ -244,28 +280,64 @@ fn spi_error(e: pgrx::spi::SpiError) -> StoreError {
     StoreError { message: e.to_string(), engine_code: None }
 }
 
-/// Runs a call with an SPI connection and this backend's prepared plans.
+/// After new binaries are installed, the SQL objects stay at the old version until ALTER
+/// EXTENSION ... UPDATE; the statements of this library may need objects that are not
+/// there yet. Say so, once per backend, rather than fail on a missing function.
+fn require_updated_objects(client: &SpiClient<'_>) {
+    const LIBRARY: &str = env!("CARGO_PKG_VERSION");
+    let installed = client
+        .select("SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_ratelimit'", Some(1), &[])
+        .ok()
+        .and_then(|t| t.first().get_one::<String>().ok().flatten());
+    if let Some(installed) = installed.filter(|v| v != LIBRARY) {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("pg_ratelimit: the library is version {LIBRARY} but the extension in this database is version {installed}"),
+            "pg_ratelimit",
+        )
+        .set_hint("Run ALTER EXTENSION pg_ratelimit UPDATE in this database.")
+        .report(PgLogLevel::ERROR);
+    }
+}
+
+/// Runs a call with an SPI connection.
 fn with_store<T>(call: impl FnOnce(&mut PgStore) -> ratelimit_core::Result<T>) -> ratelimit_core::Result<T> {
     Spi::connect_mut(|client| {
-        PLANS.with(|cell| {
-            let mut slot = cell.borrow_mut();
-            if slot.is_none() {
-                *slot = Some(Plans::prepare(client).map_err(|e| ratelimit_core::Error::storage("pg_ratelimit", e.message))?);
-            }
-            let plans = slot.as_ref().expect("prepared above");
-            call(&mut PgStore { client, plans })
-        })
+        if !OBJECTS_CHECKED.get() {
+            require_updated_objects(client);
+            OBJECTS_CHECKED.set(true);
+        }
+        call(&mut PgStore { client })
     })
 }
 
 struct PgStore<'a, 'conn> {
     client: &'a mut SpiClient<'conn>,
-    plans: &'a Plans,
 }
 
 impl PgStore<'_, '_> {
-    fn changed(&mut self, plan: &OwnedPreparedStatement, args: &[pgrx::datum::DatumWithOid]) -> StoreResult<i64> {
-        self.client.update(plan, None, args).map(|t| t.len() as i64).map_err(spi_error)
+    /// Runs `statement` (prepared on first use) and hands its result to `read`.
+    fn run<T>(
+        &mut self,
+        statement: Statement,
+        args: &[pgrx::datum::DatumWithOid],
+        read: impl FnOnce(pgrx::spi::SpiTupleTable) -> pgrx::spi::Result<T>,
+    ) -> StoreResult<T> {
+        PLANS.with(|plans| {
+            let cell = &plans[statement as usize];
+            if cell.get().is_none() {
+                // prepare_mut: every statement takes a fresh snapshot, so a re-read sees the latest row.
+                let plan = self.client.prepare_mut(statement.text(), parameter_types(statement)).map_err(spi_error)?;
+                let _ = cell.set(plan.keep());
+            }
+            let plan = cell.get().expect("prepared above");
+            self.client.update(plan, None, args).and_then(read).map_err(spi_error)
+        })
+    }
+
+    /// Runs a statement that changes rows; returns how many.
+    fn changed(&mut self, statement: Statement, args: &[pgrx::datum::DatumWithOid]) -> StoreResult<i64> {
+        self.run(statement, args, |t| Ok(t.len() as i64))
     }
 }
 
@@ -276,27 +348,28 @@ impl StateStore for PgStore<'_, '_> {
     }
 
     fn read_bucket(&mut self, key: &str, lock: bool) -> StoreResult<Option<BucketState>> {
-        let plan = if lock { &self.plans.bucket_lock } else { &self.plans.bucket_read };
-        let table = self.client.update(plan, Some(1), &[key.into()]).map_err(spi_error)?;
-        if table.is_empty() {
-            return Ok(None);
-        }
-        let (level, refilled_at, full_at) = table.first().get_three::<f64, i64, i64>().map_err(spi_error)?;
-        Ok(Some(BucketState {
-            level: level.unwrap_or(0.0),
-            refilled_at: refilled_at.unwrap_or(0),
-            full_at: full_at.unwrap_or(0),
-        }))
+        let statement = if lock { Statement::BucketLock } else { Statement::BucketRead };
+        self.run(statement, &[key.into()], |table| {
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let (level, refilled_at, full_at) = table.first().get_three::<f64, i64, i64>()?;
+            Ok(Some(BucketState {
+                level: level.unwrap_or(0.0),
+                refilled_at: refilled_at.unwrap_or(0),
+                full_at: full_at.unwrap_or(0),
+            }))
+        })
     }
 
     fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
         let n = match expected {
             None => self.changed(
-                &self.plans.bucket_insert,
+                Statement::BucketInsert,
                 &[key.into(), new.level.into(), new.refilled_at.into(), new.full_at.into()],
             )?,
             Some(old) => self.changed(
-                &self.plans.bucket_update,
+                Statement::BucketUpdate,
                 &[
                     new.level.into(),
                     new.refilled_at.into(),
@@ -311,23 +384,24 @@ impl StateStore for PgStore<'_, '_> {
     }
 
     fn read_budget(&mut self, key: &str, period: Period, lock: bool) -> StoreResult<Option<BudgetState>> {
-        let plan = if lock { &self.plans.budget_lock } else { &self.plans.budget_read };
-        let table = self.client.update(plan, Some(1), &[key.into(), period.as_str().into()]).map_err(spi_error)?;
-        if table.is_empty() {
-            return Ok(None);
-        }
-        let (used, resets_at) = table.first().get_two::<i64, i64>().map_err(spi_error)?;
-        Ok(Some(BudgetState { used: used.unwrap_or(0), resets_at: resets_at.unwrap_or(0) }))
+        let statement = if lock { Statement::BudgetLock } else { Statement::BudgetRead };
+        self.run(statement, &[key.into(), period.as_str().into()], |table| {
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let (used, resets_at) = table.first().get_two::<i64, i64>()?;
+            Ok(Some(BudgetState { used: used.unwrap_or(0), resets_at: resets_at.unwrap_or(0) }))
+        })
     }
 
     fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool> {
         let n = match expected {
             None => self.changed(
-                &self.plans.budget_insert,
+                Statement::BudgetInsert,
                 &[key.into(), period.as_str().into(), new.used.into(), new.resets_at.into()],
             )?,
             Some(old) => self.changed(
-                &self.plans.budget_update,
+                Statement::BudgetUpdate,
                 &[
                     new.used.into(),
                     new.resets_at.into(),
@@ -341,16 +415,27 @@ impl StateStore for PgStore<'_, '_> {
         Ok(n == 1)
     }
 
+    fn change_bucket(&mut self, key: &str, change: &mut Change<'_, BucketState>) -> StoreResult<u64> {
+        guard::with_change(&guard::BUCKET, change, || self.changed(Statement::BucketChange, &[key.into()])).map(|n| n as u64)
+    }
+
+    fn change_budget(&mut self, key: &str, period: Period, change: &mut Change<'_, BudgetState>) -> StoreResult<u64> {
+        guard::with_change(&guard::BUDGET, change, || {
+            self.changed(Statement::BudgetChange, &[key.into(), period.as_str().into()])
+        })
+        .map(|n| n as u64)
+    }
+
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.changed(&self.plans.sweep_buckets, &[cutoff_ms.into(), limit.into()])
+        self.changed(Statement::SweepBuckets, &[cutoff_ms.into(), limit.into()])
     }
 
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.changed(&self.plans.sweep_budgets, &[cutoff_ms.into(), limit.into()])
+        self.changed(Statement::SweepBudgets, &[cutoff_ms.into(), limit.into()])
     }
 
     fn reset(&mut self, key: &str) -> StoreResult<i64> {
-        Ok(self.changed(&self.plans.reset_buckets, &[key.into()])? + self.changed(&self.plans.reset_budgets, &[key.into()])?)
+        Ok(self.changed(Statement::ResetBuckets, &[key.into()])? + self.changed(Statement::ResetBudgets, &[key.into()])?)
     }
 
     fn has_row_locks(&self) -> bool {

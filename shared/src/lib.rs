@@ -11,6 +11,7 @@ pub mod bucket;
 pub mod budget;
 pub mod calls;
 pub mod error;
+pub mod guard;
 pub mod headers;
 pub mod json;
 pub mod key;

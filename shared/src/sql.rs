@@ -1,4 +1,12 @@
-//! The statement texts in the repository's `sql/` folder, the same text on both engines.
+//! The statement texts in the repository's `sql/` folder, written once for both engines.
+//!
+//! They are written for PostgreSQL, fully qualified: the functions that run them are
+//! SECURITY DEFINER without a pinned search_path (pinning costs every call a search_path
+//! switch), so no name and no operator may depend on the caller's search_path. SQLite
+//! runs the same text through [`sqlite`], which drops the qualification.
+//! The one exception is the `IN` of the sweeps, which only rl_sweep runs, under a pinned
+//! search_path.
+//!
 //! Parameters are written `$1`, `$2`, ... in order of first use, which PostgreSQL reads
 //! as positions and SQLite as names numbered by first appearance: the same binding.
 
@@ -7,35 +15,150 @@ pub const BUCKET_READ: &str = include_str!("../../sql/bucket_read.sql");
 pub const BUCKET_LOCK: &str = include_str!("../../sql/bucket_lock.sql");
 pub const BUCKET_INSERT: &str = include_str!("../../sql/bucket_insert.sql");
 pub const BUCKET_UPDATE: &str = include_str!("../../sql/bucket_update.sql");
+/// The guarded UPDATE of one call (see [`crate::guard`]).
+pub const BUCKET_CHANGE: &str = include_str!("../../sql/bucket_change.sql");
 pub const BUDGET_READ: &str = include_str!("../../sql/budget_read.sql");
 /// PostgreSQL only: the read that locks the row.
 pub const BUDGET_LOCK: &str = include_str!("../../sql/budget_lock.sql");
 pub const BUDGET_INSERT: &str = include_str!("../../sql/budget_insert.sql");
 pub const BUDGET_UPDATE: &str = include_str!("../../sql/budget_update.sql");
+pub const BUDGET_CHANGE: &str = include_str!("../../sql/budget_change.sql");
 pub const SWEEP_BUCKETS: &str = include_str!("../../sql/sweep_buckets.sql");
 pub const SWEEP_BUDGETS: &str = include_str!("../../sql/sweep_budgets.sql");
 pub const RESET_BUCKETS: &str = include_str!("../../sql/reset_buckets.sql");
 pub const RESET_BUDGETS: &str = include_str!("../../sql/reset_budgets.sql");
 pub const SQLITE_SCHEMA: &str = include_str!("../../sql/sqlite_schema.sql");
 
-/// Every statement, for checks that hold for all of them.
-pub const ALL: [&str; 12] = [
-    BUCKET_READ,
-    BUCKET_LOCK,
-    BUCKET_INSERT,
-    BUCKET_UPDATE,
-    BUDGET_READ,
-    BUDGET_LOCK,
-    BUDGET_INSERT,
-    BUDGET_UPDATE,
-    SWEEP_BUCKETS,
-    SWEEP_BUDGETS,
-    RESET_BUCKETS,
-    RESET_BUDGETS,
-];
+/// Every statement, by name, so that an engine can keep its own form of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Statement {
+    BucketRead,
+    BucketLock,
+    BucketInsert,
+    BucketUpdate,
+    BucketChange,
+    BudgetRead,
+    BudgetLock,
+    BudgetInsert,
+    BudgetUpdate,
+    BudgetChange,
+    SweepBuckets,
+    SweepBudgets,
+    ResetBuckets,
+    ResetBudgets,
+}
+
+impl Statement {
+    pub const ALL: [Statement; 14] = [
+        Statement::BucketRead,
+        Statement::BucketLock,
+        Statement::BucketInsert,
+        Statement::BucketUpdate,
+        Statement::BucketChange,
+        Statement::BudgetRead,
+        Statement::BudgetLock,
+        Statement::BudgetInsert,
+        Statement::BudgetUpdate,
+        Statement::BudgetChange,
+        Statement::SweepBuckets,
+        Statement::SweepBudgets,
+        Statement::ResetBuckets,
+        Statement::ResetBudgets,
+    ];
+
+    /// The PostgreSQL text.
+    pub const fn text(self) -> &'static str {
+        match self {
+            Statement::BucketRead => BUCKET_READ,
+            Statement::BucketLock => BUCKET_LOCK,
+            Statement::BucketInsert => BUCKET_INSERT,
+            Statement::BucketUpdate => BUCKET_UPDATE,
+            Statement::BucketChange => BUCKET_CHANGE,
+            Statement::BudgetRead => BUDGET_READ,
+            Statement::BudgetLock => BUDGET_LOCK,
+            Statement::BudgetInsert => BUDGET_INSERT,
+            Statement::BudgetUpdate => BUDGET_UPDATE,
+            Statement::BudgetChange => BUDGET_CHANGE,
+            Statement::SweepBuckets => SWEEP_BUCKETS,
+            Statement::SweepBudgets => SWEEP_BUDGETS,
+            Statement::ResetBuckets => RESET_BUCKETS,
+            Statement::ResetBudgets => RESET_BUDGETS,
+        }
+    }
+}
+
+/// Every statement's text, for checks that hold for all of them.
+pub const ALL: [&str; 14] = {
+    let mut all = [""; 14];
+    let mut i = 0;
+    while i < all.len() {
+        all[i] = Statement::ALL[i].text();
+        i += 1;
+    }
+    all
+};
+
+const SCHEMA: &str = "ratelimit.";
+const OPERATOR: &str = "OPERATOR(pg_catalog.";
+
+/// A statement as SQLite runs it: the same text without the schema of the extension's
+/// tables and functions, and with plain operators.
+pub fn sqlite(text: &str) -> String {
+    let text = text.replace(SCHEMA, "");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(OPERATOR) {
+        out.push_str(&rest[..at]);
+        let op = &rest[at + OPERATOR.len()..];
+        let end = op.find(')').expect("OPERATOR(pg_catalog.x) is closed");
+        out.push_str(&op[..end]);
+        rest = &op[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// The hijack a qualified statement prevents: a caller's search_path putting its own
+    /// table, function or `=` operator before the extension's.
+    #[test]
+    fn every_name_and_comparison_is_qualified() {
+        for text in ALL {
+            for name in ["rl_bucket", "rl_budget"] {
+                for (at, _) in text.match_indices(name) {
+                    assert!(text[..at].ends_with(SCHEMA), "unqualified {name} in {text}");
+                }
+            }
+            let Some(at) = text.find("WHERE") else { continue };
+            let mut condition = text[at..].to_string();
+            while let Some(op) = condition.find(OPERATOR) {
+                let end = op + condition[op..].find(')').unwrap();
+                condition.replace_range(op..=end, " ");
+            }
+            let exempt = [SWEEP_BUCKETS, SWEEP_BUDGETS].contains(&text);
+            for bare in ['=', '<', '>'] {
+                assert!(!condition.contains(bare), "bare {bare} in {text}");
+            }
+            assert!(exempt || !condition.contains(" IN "), "IN resolves = through search_path: {text}");
+        }
+    }
+
+    #[test]
+    fn sqlite_text_drops_the_qualification() {
+        assert_eq!(
+            sqlite("DELETE FROM ratelimit.rl_bucket WHERE key OPERATOR(pg_catalog.=) $1 AND full_at OPERATOR(pg_catalog.<=) $2"),
+            "DELETE FROM rl_bucket WHERE key = $1 AND full_at <= $2"
+        );
+        for (i, statement) in Statement::ALL.iter().enumerate() {
+            assert_eq!(*statement as usize, i, "ALL is in declaration order");
+            let s = sqlite(statement.text());
+            assert!(!s.contains("ratelimit") && !s.contains("OPERATOR") && !s.contains("pg_catalog"), "{s}");
+        }
+    }
+
     /// SQLite numbers `$n` parameters by first appearance, PostgreSQL by n: the two agree
     /// (and positional binding is right on both) only if first appearances ascend.
     #[test]

@@ -1,20 +1,23 @@
 //! The seam between the rules and an engine: the few statements an engine runs, and the
 //! protocol that makes one call one atomic read-modify-write on top of them.
 //!
-//! Protocol: read the row, decide, and write only when admitting, with a write that only
-//! succeeds if the row is still what was read (compare-and-set). A refusal is answered
-//! from the row it read and writes nothing. When the row changed in between, read again;
-//! from the second attempt on the read asks the engine to lock the row (PostgreSQL: FOR
-//! UPDATE), so contention costs a bounded number of attempts.
+//! A single-row call is one guarded UPDATE (see [`crate::guard`]): the engine hands the
+//! row it is about to change to the core's decision and writes what that decision wants,
+//! in the same statement. A refusal writes nothing. Only a missing row takes a second
+//! statement: an insert that loses to a concurrent insert starts the call again.
+//!
+//! rl_take_all reads every row, decides, and writes each row only if it is still what was
+//! read (compare-and-set), holding row locks (PostgreSQL: FOR UPDATE) or the database's
+//! write lock (SQLite: BEGIN IMMEDIATE) meanwhile.
 
 use crate::bucket::{self, BucketState, RefundDecision, TakeArgs, TakeDecision};
 use crate::budget::{self, BudgetRefund, BudgetState, Period, SpendArgs, SpendDecision};
 use crate::multi::{self, Item, ItemState, NewRow, TakeAllArgs, TakeAllDecision};
 use crate::error::{Error, Result};
+use crate::guard::Change;
 
-/// Attempts before a call gives up on a row that keeps changing under it. With row locks
-/// the second attempt succeeds; SQLite holds its write lock for the whole call, so its
-/// first attempt does.
+/// Attempts before a call gives up on a row that keeps appearing and disappearing under it
+/// (a first insert racing another, a sweep deleting the row between decision and write).
 pub const MAX_ATTEMPTS: u32 = 1000;
 
 /// A statement that failed in the engine: its message, and the engine's own error code.
@@ -45,6 +48,13 @@ pub trait StateStore {
     fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool>;
     fn read_budget(&mut self, key: &str, period: Period, lock: bool) -> StoreResult<Option<BudgetState>>;
     fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool>;
+    /// One guarded UPDATE of the bucket row of `key`: the engine calls `change` with the
+    /// row as it stands when the statement reaches it (again, if a concurrent write makes
+    /// it re-check a newer version), and stores what the last call returned, if anything.
+    /// `change` is never called when there is no row. Returns the number of rows written.
+    fn change_bucket(&mut self, key: &str, change: &mut Change<'_, BucketState>) -> StoreResult<u64>;
+    /// [`StateStore::change_bucket`] for the budget row of `key` and `period`.
+    fn change_budget(&mut self, key: &str, period: Period, change: &mut Change<'_, BudgetState>) -> StoreResult<u64>;
     /// Delete at most `limit` buckets that are full by `cutoff_ms`. The delete re-checks
     /// `full_at` on the row it deletes, so a row a concurrent take just refilled stays.
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
@@ -73,29 +83,41 @@ fn gave_up(function: &'static str) -> Error {
     Error::storage(function, format!("the row kept changing under {MAX_ATTEMPTS} attempts; try again"))
 }
 
-/// The one compare-and-set loop every single-row change goes through: read the row
-/// (locked from the second attempt on), let `decide` answer and say what to store, write
-/// that only if the row is unchanged, else start again.
-fn update_row<S: StateStore, T, R>(
+/// The one path every single-row change takes: a guarded UPDATE that decides on the row
+/// the engine is about to change; without a row, decide on none and insert.
+fn change_row<S: StateStore, T: Copy, R>(
     store: &mut S,
     function: &'static str,
-    mut read: impl FnMut(&mut S, bool) -> StoreResult<Option<T>>,
+    mut change: impl FnMut(&mut S, &mut Change<'_, T>) -> StoreResult<u64>,
+    mut insert: impl FnMut(&mut S, &T) -> StoreResult<bool>,
     decide: impl Fn(Option<&T>) -> (R, Option<T>),
-    mut write: impl FnMut(&mut S, Option<&T>, &T) -> StoreResult<bool>,
 ) -> Result<R> {
     writable(store, function)?;
-    atomically(store, function, |store| {
-        for attempt in 0..MAX_ATTEMPTS {
-            let state = read(store, attempt > 0).map_err(|e| e.in_call(function))?;
-            let (answer, new_state) = decide(state.as_ref());
-            match new_state {
-                None => return Ok(answer),
-                Some(new) if write(store, state.as_ref(), &new).map_err(|e| e.in_call(function))? => return Ok(answer),
-                Some(_) => continue,
+    let in_call = |e: StoreError| e.in_call(function);
+    for _ in 0..MAX_ATTEMPTS {
+        let mut seen: Option<(R, bool)> = None;
+        let written = change(store, &mut |row: &T| {
+            let (answer, new_row) = decide(Some(row));
+            seen = Some((answer, new_row.is_some()));
+            new_row
+        })
+        .map_err(in_call)?;
+        match seen {
+            Some((answer, wanted_write)) if wanted_write == (written == 1) => return Ok(answer),
+            // Decided to write, but the row went away before the write (a sweep): again.
+            Some(_) => continue,
+            None => {
+                let (answer, new_row) = decide(None);
+                match new_row {
+                    None => return Ok(answer),
+                    Some(new) if insert(store, &new).map_err(in_call)? => return Ok(answer),
+                    // Another call inserted the row first: decide on that row.
+                    Some(_) => continue,
+                }
             }
         }
-        Err(gave_up(function))
-    })
+    }
+    Err(gave_up(function))
 }
 
 /// Runs `work` as one unit: on SQLite outside a transaction, BEGIN IMMEDIATE ... COMMIT,
@@ -110,36 +132,36 @@ fn atomically<S: StateStore, R>(store: &mut S, function: &'static str, work: imp
     Ok(answer)
 }
 
-/// [`update_row`] on the bucket row of `key`.
-fn update_bucket<S: StateStore, R>(
+/// [`change_row`] on the bucket row of `key`.
+fn change_bucket<S: StateStore, R>(
     store: &mut S,
     function: &'static str,
     key: &str,
     decide: impl Fn(Option<&BucketState>) -> (R, Option<BucketState>),
 ) -> Result<R> {
-    update_row(store, function, |s, lock| s.read_bucket(key, lock), decide, |s, old, new| s.write_bucket(key, old, new))
+    change_row(store, function, |s, change| s.change_bucket(key, change), |s, new| s.write_bucket(key, None, new), decide)
 }
 
-/// [`update_row`] on the budget row of `key` and `period`.
-fn update_budget<S: StateStore, R>(
+/// [`change_row`] on the budget row of `key` and `period`.
+fn change_budget<S: StateStore, R>(
     store: &mut S,
     function: &'static str,
     key: &str,
     period: Period,
     decide: impl Fn(Option<&BudgetState>) -> (R, Option<BudgetState>),
 ) -> Result<R> {
-    update_row(
+    change_row(
         store,
         function,
-        |s, lock| s.read_budget(key, period, lock),
+        |s, change| s.change_budget(key, period, change),
+        |s, new| s.write_budget(key, period, None, new),
         decide,
-        |s, old, new| s.write_budget(key, period, old, new),
     )
 }
 
 /// rl_take: one atomic take.
 pub fn take<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
-    update_bucket(store, function, a.key, |state| {
+    change_bucket(store, function, a.key, |state| {
         let d = bucket::take(state, &a.limits, a.cost, a.now_ms);
         (d.clone(), d.new_state)
     })
@@ -147,7 +169,7 @@ pub fn take<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs) 
 
 /// rl_refund: give tokens back, never above the burst.
 pub fn refund<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<RefundDecision> {
-    update_bucket(store, function, a.key, |state| {
+    change_bucket(store, function, a.key, |state| {
         let d = bucket::refund(state, &a.limits, a.cost, a.now_ms);
         (d.clone(), d.new_state)
     })
@@ -155,7 +177,7 @@ pub fn refund<S: StateStore>(store: &mut S, function: &'static str, a: &TakeArgs
 
 /// rl_spend: one atomic spend.
 pub fn spend<S: StateStore>(store: &mut S, function: &'static str, a: &SpendArgs) -> Result<SpendDecision> {
-    update_budget(store, function, a.key, a.period, |state| {
+    change_budget(store, function, a.key, a.period, |state| {
         let d = budget::spend(state, a.period, a.quota, a.cost, a.now_ms);
         (d.clone(), d.new_state)
     })
@@ -163,7 +185,7 @@ pub fn spend<S: StateStore>(store: &mut S, function: &'static str, a: &SpendArgs
 
 /// rl_refund_budget: lower what a period used, never below 0.
 pub fn refund_budget<S: StateStore>(store: &mut S, function: &'static str, a: &SpendArgs) -> Result<BudgetRefund> {
-    update_budget(store, function, a.key, a.period, |state| {
+    change_budget(store, function, a.key, a.period, |state| {
         let d = budget::refund(state, a.period, a.cost, a.now_ms);
         (d.clone(), d.new_state)
     })

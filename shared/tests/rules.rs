@@ -7,13 +7,15 @@ use ratelimit_core::bucket::{self, BucketLimits, BucketState};
 use ratelimit_core::budget::{self, BudgetState, Period, SpendArgs};
 use ratelimit_core::calls;
 use ratelimit_core::key::encode_key;
+use ratelimit_core::guard::Change;
 use ratelimit_core::store::{StateStore, StoreResult};
 use ratelimit_core::ErrorKind;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
-/// An in-memory store: the rules' view of a database, with a switch that makes the next
-/// compare-and-set fail as if another connection had written in between.
+/// An in-memory store: the rules' view of a database, with switches for what other
+/// connections can do in between: insert the same row first (`lost_races`), or sweep a
+/// row between the decision and the write (`swept_mid_write`).
 #[derive(Default)]
 struct MemStore {
     buckets: HashMap<String, BucketState>,
@@ -21,7 +23,30 @@ struct MemStore {
     read_only: bool,
     writes: usize,
     lost_races: usize,
+    swept_mid_write: usize,
     atomic_depth: i32,
+}
+
+impl MemStore {
+    /// The engine's guarded UPDATE on one map entry.
+    fn change<K: std::hash::Hash + Eq, T: Copy>(
+        rows: &mut HashMap<K, T>,
+        key: K,
+        change: &mut Change<'_, T>,
+        swept_mid_write: &mut usize,
+        writes: &mut usize,
+    ) -> StoreResult<u64> {
+        let Some(row) = rows.get(&key).copied() else { return Ok(0) };
+        let Some(new) = change(&row) else { return Ok(0) };
+        if *swept_mid_write > 0 {
+            *swept_mid_write -= 1;
+            rows.remove(&key);
+            return Ok(0);
+        }
+        *writes += 1;
+        rows.insert(key, new);
+        Ok(1)
+    }
 }
 
 impl StateStore for MemStore {
@@ -32,8 +57,11 @@ impl StateStore for MemStore {
         Ok(self.buckets.get(key).copied())
     }
     fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
-        if self.lost_races > 0 {
+        if expected.is_none() && self.lost_races > 0 {
+            // A concurrent identical call inserts first.
             self.lost_races -= 1;
+            self.writes += 1;
+            self.buckets.insert(key.to_owned(), *new);
             return Ok(false);
         }
         if self.buckets.get(key) != expected {
@@ -55,9 +83,15 @@ impl StateStore for MemStore {
         self.budgets.insert(k, *new);
         Ok(true)
     }
+    fn change_bucket(&mut self, key: &str, change: &mut Change<'_, BucketState>) -> StoreResult<u64> {
+        Self::change(&mut self.buckets, key.to_owned(), change, &mut self.swept_mid_write, &mut self.writes)
+    }
+    fn change_budget(&mut self, key: &str, period: Period, change: &mut Change<'_, BudgetState>) -> StoreResult<u64> {
+        Self::change(&mut self.budgets, (key.to_owned(), period), change, &mut self.swept_mid_write, &mut self.writes)
+    }
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         let doomed: Vec<String> = self.buckets.iter().filter(|(_, b)| b.full_at <= cutoff_ms).map(|(k, _)| k.clone()).take(limit as usize).collect();
-        doomed.iter().for_each(|k| drop(self.buckets.remove(k)));
+        doomed.iter().for_each(|k| { self.buckets.remove(k); });
         Ok(doomed.len() as i64)
     }
     fn reset(&mut self, key: &str) -> StoreResult<i64> {
@@ -79,7 +113,7 @@ impl StateStore for MemStore {
     }
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         let doomed: Vec<(String, Period)> = self.budgets.iter().filter(|(_, b)| b.resets_at <= cutoff_ms).map(|(k, _)| k.clone()).take(limit as usize).collect();
-        doomed.iter().for_each(|k| drop(self.budgets.remove(k)));
+        doomed.iter().for_each(|k| { self.budgets.remove(k); });
         Ok(doomed.len() as i64)
     }
 }
@@ -316,11 +350,40 @@ fn sweep_removes_only_rows_that_no_longer_matter() {
 }
 
 #[test]
-fn lost_races_retry_and_still_admit_once() {
-    let mut s = MemStore { lost_races: 3, ..Default::default() };
+fn a_lost_insert_race_decides_again_on_the_winners_row() {
+    let mut s = MemStore { lost_races: 1, ..Default::default() };
+    let r = take(&mut s, "k", 3.0, 1.0, 1.0, 0);
+    assert_eq!((r["admitted"].as_bool(), r["remaining"].as_i64()), (Some(true), Some(1)));
+    assert_eq!(s.writes, 2, "the winner's insert, then this call's update");
+    let mut s = MemStore { lost_races: 1, ..Default::default() };
     let r = take(&mut s, "k", 1.0, 1.0, 1.0, 0);
-    assert_eq!(r["admitted"], true);
+    assert_eq!(r["admitted"], false, "the winner took the only token");
     assert_eq!(s.writes, 1);
+}
+
+#[test]
+fn a_row_swept_between_decision_and_write_is_decided_again() {
+    let mut s = MemStore { swept_mid_write: 1, ..Default::default() };
+    s.buckets.insert("k".into(), BucketState { level: 0.0, refilled_at: 0, full_at: 60_000 });
+    s.budgets.insert(("k".into(), Period::Day), BudgetState { used: 1, resets_at: 86_400_000 });
+    let r = take(&mut s, "k", 2.0, 1.0, 1.0, 120_000);
+    assert_eq!((r["admitted"].as_bool(), r["remaining"].as_i64()), (Some(true), Some(1)));
+    assert_eq!(s.buckets["k"].level, 1.0, "inserted afresh after the sweep");
+    s.swept_mid_write = 1;
+    let r = spend(&mut s, "k", "day", Arg::Integer(5), Arg::Integer(2), 1000);
+    assert_eq!((r["admitted"].as_bool(), r["used"].as_f64()), (Some(true), Some(2.0)));
+    assert_eq!(s.writes, 2);
+}
+
+#[test]
+fn a_refusal_writes_nothing() {
+    let mut s = MemStore::default();
+    assert_eq!(take(&mut s, "k", 1.0, 1.0, 1.0, 0)["admitted"], true);
+    assert_eq!(take(&mut s, "k", 1.0, 1.0, 1.0, 0)["admitted"], false);
+    assert_eq!(take(&mut s, "new", 1.0, 1.0, 2.0, 0)["admitted"], false);
+    assert_eq!(spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(2), 0)["admitted"], false);
+    assert_eq!(s.writes, 1);
+    assert!(!s.buckets.contains_key("new") && s.budgets.is_empty());
 }
 
 #[test]

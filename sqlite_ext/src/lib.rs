@@ -5,13 +5,15 @@
 mod handle;
 
 use std::os::raw::{c_char, c_int};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use handle::Handle;
 
 use ratelimit_core::bucket::BucketState;
 use ratelimit_core::budget::{BudgetState, Period};
-use ratelimit_core::{calls, sql, Arg, Clock, ErrorKind, StateStore, StoreError, StoreResult};
+use ratelimit_core::guard::{self, Change};
+use ratelimit_core::sql::{self, Statement};
+use ratelimit_core::{calls, Arg, Clock, ErrorKind, StateStore, StoreError, StoreResult};
 use rusqlite::functions::{Context, FunctionFlags};
 use rusqlite::types::ValueRef;
 use rusqlite::{ffi, params, Connection, OptionalExtension, MAIN_DB};
@@ -53,6 +55,7 @@ fn register(db: Connection) -> rusqlite::Result<bool> {
     register_stateful(db, calls::RL_RESET, |s, a, _| calls::rl_reset(s, a))?;
     register_stateful(db, calls::RL_TAKE_ALL, |s, a, c| calls::rl_take_all(s, a, c))?;
     let db = h.lock_unanchored();
+    register_guards(&db)?;
     db.create_scalar_function("rl_key", -1, PURE, |ctx| calls::rl_key(&args_of(ctx)).map_err(to_sqlite_error))?;
     db.create_scalar_function("rl_headers", -1, PURE, |ctx| calls::rl_headers(&args_of(ctx)).map_err(to_sqlite_error))?;
     Ok(false)
@@ -71,6 +74,34 @@ fn register_stateful<T: rusqlite::functions::SqlFnOutput + 'static>(
         let mut store = SqliteStore { conn: &conn };
         call(&mut store, &args_of(ctx), &Clock::system(true)).map_err(to_sqlite_error)
     })
+}
+
+/// The functions the guarded UPDATEs (sql/bucket_change.sql, sql/budget_change.sql) call:
+/// the WHERE clause hands the row to the decision of the call in progress, the SET clause
+/// reads the row it decided on. Outside those statements they fail. Not deterministic, so
+/// that SQLite evaluates them for the row, in order.
+fn register_guards(db: &Connection) -> rusqlite::Result<()> {
+    fn outside(e: guard::NotInStatement) -> rusqlite::Error {
+        rusqlite::Error::UserFunctionError(e.to_string().into())
+    }
+    db.create_scalar_function("rl_bucket_guard", 3, STATEFUL, |ctx| {
+        let row = BucketState { level: ctx.get(0)?, refilled_at: ctx.get(1)?, full_at: ctx.get(2)? };
+        guard::guard(&guard::BUCKET, &row).map_err(outside)
+    })?;
+    db.create_scalar_function("rl_bucket_new_level", 0, STATEFUL, |_| Ok(guard::new_row(&guard::BUCKET).map_err(outside)?.level))?;
+    db.create_scalar_function("rl_bucket_new_refilled_at", 0, STATEFUL, |_| {
+        Ok(guard::new_row(&guard::BUCKET).map_err(outside)?.refilled_at)
+    })?;
+    db.create_scalar_function("rl_bucket_new_full_at", 0, STATEFUL, |_| Ok(guard::new_row(&guard::BUCKET).map_err(outside)?.full_at))?;
+    db.create_scalar_function("rl_budget_guard", 2, STATEFUL, |ctx| {
+        let row = BudgetState { used: ctx.get(0)?, resets_at: ctx.get(1)? };
+        guard::guard(&guard::BUDGET, &row).map_err(outside)
+    })?;
+    db.create_scalar_function("rl_budget_new_used", 0, STATEFUL, |_| Ok(guard::new_row(&guard::BUDGET).map_err(outside)?.used))?;
+    db.create_scalar_function("rl_budget_new_resets_at", 0, STATEFUL, |_| {
+        Ok(guard::new_row(&guard::BUDGET).map_err(outside)?.resets_at)
+    })?;
+    Ok(())
 }
 
 /// The arguments of a call as core values. Text that is not UTF-8 arrives as a blob.
@@ -95,6 +126,13 @@ fn to_sqlite_error(e: ratelimit_core::Error) -> rusqlite::Error {
         _ => ffi::SQLITE_ERROR,
     };
     rusqlite::Error::SqliteFailure(ffi::Error::new(code), Some(e.to_string()))
+}
+
+/// Every statement in SQLite's form, derived once.
+static SQLITE_TEXT: LazyLock<[String; Statement::ALL.len()]> = LazyLock::new(|| Statement::ALL.map(|s| sql::sqlite(s.text())));
+
+fn text(statement: Statement) -> &'static str {
+    &SQLITE_TEXT[statement as usize]
 }
 
 struct SqliteStore<'c> {
@@ -139,7 +177,7 @@ impl StateStore for SqliteStore<'_> {
     }
 
     fn read_bucket(&mut self, key: &str, _lock: bool) -> StoreResult<Option<BucketState>> {
-        self.run(sql::BUCKET_READ, |stmt| {
+        self.run(text(Statement::BucketRead), |stmt| {
             stmt.query_row([key], |r| Ok(BucketState { level: r.get(0)?, refilled_at: r.get(1)?, full_at: r.get(2)? }))
                 .optional()
         })
@@ -147,8 +185,8 @@ impl StateStore for SqliteStore<'_> {
 
     fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
         let changed = match expected {
-            None => self.run(sql::BUCKET_INSERT, |stmt| stmt.execute(params![key, new.level, new.refilled_at, new.full_at]))?,
-            Some(old) => self.run(sql::BUCKET_UPDATE, |stmt| {
+            None => self.run(text(Statement::BucketInsert), |stmt| stmt.execute(params![key, new.level, new.refilled_at, new.full_at]))?,
+            Some(old) => self.run(text(Statement::BucketUpdate), |stmt| {
                 stmt.execute(params![new.level, new.refilled_at, new.full_at, key, old.level, old.refilled_at])
             })?,
         };
@@ -156,32 +194,43 @@ impl StateStore for SqliteStore<'_> {
     }
 
     fn read_budget(&mut self, key: &str, period: Period, _lock: bool) -> StoreResult<Option<BudgetState>> {
-        self.run(sql::BUDGET_READ, |stmt| {
+        self.run(text(Statement::BudgetRead), |stmt| {
             stmt.query_row([key, period.as_str()], |r| Ok(BudgetState { used: r.get(0)?, resets_at: r.get(1)? })).optional()
         })
     }
 
     fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool> {
         let changed = match expected {
-            None => self.run(sql::BUDGET_INSERT, |stmt| stmt.execute(params![key, period.as_str(), new.used, new.resets_at]))?,
-            Some(old) => self.run(sql::BUDGET_UPDATE, |stmt| {
+            None => self.run(text(Statement::BudgetInsert), |stmt| stmt.execute(params![key, period.as_str(), new.used, new.resets_at]))?,
+            Some(old) => self.run(text(Statement::BudgetUpdate), |stmt| {
                 stmt.execute(params![new.used, new.resets_at, key, period.as_str(), old.used, old.resets_at])
             })?,
         };
         Ok(changed == 1)
     }
 
+    fn change_bucket(&mut self, key: &str, change: &mut Change<'_, BucketState>) -> StoreResult<u64> {
+        guard::with_change(&guard::BUCKET, change, || self.run(text(Statement::BucketChange), |stmt| stmt.execute([key]))).map(|n| n as u64)
+    }
+
+    fn change_budget(&mut self, key: &str, period: Period, change: &mut Change<'_, BudgetState>) -> StoreResult<u64> {
+        guard::with_change(&guard::BUDGET, change, || {
+            self.run(text(Statement::BudgetChange), |stmt| stmt.execute([key, period.as_str()]))
+        })
+        .map(|n| n as u64)
+    }
+
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.run(sql::SWEEP_BUCKETS, |stmt| stmt.execute([cutoff_ms, limit])).map(|n| n as i64)
+        self.run(text(Statement::SweepBuckets), |stmt| stmt.execute([cutoff_ms, limit])).map(|n| n as i64)
     }
 
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.run(sql::SWEEP_BUDGETS, |stmt| stmt.execute([cutoff_ms, limit])).map(|n| n as i64)
+        self.run(text(Statement::SweepBudgets), |stmt| stmt.execute([cutoff_ms, limit])).map(|n| n as i64)
     }
 
     fn reset(&mut self, key: &str) -> StoreResult<i64> {
-        let buckets = self.run(sql::RESET_BUCKETS, |stmt| stmt.execute([key]))?;
-        let budgets = self.run(sql::RESET_BUDGETS, |stmt| stmt.execute([key]))?;
+        let buckets = self.run(text(Statement::ResetBuckets), |stmt| stmt.execute([key]))?;
+        let budgets = self.run(text(Statement::ResetBudgets), |stmt| stmt.execute([key]))?;
         Ok((buckets + budgets) as i64)
     }
 
