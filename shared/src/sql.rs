@@ -10,23 +10,6 @@
 //! Parameters are written `$1`, `$2`, ... in order of first use, which PostgreSQL reads
 //! as positions and SQLite as names numbered by first appearance: the same binding.
 
-pub const BUCKET_READ: &str = include_str!("../../sql/bucket_read.sql");
-/// PostgreSQL only: the read that locks the row.
-pub const BUCKET_LOCK: &str = include_str!("../../sql/bucket_lock.sql");
-pub const BUCKET_INSERT: &str = include_str!("../../sql/bucket_insert.sql");
-pub const BUCKET_UPDATE: &str = include_str!("../../sql/bucket_update.sql");
-/// The guarded UPDATE of one call (see [`crate::guard`]).
-pub const BUCKET_CHANGE: &str = include_str!("../../sql/bucket_change.sql");
-pub const BUDGET_READ: &str = include_str!("../../sql/budget_read.sql");
-/// PostgreSQL only: the read that locks the row.
-pub const BUDGET_LOCK: &str = include_str!("../../sql/budget_lock.sql");
-pub const BUDGET_INSERT: &str = include_str!("../../sql/budget_insert.sql");
-pub const BUDGET_UPDATE: &str = include_str!("../../sql/budget_update.sql");
-pub const BUDGET_CHANGE: &str = include_str!("../../sql/budget_change.sql");
-pub const SWEEP_BUCKETS: &str = include_str!("../../sql/sweep_buckets.sql");
-pub const SWEEP_BUDGETS: &str = include_str!("../../sql/sweep_budgets.sql");
-pub const RESET_BUCKETS: &str = include_str!("../../sql/reset_buckets.sql");
-pub const RESET_BUDGETS: &str = include_str!("../../sql/reset_budgets.sql");
 pub const SQLITE_SCHEMA: &str = include_str!("../../sql/sqlite_schema.sql");
 
 /// Every statement, by name, so that an engine can keep its own form of each.
@@ -66,37 +49,27 @@ impl Statement {
         Statement::ResetBudgets,
     ];
 
-    /// The PostgreSQL text.
+    /// The PostgreSQL text. BucketLock and BudgetLock (FOR UPDATE) are PostgreSQL only;
+    /// BucketChange and BudgetChange are the guarded UPDATEs (see [`crate::guard`]).
     pub const fn text(self) -> &'static str {
         match self {
-            Statement::BucketRead => BUCKET_READ,
-            Statement::BucketLock => BUCKET_LOCK,
-            Statement::BucketInsert => BUCKET_INSERT,
-            Statement::BucketUpdate => BUCKET_UPDATE,
-            Statement::BucketChange => BUCKET_CHANGE,
-            Statement::BudgetRead => BUDGET_READ,
-            Statement::BudgetLock => BUDGET_LOCK,
-            Statement::BudgetInsert => BUDGET_INSERT,
-            Statement::BudgetUpdate => BUDGET_UPDATE,
-            Statement::BudgetChange => BUDGET_CHANGE,
-            Statement::SweepBuckets => SWEEP_BUCKETS,
-            Statement::SweepBudgets => SWEEP_BUDGETS,
-            Statement::ResetBuckets => RESET_BUCKETS,
-            Statement::ResetBudgets => RESET_BUDGETS,
+            Statement::BucketRead => include_str!("../../sql/bucket_read.sql"),
+            Statement::BucketLock => include_str!("../../sql/bucket_lock.sql"),
+            Statement::BucketInsert => include_str!("../../sql/bucket_insert.sql"),
+            Statement::BucketUpdate => include_str!("../../sql/bucket_update.sql"),
+            Statement::BucketChange => include_str!("../../sql/bucket_change.sql"),
+            Statement::BudgetRead => include_str!("../../sql/budget_read.sql"),
+            Statement::BudgetLock => include_str!("../../sql/budget_lock.sql"),
+            Statement::BudgetInsert => include_str!("../../sql/budget_insert.sql"),
+            Statement::BudgetUpdate => include_str!("../../sql/budget_update.sql"),
+            Statement::BudgetChange => include_str!("../../sql/budget_change.sql"),
+            Statement::SweepBuckets => include_str!("../../sql/sweep_buckets.sql"),
+            Statement::SweepBudgets => include_str!("../../sql/sweep_budgets.sql"),
+            Statement::ResetBuckets => include_str!("../../sql/reset_buckets.sql"),
+            Statement::ResetBudgets => include_str!("../../sql/reset_budgets.sql"),
         }
     }
 }
-
-/// Every statement's text, for checks that hold for all of them.
-pub const ALL: [&str; 14] = {
-    let mut all = [""; 14];
-    let mut i = 0;
-    while i < all.len() {
-        all[i] = Statement::ALL[i].text();
-        i += 1;
-    }
-    all
-};
 
 const SCHEMA: &str = "ratelimit.";
 const OPERATOR: &str = "OPERATOR(pg_catalog.";
@@ -126,7 +99,7 @@ mod tests {
     /// table, function or `=` operator before the extension's.
     #[test]
     fn every_name_and_comparison_is_qualified() {
-        for text in ALL {
+        for text in Statement::ALL.map(Statement::text) {
             for name in ["rl_bucket", "rl_budget"] {
                 for (at, _) in text.match_indices(name) {
                     assert!(text[..at].ends_with(SCHEMA), "unqualified {name} in {text}");
@@ -138,7 +111,7 @@ mod tests {
                 let end = op + condition[op..].find(')').unwrap();
                 condition.replace_range(op..=end, " ");
             }
-            let exempt = [SWEEP_BUCKETS, SWEEP_BUDGETS].contains(&text);
+            let exempt = [Statement::SweepBuckets.text(), Statement::SweepBudgets.text()].contains(&text);
             for bare in ['=', '<', '>'] {
                 assert!(!condition.contains(bare), "bare {bare} in {text}");
             }
@@ -163,7 +136,7 @@ mod tests {
     /// (and positional binding is right on both) only if first appearances ascend.
     #[test]
     fn parameters_first_appear_in_order() {
-        for text in super::ALL {
+        for text in Statement::ALL.map(Statement::text) {
             let mut seen: Vec<u32> = Vec::new();
             let mut rest = text;
             while let Some(at) = rest.find('$') {
