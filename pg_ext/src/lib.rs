@@ -4,11 +4,11 @@
 
 use std::cell::{Cell, OnceCell};
 
-use pgrx::prelude::*;
-use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
 };
+use pgrx::prelude::*;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, IntoDatum, JsonB, PgOid};
 use ratelimit_core::bucket::BucketState;
 use ratelimit_core::budget::{BudgetState, Period};
@@ -52,7 +52,10 @@ fn raise(e: ratelimit_core::Error) -> ! {
 }
 
 /// Runs a core call that answers in JSON; raises its error.
-fn answer(call: impl FnOnce(&mut PgStore, &[Arg], &Clock) -> ratelimit_core::Result<String>, args: &[Arg]) -> JsonbText {
+fn answer(
+    call: impl FnOnce(&mut PgStore, &[Arg], &Clock) -> ratelimit_core::Result<String>,
+    args: &[Arg],
+) -> JsonbText {
     with_store(|store| call(store, args, &clock())).map(JsonbText).unwrap_or_else(|e| raise(e))
 }
 
@@ -104,7 +107,10 @@ fn rl_take(
     cost: default!(Option<f64>, 1),
     now_ms: default!(Option<f64>, "NULL"),
 ) -> JsonbText {
-    answer(|s, a, c| calls::rl_take(s, a, c), &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)])
+    answer(
+        |s, a, c| calls::rl_take(s, a, c),
+        &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)],
+    )
 }
 
 #[pg_extern(name = "rl_spend", volatile, parallel_unsafe, security_definer)]
@@ -147,7 +153,10 @@ fn rl_peek(
     cost: default!(Option<f64>, 1),
     now_ms: default!(Option<f64>, "NULL"),
 ) -> JsonbText {
-    answer(|s, a, c| calls::rl_peek(s, a, c), &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)])
+    answer(
+        |s, a, c| calls::rl_peek(s, a, c),
+        &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)],
+    )
 }
 
 #[pg_extern(name = "rl_refund", volatile, parallel_unsafe, security_definer)]
@@ -158,11 +167,19 @@ fn rl_refund(
     amount: Option<f64>,
     now_ms: default!(Option<f64>, "NULL"),
 ) -> JsonbText {
-    answer(|s, a, c| calls::rl_refund(s, a, c), &[text(key), real(burst), real(refill_per_minute), real(amount), real(now_ms)])
+    answer(
+        |s, a, c| calls::rl_refund(s, a, c),
+        &[text(key), real(burst), real(refill_per_minute), real(amount), real(now_ms)],
+    )
 }
 
 #[pg_extern(name = "rl_refund_budget", volatile, parallel_unsafe, security_definer)]
-fn rl_refund_budget(key: Option<&str>, period: Option<&str>, amount: Option<f64>, now_ms: default!(Option<f64>, "NULL")) -> JsonbText {
+fn rl_refund_budget(
+    key: Option<&str>,
+    period: Option<&str>,
+    amount: Option<f64>,
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonbText {
     answer(|s, a, c| calls::rl_refund_budget(s, a, c), &[text(key), text(period), real(amount), real(now_ms)])
 }
 
@@ -286,7 +303,11 @@ fn spi_error(e: pgrx::spi::SpiError) -> StoreError {
 fn require_updated_objects(client: &SpiClient<'_>) {
     const LIBRARY: &str = env!("CARGO_PKG_VERSION");
     let installed = client
-        .select("SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_ratelimit'", Some(1), &[])
+        .select(
+            "SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_ratelimit'",
+            Some(1),
+            &[],
+        )
         .ok()
         .and_then(|t| t.first().get_one::<String>().ok().flatten());
     if let Some(installed) = installed.filter(|v| v != LIBRARY) {
@@ -394,7 +415,13 @@ impl StateStore for PgStore<'_, '_> {
         })
     }
 
-    fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool> {
+    fn write_budget(
+        &mut self,
+        key: &str,
+        period: Period,
+        expected: Option<&BudgetState>,
+        new: &BudgetState,
+    ) -> StoreResult<bool> {
         let n = match expected {
             None => self.changed(
                 Statement::BudgetInsert,
@@ -416,7 +443,8 @@ impl StateStore for PgStore<'_, '_> {
     }
 
     fn change_bucket(&mut self, key: &str, change: &mut Change<'_, BucketState>) -> StoreResult<u64> {
-        guard::with_change(&guard::BUCKET, change, || self.changed(Statement::BucketChange, &[key.into()])).map(|n| n as u64)
+        guard::with_change(&guard::BUCKET, change, || self.changed(Statement::BucketChange, &[key.into()]))
+            .map(|n| n as u64)
     }
 
     fn change_budget(&mut self, key: &str, period: Period, change: &mut Change<'_, BudgetState>) -> StoreResult<u64> {
@@ -435,7 +463,8 @@ impl StateStore for PgStore<'_, '_> {
     }
 
     fn reset(&mut self, key: &str) -> StoreResult<i64> {
-        Ok(self.changed(Statement::ResetBuckets, &[key.into()])? + self.changed(Statement::ResetBudgets, &[key.into()])?)
+        Ok(self.changed(Statement::ResetBuckets, &[key.into()])?
+            + self.changed(Statement::ResetBudgets, &[key.into()])?)
     }
 
     fn has_row_locks(&self) -> bool {
@@ -471,7 +500,14 @@ mod tests {
     fn contract_example_burst_3_refill_60() {
         explicit_clock();
         // (now_ms, admitted, remaining, retry_after_ms)
-        for (now, admitted, remaining, retry) in [(0, true, 2, 0), (0, true, 1, 0), (0, true, 0, 0), (0, false, 0, 1000), (999, false, 0, 1), (1000, true, 0, 0)] {
+        for (now, admitted, remaining, retry) in [
+            (0, true, 2, 0),
+            (0, true, 1, 0),
+            (0, true, 0, 0),
+            (0, false, 0, 1000),
+            (999, false, 0, 1),
+            (1000, true, 0, 0),
+        ] {
             let r = json(&format!("SELECT rl_take('a', 3, 60, 1, {now})"));
             assert_eq!(r["admitted"], admitted, "{now}: {r}");
             assert_eq!(r["remaining"], remaining, "{now}: {r}");
@@ -488,9 +524,9 @@ mod tests {
         }
         let peek = json("SELECT rl_budget('k', 'day', 1, 0.1, 0)");
         assert_eq!(
-        peek,
-        serde_json::json!({"admitted": false, "used": 1, "limit": 1, "remaining": 0, "resets_at": 86400, "retry_after_seconds": 86400})
-    );
+            peek,
+            serde_json::json!({"admitted": false, "used": 1, "limit": 1, "remaining": 0, "resets_at": 86400, "retry_after_seconds": 86400})
+        );
         assert_eq!(json("SELECT rl_spend('k', 'month', 1, 1, 0)")["admitted"], true, "periods are separate");
     }
 
@@ -505,7 +541,8 @@ mod tests {
     #[pg_test]
     fn take_all_charges_all_or_nothing() {
         explicit_clock();
-        let limits = r#"'[{"key": "u", "burst": 1, "refill_per_minute": 1}, {"key": "u", "period": "day", "quota": 2}]'"#;
+        let limits =
+            r#"'[{"key": "u", "burst": 1, "refill_per_minute": 1}, {"key": "u", "period": "day", "quota": 2}]'"#;
         assert_eq!(json(&format!("SELECT rl_take_all({limits}, 0)"))["admitted"], true);
         let refused = json(&format!("SELECT rl_take_all({limits}, 0)"));
         assert_eq!(refused["admitted"], false);

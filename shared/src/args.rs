@@ -3,8 +3,8 @@
 //! Both engines convert their values into [`Arg`] and call the parsers here, so a rule
 //! and its error text exist once.
 
-use crate::error::{Error, Result};
 use crate::budget::Period;
+use crate::error::{Error, Result};
 
 /// Longest key accepted, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -44,7 +44,11 @@ fn format_real(r: f64) -> String {
     if r.is_nan() {
         "NaN".into()
     } else if r.is_infinite() {
-        if r > 0.0 { "Infinity".into() } else { "-Infinity".into() }
+        if r > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        }
     } else {
         format!("{r}")
     }
@@ -76,7 +80,11 @@ fn parse_decimal_text(t: &str) -> Option<f64> {
     let plain = !t.is_empty()
         && t.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'+' | b'-' | b'.' | b'e' | b'E'))
         && t.bytes().any(|b| b.is_ascii_digit());
-    if plain { t.parse::<f64>().ok() } else { None }
+    if plain {
+        t.parse::<f64>().ok()
+    } else {
+        None
+    }
 }
 
 /// A finite number greater than 0 (burst, refill_per_minute, quota, cost).
@@ -100,10 +108,7 @@ pub const MICROS_PER_UNIT: i64 = 1_000_000;
 pub fn amount_micros(function: &'static str, name: &str, arg: &Arg) -> Result<i64> {
     let value = positive_number(function, name, arg)?;
     if value > MAX_AMOUNT {
-        return Err(Error::invalid(
-            function,
-            format!("{name} must be at most 1000000000, got {}", arg.describe()),
-        ));
+        return Err(Error::invalid(function, format!("{name} must be at most 1000000000, got {}", arg.describe())));
     }
     let micros = match *arg {
         Arg::Integer(i) => i * MICROS_PER_UNIT,
@@ -111,10 +116,7 @@ pub fn amount_micros(function: &'static str, name: &str, arg: &Arg) -> Result<i6
         _ => round_micros(value),
     };
     if micros < 1 {
-        return Err(Error::invalid(
-            function,
-            format!("{name} must be at least 0.000001, got {}", arg.describe()),
-        ));
+        return Err(Error::invalid(function, format!("{name} must be at least 0.000001, got {}", arg.describe())));
     }
     Ok(micros)
 }
@@ -140,10 +142,9 @@ fn decimal_text_micros(t: &str) -> Option<i64> {
 pub fn key<'a>(function: &'static str, arg: &Arg<'a>) -> Result<&'a str> {
     match *arg {
         Arg::Text(t) if t.is_empty() => Err(Error::invalid(function, "key must not be empty")),
-        Arg::Text(t) if t.len() > MAX_KEY_BYTES => Err(Error::invalid(
-            function,
-            format!("key must be at most {MAX_KEY_BYTES} bytes, got {} bytes", t.len()),
-        )),
+        Arg::Text(t) if t.len() > MAX_KEY_BYTES => {
+            Err(Error::invalid(function, format!("key must be at most {MAX_KEY_BYTES} bytes, got {} bytes", t.len())))
+        }
         Arg::Text(t) => Ok(t),
         _ => Err(Error::invalid(function, format!("key must be text, got {}", arg.describe()))),
     }
@@ -166,10 +167,8 @@ impl Clock {
 
 /// The machine's real time in epoch milliseconds (clock_timestamp() semantics).
 pub fn wall_clock_ms() -> i64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
+    let since_epoch =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
     since_epoch.min(MAX_NOW_MS)
 }
 
@@ -230,9 +229,6 @@ pub fn period(function: &'static str, arg: &Arg) -> Result<Period> {
     match *arg {
         Arg::Text("day") => Ok(Period::Day),
         Arg::Text("month") => Ok(Period::Month),
-        _ => Err(Error::invalid(
-            function,
-            format!("period must be 'day' or 'month', got {}", arg.describe()),
-        )),
+        _ => Err(Error::invalid(function, format!("period must be 'day' or 'month', got {}", arg.describe()))),
     }
 }

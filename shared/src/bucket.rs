@@ -163,7 +163,11 @@ pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: 
         let retry_after_ms = if cost > limits.burst {
             // Never admitted: report the time to refill a whole bucket.
             let full = (limits.burst * MS_PER_MINUTE / limits.refill_per_minute).ceil();
-            if full < MAX_WAIT_MS as f64 { (full as i64).max(1) } else { MAX_WAIT_MS }
+            if full < MAX_WAIT_MS as f64 {
+                (full as i64).max(1)
+            } else {
+                MAX_WAIT_MS
+            }
         } else {
             wait_for(state, limits, now, cost)
         };

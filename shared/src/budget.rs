@@ -1,9 +1,9 @@
 //! Calendar budgets: a quota per UTC day or month, counted in exact millionths.
 
 use crate::args::{self, Arg, Clock};
+use crate::bucket::ceil_seconds;
 use crate::error::Result;
 use crate::json::JsonObject;
-use crate::bucket::ceil_seconds;
 use chrono::{DateTime, Datelike, NaiveDate};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -31,7 +31,8 @@ impl Period {
                 let date = DateTime::from_timestamp_millis(now_ms)
                     .expect("now_ms is validated to lie within calendar range")
                     .date_naive();
-                let (year, month) = if date.month() == 12 { (date.year() + 1, 1) } else { (date.year(), date.month() + 1) };
+                let (year, month) =
+                    if date.month() == 12 { (date.year() + 1, 1) } else { (date.year(), date.month() + 1) };
                 NaiveDate::from_ymd_opt(year, month, 1)
                     .and_then(|d| d.and_hms_opt(0, 0, 0))
                     .expect("the first of a month always exists")

@@ -95,6 +95,9 @@ pub fn rl_headers(args: &[Arg]) -> Result<String> {
     args::arity(headers::FUNCTION, args.len(), 1, 1)?;
     match args[0] {
         Arg::Text(t) => headers::headers(t),
-        ref other => Err(crate::error::Error::invalid(headers::FUNCTION, format!("result must be JSON text, got {}", other.describe()))),
+        ref other => Err(crate::error::Error::invalid(
+            headers::FUNCTION,
+            format!("result must be JSON text, got {}", other.describe()),
+        )),
     }
 }

@@ -44,7 +44,11 @@ impl std::fmt::Display for NotInStatement {
 
 /// Runs `statement` (the engine's guarded UPDATE) with `change` reachable by [`guard`].
 /// The slot is emptied again when `statement` returns or unwinds.
-pub fn with_change<T: Copy + 'static, R>(slot: &'static LocalKey<Slot<T>>, change: &mut Change<'_, T>, statement: impl FnOnce() -> R) -> R {
+pub fn with_change<T: Copy + 'static, R>(
+    slot: &'static LocalKey<Slot<T>>,
+    change: &mut Change<'_, T>,
+    statement: impl FnOnce() -> R,
+) -> R {
     struct Restore<T: 'static>(&'static LocalKey<Slot<T>>, Option<*mut Change<'static, T>>);
     impl<T: 'static> Drop for Restore<T> {
         fn drop(&mut self) {

@@ -45,7 +45,11 @@ fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
 }
 
 fn kind(o: &Map<String, Value>) -> &'static str {
-    if o.contains_key("resets_at") { "budget" } else { "bucket" }
+    if o.contains_key("resets_at") {
+        "budget"
+    } else {
+        "bucket"
+    }
 }
 
 fn whole(v: f64) -> i64 {
@@ -59,7 +63,10 @@ fn shown(v: f64) -> String {
 /// `rl_headers(result)`: a JSON object of header names to values, as text.
 pub fn headers(result: &str) -> Result<String> {
     let bad = || {
-        Error::invalid(FUNCTION, "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all")
+        Error::invalid(
+            FUNCTION,
+            "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all",
+        )
     };
     let value: Value = serde_json::from_str(result).map_err(|_| bad())?;
     let o = value.as_object().ok_or_else(bad)?;

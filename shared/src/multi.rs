@@ -1,9 +1,9 @@
 //! rl_take_all: several buckets and budgets decided together, all or nothing.
 
 use crate::args::{self, Arg, Clock};
+use crate::bucket::ceil_seconds;
 use crate::bucket::{self, BucketLimits, BucketState, TakeDecision};
 use crate::budget::{self, BudgetState, Period, SpendDecision};
-use crate::bucket::ceil_seconds;
 use crate::error::{Error, Result};
 use crate::json::JsonObject;
 use serde_json::{Map, Value};
@@ -59,20 +59,29 @@ impl<'a> TakeAllArgs<'a> {
     /// which the caller parses first with [`parse_limits`].
     pub fn parse(function: &'static str, json: &'a Value, now_arg: Option<&Arg>, clock: &Clock) -> Result<Self> {
         let now_ms = args::now_ms(function, now_arg, clock)?;
-        let list = json.as_array().ok_or_else(|| Error::invalid(function, "limits must be a JSON array of limit objects"))?;
+        let list =
+            json.as_array().ok_or_else(|| Error::invalid(function, "limits must be a JSON array of limit objects"))?;
         if list.is_empty() || list.len() > MAX_ITEMS {
-            return Err(Error::invalid(function, format!("limits must hold 1 to {MAX_ITEMS} items, got {}", list.len())));
+            return Err(Error::invalid(
+                function,
+                format!("limits must hold 1 to {MAX_ITEMS} items, got {}", list.len()),
+            ));
         }
         let items = list
             .iter()
             .enumerate()
-            .map(|(i, v)| parse_item(function, v).map_err(|e| Error::invalid(function, format!("item {}: {}", i + 1, e.message))))
+            .map(|(i, v)| {
+                parse_item(function, v).map_err(|e| Error::invalid(function, format!("item {}: {}", i + 1, e.message)))
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut lock_order: Vec<usize> = (0..items.len()).collect();
         lock_order.sort_by(|&x, &y| row_of(&items[x]).cmp(&row_of(&items[y])));
         if let Some(w) = lock_order.windows(2).find(|w| row_of(&items[w[0]]) == row_of(&items[w[1]])) {
             let (first, second) = (w[0].min(w[1]) + 1, w[0].max(w[1]) + 1);
-            return Err(Error::invalid(function, format!("items {first} and {second} are the same limit (one key may appear once per kind and period)")));
+            return Err(Error::invalid(
+                function,
+                format!("items {first} and {second} are the same limit (one key may appear once per kind and period)"),
+            ));
         }
         Ok(TakeAllArgs { items, now_ms, lock_order })
     }
@@ -81,7 +90,9 @@ impl<'a> TakeAllArgs<'a> {
 /// The JSON argument of rl_take_all as a value.
 pub fn parse_limits(function: &'static str, arg: &Arg) -> Result<Value> {
     match *arg {
-        Arg::Text(t) => serde_json::from_str(t).map_err(|e| Error::invalid(function, format!("limits must be valid JSON: {e}"))),
+        Arg::Text(t) => {
+            serde_json::from_str(t).map_err(|e| Error::invalid(function, format!("limits must be valid JSON: {e}")))
+        }
         _ => Err(Error::invalid(function, format!("limits must be a JSON array, got {}", arg.describe()))),
     }
 }
@@ -107,7 +118,8 @@ fn json_arg(v: &Value) -> Arg<'_> {
 fn parse_item<'a>(function: &'static str, v: &'a Value) -> Result<Item<'a>> {
     let o: &Map<String, Value> = v.as_object().ok_or_else(|| Error::invalid(function, "must be a JSON object"))?;
     let is_budget = o.contains_key("period");
-    let allowed: &[&str] = if is_budget { &["key", "period", "quota", "cost"] } else { &["key", "burst", "refill_per_minute", "cost"] };
+    let allowed: &[&str] =
+        if is_budget { &["key", "period", "quota", "cost"] } else { &["key", "burst", "refill_per_minute", "cost"] };
     if let Some(extra) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(Error::invalid(function, format!("unknown field \"{extra}\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost)")));
     }

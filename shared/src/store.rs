@@ -12,9 +12,9 @@
 
 use crate::bucket::{self, BucketState, RefundDecision, TakeArgs, TakeDecision};
 use crate::budget::{self, BudgetRefund, BudgetState, Period, SpendArgs, SpendDecision};
-use crate::multi::{self, Item, ItemState, NewRow, TakeAllArgs, TakeAllDecision};
 use crate::error::{Error, Result};
 use crate::guard::Change;
+use crate::multi::{self, Item, ItemState, NewRow, TakeAllArgs, TakeAllDecision};
 
 /// Attempts before a call gives up on a row that keeps appearing and disappearing under it
 /// (a first insert racing another, a sweep deleting the row between decision and write).
@@ -47,7 +47,13 @@ pub trait StateStore {
     /// still holds `expected`.
     fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool>;
     fn read_budget(&mut self, key: &str, period: Period, lock: bool) -> StoreResult<Option<BudgetState>>;
-    fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool>;
+    fn write_budget(
+        &mut self,
+        key: &str,
+        period: Period,
+        expected: Option<&BudgetState>,
+        new: &BudgetState,
+    ) -> StoreResult<bool>;
     /// One guarded UPDATE of the bucket row of `key`: the engine calls `change` with the
     /// row as it stands when the statement reaches it (again, if a concurrent write makes
     /// it re-check a newer version), and stores what the last call returned, if anything.
@@ -123,7 +129,11 @@ fn change_row<S: StateStore, T: Copy, R>(
 /// Runs `work` as one unit: on SQLite outside a transaction, BEGIN IMMEDIATE ... COMMIT,
 /// so the read and the write share one transaction under the write lock (and a failure
 /// rolls back); elsewhere the caller's transaction already is the unit.
-fn atomically<S: StateStore, R>(store: &mut S, function: &'static str, work: impl FnOnce(&mut S) -> Result<R>) -> Result<R> {
+fn atomically<S: StateStore, R>(
+    store: &mut S,
+    function: &'static str,
+    work: impl FnOnce(&mut S) -> Result<R>,
+) -> Result<R> {
     let owned = store.begin_atomic().map_err(|e| e.in_call(function))?;
     let outcome = work(store);
     let finished = store.end_atomic(owned, outcome.is_ok()).map_err(|e| e.in_call(function));
@@ -139,7 +149,13 @@ fn change_bucket<S: StateStore, R>(
     key: &str,
     decide: impl Fn(Option<&BucketState>) -> (R, Option<BucketState>),
 ) -> Result<R> {
-    change_row(store, function, |s, change| s.change_bucket(key, change), |s, new| s.write_bucket(key, None, new), decide)
+    change_row(
+        store,
+        function,
+        |s, change| s.change_bucket(key, change),
+        |s, new| s.write_bucket(key, None, new),
+        decide,
+    )
 }
 
 /// [`change_row`] on the budget row of `key` and `period`.
@@ -224,8 +240,14 @@ fn locked_take_all<S: StateStore>(store: &mut S, function: &'static str, a: &Tak
         // A missing row cannot be locked: first insert the row that means the same as none.
         for &i in &a.lock_order {
             match &a.items[i] {
-                Item::Bucket(b) => drop(store.write_bucket(b.key, None, &bucket::untouched(&b.limits)).map_err(in_call)?),
-                Item::Budget(b) => drop(store.write_budget(b.key, b.period, None, &budget::untouched(b.period, a.now_ms)).map_err(in_call)?),
+                Item::Bucket(b) => {
+                    drop(store.write_bucket(b.key, None, &bucket::untouched(&b.limits)).map_err(in_call)?)
+                }
+                Item::Budget(b) => drop(
+                    store
+                        .write_budget(b.key, b.period, None, &budget::untouched(b.period, a.now_ms))
+                        .map_err(in_call)?,
+                ),
             }
         }
     }
@@ -234,8 +256,12 @@ fn locked_take_all<S: StateStore>(store: &mut S, function: &'static str, a: &Tak
     if decision.admitted {
         for &i in &a.lock_order {
             let written = match (&a.items[i], &states[i], &decision.new_states[i]) {
-                (Item::Bucket(b), ItemState::Bucket(old), Some(NewRow::Bucket(new))) => store.write_bucket(b.key, old.as_ref(), new),
-                (Item::Budget(b), ItemState::Budget(old), Some(NewRow::Budget(new))) => store.write_budget(b.key, b.period, old.as_ref(), new),
+                (Item::Bucket(b), ItemState::Bucket(old), Some(NewRow::Bucket(new))) => {
+                    store.write_bucket(b.key, old.as_ref(), new)
+                }
+                (Item::Budget(b), ItemState::Budget(old), Some(NewRow::Budget(new))) => {
+                    store.write_budget(b.key, b.period, old.as_ref(), new)
+                }
                 _ => Ok(true),
             }
             .map_err(in_call)?;

@@ -6,8 +6,8 @@ use ratelimit_core::args::{Arg, Clock};
 use ratelimit_core::bucket::{self, BucketLimits, BucketState};
 use ratelimit_core::budget::{self, BudgetState, Period, SpendArgs};
 use ratelimit_core::calls;
-use ratelimit_core::key::encode_key;
 use ratelimit_core::guard::Change;
+use ratelimit_core::key::encode_key;
 use ratelimit_core::store::{StateStore, StoreResult};
 use ratelimit_core::ErrorKind;
 use serde_json::{json, Value};
@@ -74,7 +74,13 @@ impl StateStore for MemStore {
     fn read_budget(&mut self, key: &str, period: Period, _lock: bool) -> StoreResult<Option<BudgetState>> {
         Ok(self.budgets.get(&(key.to_owned(), period)).copied())
     }
-    fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool> {
+    fn write_budget(
+        &mut self,
+        key: &str,
+        period: Period,
+        expected: Option<&BudgetState>,
+        new: &BudgetState,
+    ) -> StoreResult<bool> {
         let k = (key.to_owned(), period);
         if self.budgets.get(&k) != expected {
             return Ok(false);
@@ -90,8 +96,16 @@ impl StateStore for MemStore {
         Self::change(&mut self.budgets, (key.to_owned(), period), change, &mut self.swept_mid_write, &mut self.writes)
     }
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        let doomed: Vec<String> = self.buckets.iter().filter(|(_, b)| b.full_at <= cutoff_ms).map(|(k, _)| k.clone()).take(limit as usize).collect();
-        doomed.iter().for_each(|k| { self.buckets.remove(k); });
+        let doomed: Vec<String> = self
+            .buckets
+            .iter()
+            .filter(|(_, b)| b.full_at <= cutoff_ms)
+            .map(|(k, _)| k.clone())
+            .take(limit as usize)
+            .collect();
+        doomed.iter().for_each(|k| {
+            self.buckets.remove(k);
+        });
         Ok(doomed.len() as i64)
     }
     fn reset(&mut self, key: &str) -> StoreResult<i64> {
@@ -112,8 +126,16 @@ impl StateStore for MemStore {
         Ok(())
     }
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        let doomed: Vec<(String, Period)> = self.budgets.iter().filter(|(_, b)| b.resets_at <= cutoff_ms).map(|(k, _)| k.clone()).take(limit as usize).collect();
-        doomed.iter().for_each(|k| { self.budgets.remove(k); });
+        let doomed: Vec<(String, Period)> = self
+            .budgets
+            .iter()
+            .filter(|(_, b)| b.resets_at <= cutoff_ms)
+            .map(|(k, _)| k.clone())
+            .take(limit as usize)
+            .collect();
+        doomed.iter().for_each(|k| {
+            self.budgets.remove(k);
+        });
         Ok(doomed.len() as i64)
     }
 }
@@ -125,11 +147,20 @@ fn parsed(text: String) -> Value {
 }
 
 fn take(s: &mut MemStore, key: &str, burst: f64, rate: f64, cost: f64, now: i64) -> Value {
-    parsed(calls::rl_take(s, &[Arg::Text(key), Arg::Real(burst), Arg::Real(rate), Arg::Real(cost), Arg::Integer(now)], &TEST_CLOCK).unwrap())
+    parsed(
+        calls::rl_take(
+            s,
+            &[Arg::Text(key), Arg::Real(burst), Arg::Real(rate), Arg::Real(cost), Arg::Integer(now)],
+            &TEST_CLOCK,
+        )
+        .unwrap(),
+    )
 }
 
 fn spend(s: &mut MemStore, key: &str, period: &str, quota: Arg, cost: Arg, now: i64) -> Value {
-    parsed(calls::rl_spend(s, &[Arg::Text(key), Arg::Text(period), quota, cost, Arg::Integer(now)], &TEST_CLOCK).unwrap())
+    parsed(
+        calls::rl_spend(s, &[Arg::Text(key), Arg::Text(period), quota, cost, Arg::Integer(now)], &TEST_CLOCK).unwrap(),
+    )
 }
 
 fn ms(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
@@ -166,7 +197,10 @@ fn result_keys_are_exactly_the_contract() {
     let mut s = MemStore::default();
     let r = take(&mut s, "k", 3.0, 60.0, 1.0, 0);
     let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds"]);
+    assert_eq!(
+        keys,
+        ["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds"]
+    );
     let b = spend(&mut s, "k", "day", Arg::Integer(5), Arg::Integer(1), 0);
     let keys: Vec<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, ["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds"]);
@@ -230,8 +264,14 @@ fn odd_rates_meet_the_retry_boundary_exactly() {
                 assert!(!d.admitted);
                 let wait = d.retry_after_ms;
                 assert!(wait >= 1);
-                assert!(bucket::take(Some(&empty), &limits, cost, 12_345 + wait).admitted, "rate {rate} burst {burst} cost {cost} wait {wait}");
-                assert!(!bucket::take(Some(&empty), &limits, cost, 12_345 + wait - 1).admitted, "rate {rate} burst {burst} cost {cost} wait {wait}");
+                assert!(
+                    bucket::take(Some(&empty), &limits, cost, 12_345 + wait).admitted,
+                    "rate {rate} burst {burst} cost {cost} wait {wait}"
+                );
+                assert!(
+                    !bucket::take(Some(&empty), &limits, cost, 12_345 + wait - 1).admitted,
+                    "rate {rate} burst {burst} cost {cost} wait {wait}"
+                );
             }
         }
     }
@@ -290,8 +330,16 @@ fn tenths_are_exact() {
         let r = spend(&mut s, "k", "month", Arg::Integer(1), Arg::Real(0.1), 0);
         assert_eq!(r["admitted"], true, "spend {i}");
     }
-    let r = calls::rl_budget(&mut s, &[Arg::Text("k"), Arg::Text("month"), Arg::Integer(1), Arg::Real(0.1), Arg::Integer(0)], &TEST_CLOCK).unwrap();
-    assert_eq!(r, r#"{"admitted":false,"used":1,"limit":1,"remaining":0,"resets_at":2678400,"retry_after_seconds":2678400}"#);
+    let r = calls::rl_budget(
+        &mut s,
+        &[Arg::Text("k"), Arg::Text("month"), Arg::Integer(1), Arg::Real(0.1), Arg::Integer(0)],
+        &TEST_CLOCK,
+    )
+    .unwrap();
+    assert_eq!(
+        r,
+        r#"{"admitted":false,"used":1,"limit":1,"remaining":0,"resets_at":2678400,"retry_after_seconds":2678400}"#
+    );
     let r = spend(&mut s, "k", "month", Arg::Integer(1), Arg::Real(0.1), 0);
     assert_eq!(r["admitted"], false);
     assert_eq!(r["used"].to_string(), "1");
@@ -341,7 +389,8 @@ fn sweep_removes_only_rows_that_no_longer_matter() {
         take(&mut s, &format!("batch{i}"), 1.0, 60.0, 1.0, 0);
     }
     spend(&mut s, "batch", "day", Arg::Integer(1), Arg::Integer(1), 0);
-    let batch = |s: &mut MemStore| calls::rl_sweep(s, &[Arg::Integer(86_400_000), Arg::Integer(2)], &TEST_CLOCK).unwrap();
+    let batch =
+        |s: &mut MemStore| calls::rl_sweep(s, &[Arg::Integer(86_400_000), Arg::Integer(2)], &TEST_CLOCK).unwrap();
     assert_eq!([batch(&mut s), batch(&mut s), batch(&mut s), batch(&mut s)], [2, 2, 2, 0]);
     assert!(s.buckets.is_empty() && s.budgets.is_empty());
     // a caller's clock later than the real clock is held back to the real clock
@@ -392,21 +441,77 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
     let cases: Vec<(&str, Vec<Arg>, &str)> = vec![
         ("rl_take", vec![Arg::Null, Arg::Integer(3), Arg::Integer(60)], "rl_take: key must be text, got NULL"),
         ("rl_take", vec![Arg::Text(""), Arg::Integer(3), Arg::Integer(60)], "rl_take: key must not be empty"),
-        ("rl_take", vec![Arg::Text("k"), Arg::Integer(0), Arg::Integer(60)], "rl_take: burst must be a finite number greater than 0, got 0"),
-        ("rl_take", vec![Arg::Text("k"), Arg::Text("abc"), Arg::Integer(60)], "rl_take: burst must be a finite number greater than 0, got 'abc'"),
-        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Real(f64::NAN)], "rl_take: refill_per_minute must be a finite number greater than 0, got NaN"),
-        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Real(f64::INFINITY)], "rl_take: refill_per_minute must be a finite number greater than 0, got Infinity"),
-        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(-1)], "rl_take: cost must be a finite number greater than 0, got -1"),
-        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Null], "rl_take: cost must be a finite number greater than 0, got NULL"),
-        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(-5)], "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got -5"),
-        ("rl_take", vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Real(1.5)], "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5"),
+        (
+            "rl_take",
+            vec![Arg::Text("k"), Arg::Integer(0), Arg::Integer(60)],
+            "rl_take: burst must be a finite number greater than 0, got 0",
+        ),
+        (
+            "rl_take",
+            vec![Arg::Text("k"), Arg::Text("abc"), Arg::Integer(60)],
+            "rl_take: burst must be a finite number greater than 0, got 'abc'",
+        ),
+        (
+            "rl_take",
+            vec![Arg::Text("k"), Arg::Integer(3), Arg::Real(f64::NAN)],
+            "rl_take: refill_per_minute must be a finite number greater than 0, got NaN",
+        ),
+        (
+            "rl_take",
+            vec![Arg::Text("k"), Arg::Integer(3), Arg::Real(f64::INFINITY)],
+            "rl_take: refill_per_minute must be a finite number greater than 0, got Infinity",
+        ),
+        (
+            "rl_take",
+            vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(-1)],
+            "rl_take: cost must be a finite number greater than 0, got -1",
+        ),
+        (
+            "rl_take",
+            vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Null],
+            "rl_take: cost must be a finite number greater than 0, got NULL",
+        ),
+        (
+            "rl_take",
+            vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(-5)],
+            "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got -5",
+        ),
+        (
+            "rl_take",
+            vec![Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Real(1.5)],
+            "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5",
+        ),
         ("rl_take", vec![Arg::Text("k"), Arg::Integer(3)], "rl_take: expected 3 to 5 arguments, got 2"),
-        ("rl_spend", vec![Arg::Text("k"), Arg::Text("week"), Arg::Integer(3)], "rl_spend: period must be 'day' or 'month', got 'week'"),
-        ("rl_spend", vec![Arg::Text("k"), Arg::Null, Arg::Integer(3)], "rl_spend: period must be 'day' or 'month', got NULL"),
-        ("rl_spend", vec![Arg::Text("k"), Arg::Text("day"), Arg::Real(-0.5)], "rl_spend: quota must be a finite number greater than 0, got -0.5"),
-        ("rl_spend", vec![Arg::Text("k"), Arg::Text("day"), Arg::Integer(1), Arg::Real(1e-9)], "rl_spend: cost must be at least 0.000001, got 0.000000001"),
-        ("rl_budget", vec![Arg::Text("k"), Arg::Text("day"), Arg::Blob(b"\xff")], "rl_budget: quota must be a finite number greater than 0, got a blob of 1 bytes"),
-        ("rl_sweep", vec![Arg::Text("soon")], "rl_sweep: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 'soon'"),
+        (
+            "rl_spend",
+            vec![Arg::Text("k"), Arg::Text("week"), Arg::Integer(3)],
+            "rl_spend: period must be 'day' or 'month', got 'week'",
+        ),
+        (
+            "rl_spend",
+            vec![Arg::Text("k"), Arg::Null, Arg::Integer(3)],
+            "rl_spend: period must be 'day' or 'month', got NULL",
+        ),
+        (
+            "rl_spend",
+            vec![Arg::Text("k"), Arg::Text("day"), Arg::Real(-0.5)],
+            "rl_spend: quota must be a finite number greater than 0, got -0.5",
+        ),
+        (
+            "rl_spend",
+            vec![Arg::Text("k"), Arg::Text("day"), Arg::Integer(1), Arg::Real(1e-9)],
+            "rl_spend: cost must be at least 0.000001, got 0.000000001",
+        ),
+        (
+            "rl_budget",
+            vec![Arg::Text("k"), Arg::Text("day"), Arg::Blob(b"\xff")],
+            "rl_budget: quota must be a finite number greater than 0, got a blob of 1 bytes",
+        ),
+        (
+            "rl_sweep",
+            vec![Arg::Text("soon")],
+            "rl_sweep: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 'soon'",
+        ),
         ("rl_sweep", vec![Arg::Null, Arg::Integer(0)], "rl_sweep: max_rows must be a positive integer, got 0"),
         ("rl_sweep", vec![Arg::Null, Arg::Real(2.5)], "rl_sweep: max_rows must be a positive integer, got 2.5"),
     ];
@@ -432,9 +537,19 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
 fn explicit_clock_can_be_forbidden_and_read_only_refuses() {
     let mut s = MemStore::default();
     let strict = Clock { wall_ms: 1, explicit_allowed: false };
-    let err = calls::rl_take(&mut s, &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(0)], &strict).unwrap_err();
+    let err = calls::rl_take(
+        &mut s,
+        &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(0)],
+        &strict,
+    )
+    .unwrap_err();
     assert_eq!(err.kind, ErrorKind::ClockNotAllowed);
-    assert!(calls::rl_take(&mut s, &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Null], &strict).is_ok());
+    assert!(calls::rl_take(
+        &mut s,
+        &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Null],
+        &strict
+    )
+    .is_ok());
     s.read_only = true;
     let err = calls::rl_take(&mut s, &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60)], &strict).unwrap_err();
     assert_eq!(err.kind, ErrorKind::ReadOnly);
@@ -453,12 +568,21 @@ fn keys_are_json_arrays_of_strings() {
 
 #[test]
 fn spend_args_round_decimals_to_millionths() {
-    let a = SpendArgs::parse("rl_spend", &[Arg::Text("k"), Arg::Text("day"), Arg::Text("12.345678"), Arg::Real(0.000001)], &TEST_CLOCK).unwrap();
+    let a = SpendArgs::parse(
+        "rl_spend",
+        &[Arg::Text("k"), Arg::Text("day"), Arg::Text("12.345678"), Arg::Real(0.000001)],
+        &TEST_CLOCK,
+    )
+    .unwrap();
     assert_eq!(a.quota, 12_345_678);
     assert_eq!(a.cost, 1);
 }
 
-fn call(s: &mut MemStore, f: fn(&mut MemStore, &[Arg], &Clock) -> ratelimit_core::Result<String>, args: &[Arg]) -> Value {
+fn call(
+    s: &mut MemStore,
+    f: fn(&mut MemStore, &[Arg], &Clock) -> ratelimit_core::Result<String>,
+    args: &[Arg],
+) -> Value {
     parsed(f(s, args, &TEST_CLOCK).unwrap())
 }
 
@@ -466,7 +590,11 @@ fn call(s: &mut MemStore, f: fn(&mut MemStore, &[Arg], &Clock) -> ratelimit_core
 fn peek_answers_like_take_and_changes_nothing() {
     let mut s = MemStore::default();
     take(&mut s, "k", 3.0, 60.0, 3.0, 0);
-    let peek = call(&mut s, calls::rl_peek, &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(500)]);
+    let peek = call(
+        &mut s,
+        calls::rl_peek,
+        &[Arg::Text("k"), Arg::Integer(3), Arg::Integer(60), Arg::Integer(1), Arg::Integer(500)],
+    );
     assert_eq!(peek["admitted"], false);
     assert_eq!(peek["retry_after_ms"], 500);
     assert_eq!(s.writes, 1);
@@ -477,20 +605,37 @@ fn peek_answers_like_take_and_changes_nothing() {
 fn refunds_never_exceed_burst_or_go_below_zero() {
     let mut s = MemStore::default();
     take(&mut s, "k", 5.0, 60.0, 4.0, 0);
-    let r = call(&mut s, calls::rl_refund, &[Arg::Text("k"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(2), Arg::Integer(0)]);
+    let r = call(
+        &mut s,
+        calls::rl_refund,
+        &[Arg::Text("k"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(2), Arg::Integer(0)],
+    );
     assert_eq!(r, json!({"remaining": 3, "limit": 5, "reset_after_seconds": 2}));
-    let r = call(&mut s, calls::rl_refund, &[Arg::Text("k"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(100), Arg::Integer(0)]);
+    let r = call(
+        &mut s,
+        calls::rl_refund,
+        &[Arg::Text("k"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(100), Arg::Integer(0)],
+    );
     assert_eq!(r["remaining"], 5);
-    let untouched = call(&mut s, calls::rl_refund, &[Arg::Text("new"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(1), Arg::Integer(0)]);
+    let untouched = call(
+        &mut s,
+        calls::rl_refund,
+        &[Arg::Text("new"), Arg::Integer(5), Arg::Integer(60), Arg::Integer(1), Arg::Integer(0)],
+    );
     assert_eq!(untouched["remaining"], 5);
     assert!(!s.buckets.contains_key("new"), "refunding a full bucket writes nothing");
 
     spend(&mut s, "b", "day", Arg::Integer(10), Arg::Real(2.5), 0);
     let r = call(&mut s, calls::rl_refund_budget, &[Arg::Text("b"), Arg::Text("day"), Arg::Real(1.5), Arg::Integer(0)]);
     assert_eq!(r, json!({"used": 1, "resets_at": 86400}));
-    let r = call(&mut s, calls::rl_refund_budget, &[Arg::Text("b"), Arg::Text("day"), Arg::Integer(7), Arg::Integer(0)]);
+    let r =
+        call(&mut s, calls::rl_refund_budget, &[Arg::Text("b"), Arg::Text("day"), Arg::Integer(7), Arg::Integer(0)]);
     assert_eq!(r["used"], 0);
-    let r = call(&mut s, calls::rl_refund_budget, &[Arg::Text("b"), Arg::Text("day"), Arg::Integer(1), Arg::Integer(86_400_000)]);
+    let r = call(
+        &mut s,
+        calls::rl_refund_budget,
+        &[Arg::Text("b"), Arg::Text("day"), Arg::Integer(1), Arg::Integer(86_400_000)],
+    );
     assert_eq!(r, json!({"used": 0, "resets_at": 172800}), "an ended period has nothing to give back");
 }
 
@@ -516,7 +661,10 @@ fn take_all_charges_every_item_or_none() {
     let mut s = MemStore::default();
     let limits = r#"[{"key": "u", "burst": 2, "refill_per_minute": 60}, {"key": "u", "period": "day", "quota": 3, "cost": 1.5}]"#;
     let text = calls::rl_take_all(&mut s, &[Arg::Text(limits), Arg::Integer(0)], &TEST_CLOCK).unwrap();
-    assert!(text.starts_with(r#"{"admitted":true,"retry_after_ms":0,"retry_after_seconds":0,"items":[{"admitted":true,"#), "{text}");
+    assert!(
+        text.starts_with(r#"{"admitted":true,"retry_after_ms":0,"retry_after_seconds":0,"items":[{"admitted":true,"#),
+        "{text}"
+    );
     let r = parsed(text);
     assert_eq!(r["items"][0]["remaining"], 1);
     assert_eq!(r["items"][1]["used"], 1.5);
@@ -556,8 +704,17 @@ fn take_all_rejects_bad_lists() {
     for (limits, message) in cases {
         assert_eq!(take_all(&mut s, limits, 0).unwrap_err().to_string(), message.replace("\\\"", "\""));
     }
-    let many = format!("[{}]", (0..65).map(|i| format!(r#"{{"key": "k{i}", "burst": 1, "refill_per_minute": 1}}"#)).collect::<Vec<_>>().join(","));
-    assert_eq!(take_all(&mut s, &many, 0).unwrap_err().to_string(), "rl_take_all: limits must hold 1 to 64 items, got 65");
+    let many = format!(
+        "[{}]",
+        (0..65)
+            .map(|i| format!(r#"{{"key": "k{i}", "burst": 1, "refill_per_minute": 1}}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    assert_eq!(
+        take_all(&mut s, &many, 0).unwrap_err().to_string(),
+        "rl_take_all: limits must hold 1 to 64 items, got 65"
+    );
     // a bucket and a budget under one key, and two periods, are different limits
     assert!(take_all(&mut s, r#"[{"key": "a", "burst": 1, "refill_per_minute": 1}, {"key": "a", "period": "day", "quota": 1}, {"key": "a", "period": "month", "quota": 1}]"#, 0).is_ok());
     assert_eq!(s.writes, 3);
@@ -568,25 +725,40 @@ fn headers_for_every_result_shape() {
     let h = |v: &Value| parsed(ratelimit_core::headers::headers(&v.to_string()).unwrap());
     let mut s = MemStore::default();
     let admitted = take(&mut s, "k", 10.0, 60.0, 1.0, 0);
-    assert_eq!(h(&admitted), json!({
+    assert_eq!(
+        h(&admitted),
+        json!({
         "RateLimit-Policy": "\"bucket\";q=10", "RateLimit": "\"bucket\";r=9;t=1",
-        "X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "9", "X-RateLimit-Reset": "1"}));
+        "X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "9", "X-RateLimit-Reset": "1"})
+    );
     take(&mut s, "k", 10.0, 60.0, 9.0, 0);
     let refused = take(&mut s, "k", 10.0, 60.0, 1.0, 1);
     let headers = h(&refused);
     assert_eq!(headers["Retry-After"], "1", "rounded up, never 0 while limited");
     let budget = spend(&mut s, "b", "day", Arg::Integer(2), Arg::Real(1.5), 0);
-    assert_eq!(h(&budget), json!({
+    assert_eq!(
+        h(&budget),
+        json!({
         "RateLimit-Policy": "\"budget\";q=2", "RateLimit": "\"budget\";r=0",
-        "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0.5", "X-RateLimit-Reset": "86400"}));
+        "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0.5", "X-RateLimit-Reset": "86400"})
+    );
     let over = spend(&mut s, "b", "day", Arg::Integer(2), Arg::Integer(1), 3_600_000);
     assert_eq!(h(&over)["Retry-After"], "82800");
     assert_eq!(h(&over)["RateLimit"], "\"budget\";r=0;t=82800");
-    let all = take_all(&mut s, r#"[{"key": "k", "burst": 10, "refill_per_minute": 60}, {"key": "b", "period": "day", "quota": 2}]"#, 2).unwrap();
+    let all = take_all(
+        &mut s,
+        r#"[{"key": "k", "burst": 10, "refill_per_minute": 60}, {"key": "b", "period": "day", "quota": 2}]"#,
+        2,
+    )
+    .unwrap();
     let headers = h(&all);
     assert_eq!(headers["RateLimit-Policy"], "\"bucket-1\";q=10, \"budget-2\";q=2");
     assert_eq!(headers["Retry-After"], all["retry_after_seconds"].to_string());
-    let refund = call(&mut s, calls::rl_refund, &[Arg::Text("k"), Arg::Integer(10), Arg::Integer(60), Arg::Integer(1), Arg::Integer(2)]);
+    let refund = call(
+        &mut s,
+        calls::rl_refund,
+        &[Arg::Text("k"), Arg::Integer(10), Arg::Integer(60), Arg::Integer(1), Arg::Integer(2)],
+    );
     assert!(h(&refund).get("Retry-After").is_none());
     assert!(ratelimit_core::headers::headers(r#"{"used": 1, "resets_at": 5}"#).is_err());
     assert!(ratelimit_core::headers::headers("[]").is_err());

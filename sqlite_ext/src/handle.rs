@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::vtab::{
-    sqlite3_vtab, sqlite3_vtab_cursor, Context, Filters, IndexInfo, Module, VTab,
-    VTabConnection, VTabCursor,
+    sqlite3_vtab, sqlite3_vtab_cursor, Context, Filters, IndexInfo, Module, VTab, VTabConnection, VTabCursor,
 };
 use rusqlite::Connection;
 
@@ -82,7 +81,8 @@ unsafe impl<'vtab> VTab<'vtab> for Anchor {
         _table: &[u8],
         _args: &[&[u8]],
     ) -> rusqlite::Result<(Cow<'static, CStr>, Self)> {
-        let handle = aux.cloned().ok_or_else(|| rusqlite::Error::ModuleError("rl_statement_cache: no handle".into()))?;
+        let handle =
+            aux.cloned().ok_or_else(|| rusqlite::Error::ModuleError("rl_statement_cache: no handle".into()))?;
         Ok((Cow::Borrowed(c"CREATE TABLE x(statements)"), Anchor { base: sqlite3_vtab::default(), handle }))
     }
 

@@ -22,9 +22,8 @@ use rusqlite::{ffi, params, Connection, OptionalExtension, MAIN_DB};
 /// an untrusted database file, never assumed to give the same answer twice.
 const STATEFUL: FunctionFlags = FunctionFlags::SQLITE_UTF8.union(FunctionFlags::SQLITE_DIRECTONLY);
 /// Pure functions: safe anywhere.
-const PURE: FunctionFlags = FunctionFlags::SQLITE_UTF8
-    .union(FunctionFlags::SQLITE_DETERMINISTIC)
-    .union(FunctionFlags::SQLITE_INNOCUOUS);
+const PURE: FunctionFlags =
+    FunctionFlags::SQLITE_UTF8.union(FunctionFlags::SQLITE_DETERMINISTIC).union(FunctionFlags::SQLITE_INNOCUOUS);
 
 /// Entry point; the name follows from the file name libratelimit.so.
 ///
@@ -88,16 +87,22 @@ fn register_guards(db: &Connection) -> rusqlite::Result<()> {
         let row = BucketState { level: ctx.get(0)?, refilled_at: ctx.get(1)?, full_at: ctx.get(2)? };
         guard::guard(&guard::BUCKET, &row).map_err(outside)
     })?;
-    db.create_scalar_function("rl_bucket_new_level", 0, STATEFUL, |_| Ok(guard::new_row(&guard::BUCKET).map_err(outside)?.level))?;
+    db.create_scalar_function("rl_bucket_new_level", 0, STATEFUL, |_| {
+        Ok(guard::new_row(&guard::BUCKET).map_err(outside)?.level)
+    })?;
     db.create_scalar_function("rl_bucket_new_refilled_at", 0, STATEFUL, |_| {
         Ok(guard::new_row(&guard::BUCKET).map_err(outside)?.refilled_at)
     })?;
-    db.create_scalar_function("rl_bucket_new_full_at", 0, STATEFUL, |_| Ok(guard::new_row(&guard::BUCKET).map_err(outside)?.full_at))?;
+    db.create_scalar_function("rl_bucket_new_full_at", 0, STATEFUL, |_| {
+        Ok(guard::new_row(&guard::BUCKET).map_err(outside)?.full_at)
+    })?;
     db.create_scalar_function("rl_budget_guard", 2, STATEFUL, |ctx| {
         let row = BudgetState { used: ctx.get(0)?, resets_at: ctx.get(1)? };
         guard::guard(&guard::BUDGET, &row).map_err(outside)
     })?;
-    db.create_scalar_function("rl_budget_new_used", 0, STATEFUL, |_| Ok(guard::new_row(&guard::BUDGET).map_err(outside)?.used))?;
+    db.create_scalar_function("rl_budget_new_used", 0, STATEFUL, |_| {
+        Ok(guard::new_row(&guard::BUDGET).map_err(outside)?.used)
+    })?;
     db.create_scalar_function("rl_budget_new_resets_at", 0, STATEFUL, |_| {
         Ok(guard::new_row(&guard::BUDGET).map_err(outside)?.resets_at)
     })?;
@@ -129,7 +134,8 @@ fn to_sqlite_error(e: ratelimit_core::Error) -> rusqlite::Error {
 }
 
 /// Every statement in SQLite's form, derived once.
-static SQLITE_TEXT: LazyLock<[String; Statement::ALL.len()]> = LazyLock::new(|| Statement::ALL.map(|s| sql::sqlite(s.text())));
+static SQLITE_TEXT: LazyLock<[String; Statement::ALL.len()]> =
+    LazyLock::new(|| Statement::ALL.map(|s| sql::sqlite(s.text())));
 
 fn text(statement: Statement) -> &'static str {
     &SQLITE_TEXT[statement as usize]
@@ -158,7 +164,11 @@ impl SqliteStore<'_> {
     /// Runs one statement, prepared once per connection. When the state tables are missing
     /// (never created, dropped, or created in a transaction that rolled back) it creates
     /// them and runs the statement once more.
-    fn run<T>(&self, text: &str, f: impl Fn(&mut rusqlite::CachedStatement<'_>) -> rusqlite::Result<T>) -> StoreResult<T> {
+    fn run<T>(
+        &self,
+        text: &str,
+        f: impl Fn(&mut rusqlite::CachedStatement<'_>) -> rusqlite::Result<T>,
+    ) -> StoreResult<T> {
         let attempt = || self.conn.prepare_cached(text).and_then(|mut stmt| f(&mut stmt));
         match attempt() {
             Err(e) if e.to_string().contains("no such table") => {
@@ -185,7 +195,9 @@ impl StateStore for SqliteStore<'_> {
 
     fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
         let changed = match expected {
-            None => self.run(text(Statement::BucketInsert), |stmt| stmt.execute(params![key, new.level, new.refilled_at, new.full_at]))?,
+            None => self.run(text(Statement::BucketInsert), |stmt| {
+                stmt.execute(params![key, new.level, new.refilled_at, new.full_at])
+            })?,
             Some(old) => self.run(text(Statement::BucketUpdate), |stmt| {
                 stmt.execute(params![new.level, new.refilled_at, new.full_at, key, old.level, old.refilled_at])
             })?,
@@ -195,13 +207,22 @@ impl StateStore for SqliteStore<'_> {
 
     fn read_budget(&mut self, key: &str, period: Period, _lock: bool) -> StoreResult<Option<BudgetState>> {
         self.run(text(Statement::BudgetRead), |stmt| {
-            stmt.query_row([key, period.as_str()], |r| Ok(BudgetState { used: r.get(0)?, resets_at: r.get(1)? })).optional()
+            stmt.query_row([key, period.as_str()], |r| Ok(BudgetState { used: r.get(0)?, resets_at: r.get(1)? }))
+                .optional()
         })
     }
 
-    fn write_budget(&mut self, key: &str, period: Period, expected: Option<&BudgetState>, new: &BudgetState) -> StoreResult<bool> {
+    fn write_budget(
+        &mut self,
+        key: &str,
+        period: Period,
+        expected: Option<&BudgetState>,
+        new: &BudgetState,
+    ) -> StoreResult<bool> {
         let changed = match expected {
-            None => self.run(text(Statement::BudgetInsert), |stmt| stmt.execute(params![key, period.as_str(), new.used, new.resets_at]))?,
+            None => self.run(text(Statement::BudgetInsert), |stmt| {
+                stmt.execute(params![key, period.as_str(), new.used, new.resets_at])
+            })?,
             Some(old) => self.run(text(Statement::BudgetUpdate), |stmt| {
                 stmt.execute(params![new.used, new.resets_at, key, period.as_str(), old.used, old.resets_at])
             })?,
@@ -210,7 +231,10 @@ impl StateStore for SqliteStore<'_> {
     }
 
     fn change_bucket(&mut self, key: &str, change: &mut Change<'_, BucketState>) -> StoreResult<u64> {
-        guard::with_change(&guard::BUCKET, change, || self.run(text(Statement::BucketChange), |stmt| stmt.execute([key]))).map(|n| n as u64)
+        guard::with_change(&guard::BUCKET, change, || {
+            self.run(text(Statement::BucketChange), |stmt| stmt.execute([key]))
+        })
+        .map(|n| n as u64)
     }
 
     fn change_budget(&mut self, key: &str, period: Period, change: &mut Change<'_, BudgetState>) -> StoreResult<u64> {
