@@ -1,3 +1,4 @@
+-- Generated from shared/src/functions.rs (RL_BLESS=1 cargo test -p ratelimit_core --test generated).
 -- Deliberate declarations of every function's purpose.
 COMMENT ON FUNCTION rl_take(text, double precision, double precision, double precision, double precision) IS
   'token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb';
@@ -24,16 +25,25 @@ COMMENT ON FUNCTION rl_headers(jsonb) IS
 
 -- Internal: called only by the guarded UPDATEs of rl_take, rl_spend and the refunds.
 REVOKE ALL ON FUNCTION
-  ratelimit.rl_bucket_guard(double precision, bigint, bigint), ratelimit.rl_bucket_new_level(),
-  ratelimit.rl_bucket_new_refilled_at(), ratelimit.rl_bucket_new_full_at(),
-  ratelimit.rl_budget_guard(bigint, bigint), ratelimit.rl_budget_new_used(), ratelimit.rl_budget_new_resets_at()
+  ratelimit.rl_bucket_guard(double precision, bigint, bigint),
+  ratelimit.rl_bucket_new_level(),
+  ratelimit.rl_bucket_new_refilled_at(),
+  ratelimit.rl_bucket_new_full_at(),
+  ratelimit.rl_budget_guard(bigint, bigint),
+  ratelimit.rl_budget_new_used(),
+  ratelimit.rl_budget_new_resets_at()
 FROM PUBLIC;
 COMMENT ON FUNCTION ratelimit.rl_bucket_guard(double precision, bigint, bigint) IS
   'internal: hands a bucket row to the decision of the rl_* call in progress; true when it writes';
-COMMENT ON FUNCTION ratelimit.rl_bucket_new_level() IS 'internal: the level the call in progress writes';
-COMMENT ON FUNCTION ratelimit.rl_bucket_new_refilled_at() IS 'internal: the refilled_at the call in progress writes';
-COMMENT ON FUNCTION ratelimit.rl_bucket_new_full_at() IS 'internal: the full_at the call in progress writes';
+COMMENT ON FUNCTION ratelimit.rl_bucket_new_level() IS
+  'internal: the level the call in progress writes';
+COMMENT ON FUNCTION ratelimit.rl_bucket_new_refilled_at() IS
+  'internal: the refilled_at the call in progress writes';
+COMMENT ON FUNCTION ratelimit.rl_bucket_new_full_at() IS
+  'internal: the full_at the call in progress writes';
 COMMENT ON FUNCTION ratelimit.rl_budget_guard(bigint, bigint) IS
   'internal: hands a budget row to the decision of the rl_* call in progress; true when it writes';
-COMMENT ON FUNCTION ratelimit.rl_budget_new_used() IS 'internal: the used the call in progress writes';
-COMMENT ON FUNCTION ratelimit.rl_budget_new_resets_at() IS 'internal: the resets_at the call in progress writes';
+COMMENT ON FUNCTION ratelimit.rl_budget_new_used() IS
+  'internal: the used the call in progress writes';
+COMMENT ON FUNCTION ratelimit.rl_budget_new_resets_at() IS
+  'internal: the resets_at the call in progress writes';

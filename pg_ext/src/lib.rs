@@ -1,20 +1,21 @@
 //! PostgreSQL extension pg_ratelimit: the rl_* functions over the shared core.
-//! Glue only: convert arguments, run the core's statements through SPI with plans
-//! prepared once per backend, raise the core's errors with their SQLSTATE.
+//! Glue only: one wrapper per function of the core's table ([`ratelimit_core::functions`]),
+//! statements run through SPI with plans prepared once per backend, the core's errors
+//! raised with their SQLSTATE. `unsafe` lives in [`ffi`] alone (and in what pgrx's macros
+//! expand to).
+
+mod ffi;
 
 use std::cell::{Cell, OnceCell};
 
-use pgrx::pgrx_sql_entity_graph::metadata::{
-    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
-};
+use ffi::JsonbText;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, IntoDatum, JsonB, PgOid};
-use ratelimit_core::bucket::BucketState;
-use ratelimit_core::budget::{BudgetState, Period};
-use ratelimit_core::guard::{self, Change};
-use ratelimit_core::sql::Statement;
-use ratelimit_core::{calls, Arg, Clock, ErrorKind, StateStore, StoreError, StoreResult};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, JsonB, PgOid};
+use ratelimit_core::functions::{self as f, Function, SqlType};
+use ratelimit_core::sql::{Statement, Value};
+use ratelimit_core::sql_store::{SqlEngine, SqlStore};
+use ratelimit_core::{calls, Answer, Arg, Clock, ErrorKind, StoreError, StoreResult};
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -36,59 +37,53 @@ pub extern "C-unwind" fn _PG_init() {
     );
 }
 
-fn clock() -> Clock {
-    Clock::system(ALLOW_EXPLICIT_CLOCK.get())
-}
-
 /// Raises a core error as a PostgreSQL ERROR with the SQLSTATE its kind calls for.
 fn raise(e: ratelimit_core::Error) -> ! {
     let code = match e.kind {
         ErrorKind::InvalidArgument => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         ErrorKind::ClockNotAllowed => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
         ErrorKind::ReadOnly => PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        ErrorKind::NotInStatement => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         ErrorKind::Storage => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
     };
     ereport!(ERROR, code, e.to_string());
 }
 
-/// Runs a core call that answers in JSON; raises its error.
-fn answer(
-    call: impl FnOnce(&mut PgStore, &[Arg], &Clock) -> ratelimit_core::Result<String>,
-    args: &[Arg],
-) -> JsonbText {
-    with_store(|store| call(store, args, &clock())).map(JsonbText).unwrap_or_else(|e| raise(e))
+/// Runs a function of the core's table with its arguments; raises its error.
+fn run<T: FromAnswer>(function: &Function, args: &[Arg]) -> T {
+    let clock = Clock::system(ALLOW_EXPLICIT_CLOCK.get());
+    let answer = match function.entry {
+        f::Entry::State(_) => with_store(|store| calls::call(function, store, args, &clock)),
+        _ => calls::call_without_store(function, args),
+    };
+    let answer = answer.unwrap_or_else(|e| raise(e));
+    // A wrapper whose return type differs from its descriptor's: the catalog test
+    // (catalog_matches_the_function_table) catches that before any user could.
+    let unexpected = format!("unexpected answer {answer:?}");
+    T::from_answer(answer).unwrap_or_else(|| raise(ratelimit_core::Error::storage(function.name, unexpected)))
 }
 
-/// A result the core already wrote as JSON text, returned as `jsonb` by PostgreSQL's own
-/// parser (no detour through a JSON value tree).
-pub struct JsonbText(String);
-
-impl IntoDatum for JsonbText {
-    fn into_datum(self) -> Option<pg_sys::Datum> {
-        let text = std::ffi::CString::new(self.0).expect("the core writes no NUL into JSON");
-        // SAFETY: jsonb_in reads a NUL-terminated string and returns a palloc'd jsonb.
-        unsafe { pgrx::direct_function_call_as_datum(pg_sys::jsonb_in, &[Some(text.as_ptr().into())]) }
-    }
-
-    fn type_oid() -> pg_sys::Oid {
-        pg_sys::JSONBOID
-    }
+/// The Rust type a wrapper returns, from the core's answer.
+trait FromAnswer: Sized {
+    fn from_answer(a: Answer) -> Option<Self>;
 }
 
-unsafe impl pgrx::callconv::BoxRet for JsonbText {
-    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
-        match self.into_datum() {
-            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
-            None => fcinfo.return_null(),
+macro_rules! from_answer {
+    ($($t:ty => $variant:ident($v:ident) => $value:expr;)*) => {$(
+        impl FromAnswer for $t {
+            fn from_answer(a: Answer) -> Option<Self> {
+                if let Answer::$variant($v) = a { Some($value) } else { None }
+            }
         }
-    }
+    )*};
 }
 
-unsafe impl SqlTranslatable for JsonbText {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbText);
-    const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
-    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+from_answer! {
+    JsonbText => Json(t) => JsonbText(t);
+    String => Text(t) => t;
+    i64 => Int(n) => n;
+    f64 => Real(r) => r;
+    bool => Bool(b) => b;
 }
 
 fn text(v: Option<&str>) -> Arg<'_> {
@@ -99,67 +94,40 @@ fn real(v: Option<f64>) -> Arg<'static> {
     v.map_or(Arg::Null, Arg::Real)
 }
 
-#[pg_extern(name = "rl_take", volatile, parallel_unsafe, security_definer)]
-fn rl_take(
-    key: Option<&str>,
-    burst: Option<f64>,
-    refill_per_minute: Option<f64>,
-    cost: default!(Option<f64>, 1),
-    now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbText {
-    answer(
-        |s, a, c| calls::rl_take(s, a, c),
-        &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)],
-    )
+/// Wrappers of functions that share a signature: rl_take and rl_peek (a bucket), rl_spend
+/// and rl_budget (a budget).
+macro_rules! wrappers {
+    ($($name:ident($key:ident, $second:ident: $second_type:ty, $third:ident) => $descriptor:ident, $second_arg:ident;)*) => {$(
+        #[pg_extern(volatile, parallel_unsafe, security_definer)]
+        fn $name(
+            $key: Option<&str>,
+            $second: Option<$second_type>,
+            $third: Option<f64>,
+            cost: default!(Option<f64>, 1),
+            now_ms: default!(Option<f64>, "NULL"),
+        ) -> JsonbText {
+            run(&f::$descriptor, &[text($key), $second_arg($second), real($third), real(cost), real(now_ms)])
+        }
+    )*};
 }
 
-#[pg_extern(name = "rl_spend", volatile, parallel_unsafe, security_definer)]
-fn rl_spend(
-    key: Option<&str>,
-    period: Option<&str>,
-    quota: Option<f64>,
-    cost: default!(Option<f64>, 1),
-    now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbText {
-    answer(|s, a, c| calls::rl_spend(s, a, c), &[text(key), text(period), real(quota), real(cost), real(now_ms)])
-}
-
-#[pg_extern(name = "rl_budget", volatile, parallel_unsafe, security_definer)]
-fn rl_budget(
-    key: Option<&str>,
-    period: Option<&str>,
-    quota: Option<f64>,
-    cost: default!(Option<f64>, 1),
-    now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbText {
-    answer(|s, a, c| calls::rl_budget(s, a, c), &[text(key), text(period), real(quota), real(cost), real(now_ms)])
+wrappers! {
+    rl_take(key, burst: f64, refill_per_minute) => RL_TAKE, real;
+    rl_peek(key, burst: f64, refill_per_minute) => RL_PEEK, real;
+    rl_spend(key, period: &str, quota) => RL_SPEND, text;
+    rl_budget(key, period: &str, quota) => RL_BUDGET, text;
 }
 
 // Only rl_sweep pins its search_path: its statements use IN, whose `=` is found through
 // the search_path. Every other function runs statements that qualify every name and
 // operator (see ratelimit_core::sql), and saves the cost of switching search_path.
-#[pg_extern(name = "rl_sweep", volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_sweep(now_ms: default!(Option<f64>, "NULL"), max_rows: default!(Option<i64>, "NULL")) -> i64 {
-    let args = [real(now_ms), max_rows.map_or(Arg::Null, Arg::Integer)];
-    with_store(|store| calls::rl_sweep(store, &args, &clock())).unwrap_or_else(|e| raise(e))
+    run::<i64>(&f::RL_SWEEP, &[real(now_ms), max_rows.map_or(Arg::Null, Arg::Integer)])
 }
 
-#[pg_extern(name = "rl_peek", volatile, parallel_unsafe, security_definer)]
-fn rl_peek(
-    key: Option<&str>,
-    burst: Option<f64>,
-    refill_per_minute: Option<f64>,
-    cost: default!(Option<f64>, 1),
-    now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbText {
-    answer(
-        |s, a, c| calls::rl_peek(s, a, c),
-        &[text(key), real(burst), real(refill_per_minute), real(cost), real(now_ms)],
-    )
-}
-
-#[pg_extern(name = "rl_refund", volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 fn rl_refund(
     key: Option<&str>,
     burst: Option<f64>,
@@ -167,103 +135,82 @@ fn rl_refund(
     amount: Option<f64>,
     now_ms: default!(Option<f64>, "NULL"),
 ) -> JsonbText {
-    answer(
-        |s, a, c| calls::rl_refund(s, a, c),
-        &[text(key), real(burst), real(refill_per_minute), real(amount), real(now_ms)],
-    )
+    run(&f::RL_REFUND, &[text(key), real(burst), real(refill_per_minute), real(amount), real(now_ms)])
 }
 
-#[pg_extern(name = "rl_refund_budget", volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 fn rl_refund_budget(
     key: Option<&str>,
     period: Option<&str>,
     amount: Option<f64>,
     now_ms: default!(Option<f64>, "NULL"),
 ) -> JsonbText {
-    answer(|s, a, c| calls::rl_refund_budget(s, a, c), &[text(key), text(period), real(amount), real(now_ms)])
+    run(&f::RL_REFUND_BUDGET, &[text(key), text(period), real(amount), real(now_ms)])
 }
 
-#[pg_extern(name = "rl_reset", volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 fn rl_reset(key: Option<&str>) -> i64 {
-    with_store(|store| calls::rl_reset(store, &[text(key)])).unwrap_or_else(|e| raise(e))
+    run::<i64>(&f::RL_RESET, &[text(key)])
 }
 
-#[pg_extern(name = "rl_take_all", volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonbText {
     let limits = limits.map(|j| j.0.to_string());
-    answer(|s, a, c| calls::rl_take_all(s, a, c), &[text(limits.as_deref()), real(now_ms)])
+    run(&f::RL_TAKE_ALL, &[text(limits.as_deref()), real(now_ms)])
 }
 
-#[pg_extern(name = "rl_headers", immutable, parallel_safe)]
+#[pg_extern(immutable, parallel_safe)]
 fn rl_headers(result: Option<JsonB>) -> JsonbText {
     let result = result.map(|j| j.0.to_string());
-    calls::rl_headers(&[text(result.as_deref())]).map(JsonbText).unwrap_or_else(|e| raise(e))
+    run(&f::RL_HEADERS, &[text(result.as_deref())])
 }
 
-#[pg_extern(name = "rl_key", immutable, parallel_safe)]
+#[pg_extern(immutable, parallel_safe)]
 fn rl_key(parts: Option<VariadicArray<'_, &str>>) -> String {
     let args: Vec<Arg> = match &parts {
         Some(p) => p.iter().map(text).collect(),
         None => vec![Arg::Null],
     };
-    calls::rl_key(&args).unwrap_or_else(|e| raise(e))
+    run(&f::RL_KEY, &args)
 }
 
-// The guarded UPDATEs (sql/bucket_change.sql, sql/budget_change.sql) call these: the
-// WHERE clause hands the row to the decision of the call in progress, the SET clause
-// reads the row it decided on. A high cost keeps them after the key comparison. Nobody
-// else can call them (no privileges on schema ratelimit), and outside those statements
-// they fail.
-
+// The internal functions of the guarded UPDATEs (sql/bucket_change.sql,
+// sql/budget_change.sql; see ratelimit_core::decision_slot). A high cost keeps the guards
+// after the key comparison. Nobody else can call them (no privileges on schema ratelimit),
+// and outside those statements they fail.
 #[pg_schema]
 mod ratelimit {
+    use super::{real, run};
     use pgrx::prelude::*;
-    use ratelimit_core::bucket::BucketState;
-    use ratelimit_core::budget::BudgetState;
-    use ratelimit_core::guard::{self, NotInStatement};
-
-    fn inside_statement<T>(r: Result<T, NotInStatement>) -> T {
-        match r {
-            Ok(value) => value,
-            Err(e) => {
-                ereport!(ERROR, PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, e.to_string());
-            }
-        }
-    }
+    use ratelimit_core::functions as f;
+    use ratelimit_core::Arg;
 
     #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
     fn rl_bucket_guard(level: f64, refilled_at: i64, full_at: i64) -> bool {
-        inside_statement(guard::guard(&guard::BUCKET, &BucketState { level, refilled_at, full_at }))
-    }
-
-    #[pg_extern(volatile, parallel_unsafe)]
-    fn rl_bucket_new_level() -> f64 {
-        inside_statement(guard::new_row(&guard::BUCKET)).level
-    }
-
-    #[pg_extern(volatile, parallel_unsafe)]
-    fn rl_bucket_new_refilled_at() -> i64 {
-        inside_statement(guard::new_row(&guard::BUCKET)).refilled_at
-    }
-
-    #[pg_extern(volatile, parallel_unsafe)]
-    fn rl_bucket_new_full_at() -> i64 {
-        inside_statement(guard::new_row(&guard::BUCKET)).full_at
+        run(&f::RL_BUCKET_GUARD, &[real(Some(level)), Arg::Integer(refilled_at), Arg::Integer(full_at)])
     }
 
     #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
     fn rl_budget_guard(used: i64, resets_at: i64) -> bool {
-        inside_statement(guard::guard(&guard::BUDGET, &BudgetState { used, resets_at }))
+        run(&f::RL_BUDGET_GUARD, &[Arg::Integer(used), Arg::Integer(resets_at)])
     }
 
-    #[pg_extern(volatile, parallel_unsafe)]
-    fn rl_budget_new_used() -> i64 {
-        inside_statement(guard::new_row(&guard::BUDGET)).used
+    /// The SET clauses: the row the guard decided to write, column by column.
+    macro_rules! decided {
+        ($($name:ident -> $t:ty = $descriptor:ident;)*) => {$(
+            #[pg_extern(volatile, parallel_unsafe)]
+            fn $name() -> $t {
+                run(&f::$descriptor, &[])
+            }
+        )*};
     }
 
-    #[pg_extern(volatile, parallel_unsafe)]
-    fn rl_budget_new_resets_at() -> i64 {
-        inside_statement(guard::new_row(&guard::BUDGET)).resets_at
+    decided! {
+        rl_bucket_new_level -> f64 = RL_BUCKET_NEW_LEVEL;
+        rl_bucket_new_refilled_at -> i64 = RL_BUCKET_NEW_REFILLED_AT;
+        rl_bucket_new_full_at -> i64 = RL_BUCKET_NEW_FULL_AT;
+        rl_budget_new_used -> i64 = RL_BUDGET_NEW_USED;
+        rl_budget_new_resets_at -> i64 = RL_BUDGET_NEW_RESETS_AT;
     }
 }
 
@@ -271,26 +218,20 @@ thread_local! {
     /// Statements prepared on first use in this backend, each by the function that runs
     /// it, and kept for the backend's lifetime. (So the sweeps, the only statements whose
     /// meaning depends on search_path, are only prepared under rl_sweep's pinned one.)
-    static PLANS: [OnceCell<OwnedPreparedStatement>; Statement::ALL.len()] = const { [const { OnceCell::new() }; Statement::ALL.len()] };
+    static PLANS: [OnceCell<OwnedPreparedStatement>; Statement::ALL.len()] =
+        const { [const { OnceCell::new() }; Statement::ALL.len()] };
     /// Whether [`require_updated_objects`] passed in this backend.
     static OBJECTS_CHECKED: Cell<bool> = const { Cell::new(false) };
 }
 
-const TEXT: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::TEXTOID);
-const FLOAT8: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::FLOAT8OID);
-const INT8: PgOid = PgOid::BuiltIn(pg_sys::BuiltinOid::INT8OID);
-
-fn parameter_types(statement: Statement) -> &'static [PgOid] {
-    match statement {
-        Statement::BucketRead | Statement::BucketLock | Statement::BucketChange => &[TEXT],
-        Statement::BucketInsert => &[TEXT, FLOAT8, INT8, INT8],
-        Statement::BucketUpdate => &[FLOAT8, INT8, INT8, TEXT, FLOAT8, INT8],
-        Statement::BudgetRead | Statement::BudgetLock | Statement::BudgetChange => &[TEXT, TEXT],
-        Statement::BudgetInsert => &[TEXT, TEXT, INT8, INT8],
-        Statement::BudgetUpdate => &[INT8, INT8, TEXT, TEXT, INT8, INT8],
-        Statement::SweepBuckets | Statement::SweepBudgets => &[INT8, INT8],
-        Statement::ResetBuckets | Statement::ResetBudgets => &[TEXT],
-    }
+fn oid(t: SqlType) -> PgOid {
+    PgOid::BuiltIn(match t {
+        SqlType::Text => pg_sys::BuiltinOid::TEXTOID,
+        SqlType::Float8 => pg_sys::BuiltinOid::FLOAT8OID,
+        SqlType::Int8 => pg_sys::BuiltinOid::INT8OID,
+        SqlType::Bool => pg_sys::BuiltinOid::BOOLOID,
+        SqlType::Jsonb => pg_sys::BuiltinOid::JSONBOID,
+    })
 }
 
 fn spi_error(e: pgrx::spi::SpiError) -> StoreError {
@@ -322,161 +263,85 @@ fn require_updated_objects(client: &SpiClient<'_>) {
 }
 
 /// Runs a call with an SPI connection.
-fn with_store<T>(call: impl FnOnce(&mut PgStore) -> ratelimit_core::Result<T>) -> ratelimit_core::Result<T> {
+fn with_store<T>(call: impl FnOnce(&mut SqlStore<PgEngine>) -> ratelimit_core::Result<T>) -> ratelimit_core::Result<T> {
     Spi::connect_mut(|client| {
         if !OBJECTS_CHECKED.get() {
             require_updated_objects(client);
             OBJECTS_CHECKED.set(true);
         }
-        call(&mut PgStore { client })
+        call(&mut SqlStore(PgEngine { client }))
     })
 }
 
-struct PgStore<'a, 'conn> {
+struct PgEngine<'a, 'conn> {
     client: &'a mut SpiClient<'conn>,
 }
 
-impl PgStore<'_, '_> {
-    /// Runs `statement` (prepared on first use) and hands its result to `read`.
+impl PgEngine<'_, '_> {
+    /// Runs `statement` (prepared on first use, with the types of the values bound to it)
+    /// and hands its result to `read`.
     fn run<T>(
         &mut self,
         statement: Statement,
-        args: &[pgrx::datum::DatumWithOid],
+        params: &[Value],
         read: impl FnOnce(pgrx::spi::SpiTupleTable) -> pgrx::spi::Result<T>,
     ) -> StoreResult<T> {
         PLANS.with(|plans| {
             let cell = &plans[statement as usize];
             if cell.get().is_none() {
+                let types: Vec<PgOid> = params.iter().map(|v| oid(v.sql_type())).collect();
                 // prepare_mut: every statement takes a fresh snapshot, so a re-read sees the latest row.
-                let plan = self.client.prepare_mut(statement.text(), parameter_types(statement)).map_err(spi_error)?;
+                let plan = self.client.prepare_mut(statement.text(), &types).map_err(spi_error)?;
                 let _ = cell.set(plan.keep());
             }
             let plan = cell.get().expect("prepared above");
-            self.client.update(plan, None, args).and_then(read).map_err(spi_error)
+            let args: Vec<pgrx::datum::DatumWithOid> = params
+                .iter()
+                .map(|v| match *v {
+                    Value::Text(t) => t.into(),
+                    Value::Float(f) => f.into(),
+                    Value::Int(i) => i.into(),
+                })
+                .collect();
+            self.client.update(plan, None, &args).and_then(read).map_err(spi_error)
         })
-    }
-
-    /// Runs a statement that changes rows; returns how many.
-    fn changed(&mut self, statement: Statement, args: &[pgrx::datum::DatumWithOid]) -> StoreResult<i64> {
-        self.run(statement, args, |t| Ok(t.len() as i64))
     }
 }
 
-impl StateStore for PgStore<'_, '_> {
+impl SqlEngine for PgEngine<'_, '_> {
+    const LOCKS_ROWS: bool = true;
+
     fn read_only(&mut self) -> StoreResult<bool> {
-        // SAFETY: a backend-global flag, read on the backend's only thread.
-        Ok(unsafe { pg_sys::XactReadOnly })
+        Ok(ffi::transaction_is_read_only())
     }
 
-    fn read_bucket(&mut self, key: &str, lock: bool) -> StoreResult<Option<BucketState>> {
-        let statement = if lock { Statement::BucketLock } else { Statement::BucketRead };
-        self.run(statement, &[key.into()], |table| {
+    fn execute(&mut self, statement: Statement, params: &[Value]) -> StoreResult<u64> {
+        self.run(statement, params, |t| Ok(t.len() as u64))
+    }
+
+    fn query_row(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Option<Vec<Value<'static>>>> {
+        let columns = statement.columns();
+        self.run(statement, params, |table| {
             if table.is_empty() {
                 return Ok(None);
             }
-            let (level, refilled_at, full_at) = table.first().get_three::<f64, i64, i64>()?;
-            Ok(Some(BucketState {
-                level: level.unwrap_or(0.0),
-                refilled_at: refilled_at.unwrap_or(0),
-                full_at: full_at.unwrap_or(0),
-            }))
+            let row = table.first();
+            (0..columns.len())
+                .map(|i| match columns[i] {
+                    SqlType::Float8 => row.get::<f64>(i + 1).map(|v| Value::Float(v.unwrap_or(0.0))),
+                    _ => row.get::<i64>(i + 1).map(|v| Value::Int(v.unwrap_or(0))),
+                })
+                .collect::<pgrx::spi::Result<Vec<_>>>()
+                .map(Some)
         })
-    }
-
-    fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
-        let n = match expected {
-            None => self.changed(
-                Statement::BucketInsert,
-                &[key.into(), new.level.into(), new.refilled_at.into(), new.full_at.into()],
-            )?,
-            Some(old) => self.changed(
-                Statement::BucketUpdate,
-                &[
-                    new.level.into(),
-                    new.refilled_at.into(),
-                    new.full_at.into(),
-                    key.into(),
-                    old.level.into(),
-                    old.refilled_at.into(),
-                ],
-            )?,
-        };
-        Ok(n == 1)
-    }
-
-    fn read_budget(&mut self, key: &str, period: Period, lock: bool) -> StoreResult<Option<BudgetState>> {
-        let statement = if lock { Statement::BudgetLock } else { Statement::BudgetRead };
-        self.run(statement, &[key.into(), period.as_str().into()], |table| {
-            if table.is_empty() {
-                return Ok(None);
-            }
-            let (used, resets_at) = table.first().get_two::<i64, i64>()?;
-            Ok(Some(BudgetState { used: used.unwrap_or(0), resets_at: resets_at.unwrap_or(0) }))
-        })
-    }
-
-    fn write_budget(
-        &mut self,
-        key: &str,
-        period: Period,
-        expected: Option<&BudgetState>,
-        new: &BudgetState,
-    ) -> StoreResult<bool> {
-        let n = match expected {
-            None => self.changed(
-                Statement::BudgetInsert,
-                &[key.into(), period.as_str().into(), new.used.into(), new.resets_at.into()],
-            )?,
-            Some(old) => self.changed(
-                Statement::BudgetUpdate,
-                &[
-                    new.used.into(),
-                    new.resets_at.into(),
-                    key.into(),
-                    period.as_str().into(),
-                    old.used.into(),
-                    old.resets_at.into(),
-                ],
-            )?,
-        };
-        Ok(n == 1)
-    }
-
-    fn change_bucket(&mut self, key: &str, change: &mut Change<'_, BucketState>) -> StoreResult<u64> {
-        guard::with_change(&guard::BUCKET, change, || self.changed(Statement::BucketChange, &[key.into()]))
-            .map(|n| n as u64)
-    }
-
-    fn change_budget(&mut self, key: &str, period: Period, change: &mut Change<'_, BudgetState>) -> StoreResult<u64> {
-        guard::with_change(&guard::BUDGET, change, || {
-            self.changed(Statement::BudgetChange, &[key.into(), period.as_str().into()])
-        })
-        .map(|n| n as u64)
-    }
-
-    fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.changed(Statement::SweepBuckets, &[cutoff_ms.into(), limit.into()])
-    }
-
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.changed(Statement::SweepBudgets, &[cutoff_ms.into(), limit.into()])
-    }
-
-    fn reset(&mut self, key: &str) -> StoreResult<i64> {
-        Ok(self.changed(Statement::ResetBuckets, &[key.into()])?
-            + self.changed(Statement::ResetBudgets, &[key.into()])?)
-    }
-
-    fn has_row_locks(&self) -> bool {
-        true
     }
 
     /// A call already runs inside the caller's transaction, which makes it one unit.
-    fn begin_atomic(&mut self) -> StoreResult<bool> {
+    fn begin_unit(&mut self) -> StoreResult<bool> {
         Ok(false)
     }
 
-    fn end_atomic(&mut self, _owned: bool, _commit: bool) -> StoreResult<()> {
+    fn end_unit(&mut self, _owned: bool, _commit: bool) -> StoreResult<()> {
         Ok(())
     }
 }
@@ -560,38 +425,56 @@ mod tests {
         assert_eq!(headers["RateLimit"], r#""bucket";r=0;t=1"#);
     }
 
-    /// Each bad input is an error with the core's message. Every case is a test of its own:
-    /// an error inside a SECURITY DEFINER function must abort its transaction to restore the
-    /// caller's settings. (The client suite checks SQLSTATE 22023 for each.)
-    macro_rules! bad_input {
-        ($($name:ident: $sql:literal => $message:literal;)*) => {$(
-            #[pg_test(error = $message)]
-            fn $name() {
-                explicit_clock();
-                Spi::run($sql).unwrap();
-            }
-        )*};
+    /// Each bad input's message and SQLSTATE are asserted once, in the client suite's
+    /// conformance list (tests/test_conformance.py), on both engines; here, that a caught
+    /// error inside a SECURITY DEFINER call aborts its transaction like any other.
+    #[pg_test(error = "rl_take: burst must be a finite number greater than 0, got 0")]
+    fn a_bad_argument_is_an_error() {
+        explicit_clock();
+        Spi::run("SELECT rl_take('k', 0, 60)").unwrap();
     }
 
-    bad_input! {
-        null_key: "SELECT rl_take(NULL, 3, 60)" => "rl_take: key must be text, got NULL";
-        empty_key: "SELECT rl_take('', 3, 60)" => "rl_take: key must not be empty";
-        long_key: "SELECT rl_take(repeat('x', 1025), 3, 60)" => "rl_take: key must be at most 1024 bytes, got 1025 bytes";
-        zero_burst: "SELECT rl_take('k', 0, 60)" => "rl_take: burst must be a finite number greater than 0, got 0";
-        nan_burst: "SELECT rl_take('k', 'NaN', 60)" => "rl_take: burst must be a finite number greater than 0, got NaN";
-        infinite_rate: "SELECT rl_take('k', 3, 'Infinity')" => "rl_take: refill_per_minute must be a finite number greater than 0, got Infinity";
-        negative_cost: "SELECT rl_take('k', 3, 60, -1)" => "rl_take: cost must be a finite number greater than 0, got -1";
-        negative_now: "SELECT rl_take('k', 3, 60, 1, -1)" => "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got -1";
-        unknown_period: "SELECT rl_spend('k', 'year', 3)" => "rl_spend: period must be 'day' or 'month', got 'year'";
-        null_quota: "SELECT rl_spend('k', 'day', NULL)" => "rl_spend: quota must be a finite number greater than 0, got NULL";
-        zero_budget_cost: "SELECT rl_budget('k', 'day', 3, 0)" => "rl_budget: cost must be a finite number greater than 0, got 0";
-        fractional_sweep_clock: "SELECT rl_sweep(1.5)" => "rl_sweep: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5";
-        null_key_part: "SELECT rl_key('a', NULL)" => "rl_key: part 2 must not be NULL";
-        zero_refund: "SELECT rl_refund('k', 3, 60, 0)" => "rl_refund: amount must be a finite number greater than 0, got 0";
-        duplicate_items: "SELECT rl_take_all('[{\"key\": \"a\", \"period\": \"day\", \"quota\": 1}, {\"key\": \"a\", \"period\": \"day\", \"quota\": 2}]')"
-            => "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)";
-        headers_of_nothing: "SELECT rl_headers('{}')"
-            => "rl_headers: result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all";
+    /// Every function as installed (signature with defaults, result, volatility, parallel
+    /// safety, SECURITY DEFINER, schema, PUBLIC's EXECUTE, comment) is what the core's table
+    /// says, and the extension has no function the table lacks.
+    #[pg_test]
+    fn catalog_matches_the_function_table() {
+        use ratelimit_core::functions::{Entry, ALL};
+        for f in ALL {
+            let row = Spi::get_one::<String>(&format!(
+                "SELECT concat_ws(' | ', pg_get_function_arguments(p.oid), pg_get_function_result(p.oid),
+                        p.provolatile, p.proparallel, p.prosecdef, n.nspname = 'ratelimit',
+                        has_function_privilege('public', p.oid, 'EXECUTE'), obj_description(p.oid, 'pg_proc'))
+                 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                 WHERE p.proname = '{}' AND n.nspname <> 'tests'",
+                f.name
+            ))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} is not installed", f.name));
+            let (volatility, parallel, definer, internal, public) = match f.entry {
+                Entry::State(_) => ("v", "u", true, false, true),
+                Entry::Pure(_) => ("i", "s", false, false, true),
+                Entry::Internal(_) => ("v", "u", false, true, false),
+            };
+            let expected = [
+                f.pg_arguments(),
+                f.returns.pg_name().to_owned(),
+                volatility.to_owned(),
+                parallel.to_owned(),
+                definer.to_string(),
+                internal.to_string(),
+                public.to_string(),
+                f.comment.to_owned(),
+            ]
+            .join(" | ");
+            assert_eq!(row, expected, "{}", f.name);
+        }
+        let installed = Spi::get_one::<i64>(
+            "SELECT count(*) FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+             JOIN pg_extension e ON e.oid = d.refobjid JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE e.extname = 'pg_ratelimit' AND n.nspname <> 'tests'",
+        );
+        assert_eq!(installed, Ok(Some(ALL.len() as i64)));
     }
 
     #[pg_test(error = "rl_take: an explicit now_ms is not allowed unless pg_ratelimit.allow_explicit_clock is on")]

@@ -1,16 +1,15 @@
-//! Arguments as the engines hand them over, and the validation every function shares.
+//! Arguments as the engines hand them over, parsed into typed values at the edge.
 //!
 //! Both engines convert their values into [`Arg`] and call the parsers here, so a rule
-//! and its error text exist once.
+//! and its error text exist once. The argument count is checked before, against the
+//! function's descriptor ([`crate::functions`]).
 
-use crate::budget::Period;
-use crate::error::{Error, Result};
+use serde_json::{Map, Value};
 
-/// Longest key accepted, in bytes.
-pub const MAX_KEY_BYTES: usize = 1024;
-/// Latest clock reading accepted: 9999-12-31T23:59:59.999Z. Keeps every derived time
-/// (period ends, retry times) far from integer overflow and inside calendar range.
-pub const MAX_NOW_MS: i64 = 253_402_300_799_999;
+use crate::bucket::BucketLimits;
+use crate::error::{Error, ErrorKind, Result};
+use crate::multi::{BucketItem, BudgetItem, Limit, MAX_ITEMS};
+use crate::units::{Period, MAX_AMOUNT, MAX_KEY_BYTES, MAX_NOW_MS, MICROS_PER_UNIT};
 
 /// One SQL argument value, borrowed from the engine.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -38,6 +37,11 @@ impl Arg<'_> {
             Arg::Blob(b) => format!("a blob of {} bytes", b.len()),
         }
     }
+}
+
+/// The argument at `i`; a missing one reads as NULL (the count was checked before).
+pub fn nth<'a>(args: &[Arg<'a>], i: usize) -> Arg<'a> {
+    args.get(i).copied().unwrap_or(Arg::Null)
 }
 
 fn format_real(r: f64) -> String {
@@ -73,6 +77,14 @@ fn as_number(arg: &Arg) -> Option<f64> {
     }
 }
 
+/// An integer given as one, or as a real or text without a fraction.
+fn as_integer(arg: &Arg) -> Option<i64> {
+    match *arg {
+        Arg::Integer(i) => Some(i),
+        _ => as_number(arg).filter(|v| v.fract() == 0.0 && v.abs() < 9.0e15).map(|v| v as i64),
+    }
+}
+
 /// Text that is a plain decimal number (optional sign, digits, point, exponent); words
 /// such as 'inf' or 'NaN' are not numbers here.
 fn parse_decimal_text(t: &str) -> Option<f64> {
@@ -97,12 +109,6 @@ pub fn positive_number(function: &'static str, name: &str, arg: &Arg) -> Result<
         )),
     }
 }
-
-/// Largest budget quota or cost. Amounts are integer millionths; below 2^53 millionths
-/// every amount and every sum of two is exact in f64 and in any JSON reader.
-pub const MAX_AMOUNT: f64 = 1e9;
-/// Budget amounts are counted in millionths, so costs with up to 6 decimals are exact.
-pub const MICROS_PER_UNIT: i64 = 1_000_000;
 
 /// A budget amount (quota or cost) as an exact count of millionths.
 pub fn amount_micros(function: &'static str, name: &str, arg: &Arg) -> Result<i64> {
@@ -141,7 +147,7 @@ fn decimal_text_micros(t: &str) -> Option<i64> {
 /// A key: non-empty text of at most [`MAX_KEY_BYTES`] bytes.
 pub fn key<'a>(function: &'static str, arg: &Arg<'a>) -> Result<&'a str> {
     match *arg {
-        Arg::Text(t) if t.is_empty() => Err(Error::invalid(function, "key must not be empty")),
+        Arg::Text("") => Err(Error::invalid(function, "key must not be empty")),
         Arg::Text(t) if t.len() > MAX_KEY_BYTES => {
             Err(Error::invalid(function, format!("key must be at most {MAX_KEY_BYTES} bytes, got {} bytes", t.len())))
         }
@@ -173,16 +179,11 @@ pub fn wall_clock_ms() -> i64 {
 }
 
 /// An explicit now_ms: an integer from 0 to [`MAX_NOW_MS`]. None when absent or NULL.
-pub fn explicit_now_ms(function: &'static str, arg: Option<&Arg>) -> Result<Option<i64>> {
-    let arg = match arg {
-        None | Some(Arg::Null) => return Ok(None),
-        Some(a) => a,
-    };
-    let value = match *arg {
-        Arg::Integer(i) => Some(i),
-        _ => as_number(arg).filter(|v| v.fract() == 0.0 && v.abs() < 9.0e15).map(|v| v as i64),
-    };
-    match value {
+pub fn explicit_now_ms(function: &'static str, arg: &Arg) -> Result<Option<i64>> {
+    if *arg == Arg::Null {
+        return Ok(None);
+    }
+    match as_integer(arg) {
         Some(ms) if (0..=MAX_NOW_MS).contains(&ms) => Ok(Some(ms)),
         _ => Err(Error::invalid(
             function,
@@ -194,28 +195,23 @@ pub fn explicit_now_ms(function: &'static str, arg: Option<&Arg>) -> Result<Opti
     }
 }
 
-/// A row limit: a positive integer; absent or NULL means no limit (i64::MAX).
-pub fn max_rows(function: &'static str, arg: Option<&Arg>) -> Result<i64> {
-    let arg = match arg {
-        None | Some(Arg::Null) => return Ok(i64::MAX),
-        Some(a) => a,
-    };
-    let value = match *arg {
-        Arg::Integer(i) => Some(i),
-        _ => as_number(arg).filter(|v| v.fract() == 0.0 && v.abs() < 9.0e15).map(|v| v as i64),
-    };
-    match value {
+/// A row limit: a positive integer; NULL means no limit (i64::MAX).
+fn max_rows(function: &'static str, arg: &Arg) -> Result<i64> {
+    if *arg == Arg::Null {
+        return Ok(i64::MAX);
+    }
+    match as_integer(arg) {
         Some(n) if n >= 1 => Ok(n),
         _ => Err(Error::invalid(function, format!("max_rows must be a positive integer, got {}", arg.describe()))),
     }
 }
 
 /// The clock reading a call runs at: its explicit now_ms when given and allowed, else real time.
-pub fn now_ms(function: &'static str, arg: Option<&Arg>, clock: &Clock) -> Result<i64> {
+pub fn now_ms(function: &'static str, arg: &Arg, clock: &Clock) -> Result<i64> {
     match explicit_now_ms(function, arg)? {
         None => Ok(clock.wall_ms),
         Some(_) if !clock.explicit_allowed => Err(Error {
-            kind: crate::error::ErrorKind::ClockNotAllowed,
+            kind: ErrorKind::ClockNotAllowed,
             function,
             message: "an explicit now_ms is not allowed unless pg_ratelimit.allow_explicit_clock is on".into(),
             engine_code: None,
@@ -227,8 +223,209 @@ pub fn now_ms(function: &'static str, arg: Option<&Arg>, clock: &Clock) -> Resul
 /// A budget period: 'day' or 'month'.
 pub fn period(function: &'static str, arg: &Arg) -> Result<Period> {
     match *arg {
-        Arg::Text("day") => Ok(Period::Day),
-        Arg::Text("month") => Ok(Period::Month),
-        _ => Err(Error::invalid(function, format!("period must be 'day' or 'month', got {}", arg.describe()))),
+        Arg::Text(t) => Period::ALL.into_iter().find(|p| p.as_str() == t),
+        _ => None,
     }
+    .ok_or_else(|| Error::invalid(function, format!("period must be 'day' or 'month', got {}", arg.describe())))
+}
+
+/// `(key, burst, refill_per_minute [, cost = 1 [, now_ms]])` of rl_take and rl_peek, and
+/// `(key, burst, refill_per_minute, amount [, now_ms])` of rl_refund.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TakeArgs<'a> {
+    pub key: &'a str,
+    pub limits: BucketLimits,
+    /// The tokens to take (rl_take, rl_peek) or give back (rl_refund).
+    pub cost: f64,
+    pub now_ms: i64,
+}
+
+impl<'a> TakeArgs<'a> {
+    /// `fourth` names the fourth argument in errors: `cost`, or `amount` for rl_refund.
+    pub fn parse(function: &'static str, fourth: &str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Ok(TakeArgs {
+            key: key(function, &nth(args, 0))?,
+            limits: BucketLimits {
+                burst: positive_number(function, "burst", &nth(args, 1))?,
+                refill_per_minute: positive_number(function, "refill_per_minute", &nth(args, 2))?,
+            },
+            cost: match args.get(3) {
+                None => 1.0,
+                Some(a) => positive_number(function, fourth, a)?,
+            },
+            now_ms: now_ms(function, &nth(args, 4), clock)?,
+        })
+    }
+}
+
+/// `(key, period, quota [, cost = 1 [, now_ms]])` of rl_spend and rl_budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpendArgs<'a> {
+    pub key: &'a str,
+    pub period: Period,
+    /// Millionths.
+    pub quota: i64,
+    /// Millionths.
+    pub cost: i64,
+    pub now_ms: i64,
+}
+
+impl<'a> SpendArgs<'a> {
+    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Ok(SpendArgs {
+            key: key(function, &nth(args, 0))?,
+            period: period(function, &nth(args, 1))?,
+            quota: amount_micros(function, "quota", &nth(args, 2))?,
+            cost: match args.get(3) {
+                None => MICROS_PER_UNIT,
+                Some(a) => amount_micros(function, "cost", a)?,
+            },
+            now_ms: now_ms(function, &nth(args, 4), clock)?,
+        })
+    }
+}
+
+/// `(key, period, amount [, now_ms])` of rl_refund_budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefundBudgetArgs<'a> {
+    pub key: &'a str,
+    pub period: Period,
+    /// Millionths.
+    pub amount: i64,
+    pub now_ms: i64,
+}
+
+impl<'a> RefundBudgetArgs<'a> {
+    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Ok(RefundBudgetArgs {
+            key: key(function, &nth(args, 0))?,
+            period: period(function, &nth(args, 1))?,
+            amount: amount_micros(function, "amount", &nth(args, 2))?,
+            now_ms: now_ms(function, &nth(args, 3), clock)?,
+        })
+    }
+}
+
+/// `([now_ms [, max_rows]])` of rl_sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepArgs {
+    /// Rows finished by this time go. Never later than the real clock, so no caller's clock
+    /// can make a bucket that is still refilling, or a current budget, look finished. That
+    /// makes an explicit now_ms harmless here, so it needs no permission.
+    pub cutoff_ms: i64,
+    /// Bounds one call's work (and, in one transaction, the locks it holds).
+    pub max_rows: i64,
+}
+
+impl SweepArgs {
+    pub fn parse(function: &'static str, args: &[Arg], clock: &Clock) -> Result<Self> {
+        let requested = explicit_now_ms(function, &nth(args, 0))?.unwrap_or(clock.wall_ms);
+        Ok(SweepArgs { cutoff_ms: requested.min(clock.wall_ms), max_rows: max_rows(function, &nth(args, 1))? })
+    }
+}
+
+/// `(limits [, now_ms])` of rl_take_all: the limits in the order their rows are read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TakeAllArgs<'a> {
+    pub limits: Vec<Limit<'a>>,
+    pub now_ms: i64,
+}
+
+/// The JSON argument of rl_take_all as a value, which [`TakeAllArgs`] borrows its keys from.
+pub fn limits_json(function: &'static str, arg: &Arg) -> Result<Value> {
+    match *arg {
+        Arg::Text(t) => {
+            serde_json::from_str(t).map_err(|e| Error::invalid(function, format!("limits must be valid JSON: {e}")))
+        }
+        _ => Err(Error::invalid(function, format!("limits must be a JSON array, got {}", arg.describe()))),
+    }
+}
+
+impl<'a> TakeAllArgs<'a> {
+    pub fn parse(function: &'static str, json: &'a Value, now_arg: &Arg, clock: &Clock) -> Result<Self> {
+        let now_ms = now_ms(function, now_arg, clock)?;
+        let list =
+            json.as_array().ok_or_else(|| Error::invalid(function, "limits must be a JSON array of limit objects"))?;
+        if list.is_empty() || list.len() > MAX_ITEMS {
+            return Err(Error::invalid(
+                function,
+                format!("limits must hold 1 to {MAX_ITEMS} items, got {}", list.len()),
+            ));
+        }
+        let mut limits = list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                limit(function, i, v).map_err(|e| Error::invalid(function, format!("item {}: {}", i + 1, e.message)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        limits.sort_by(|x, y| x.row().cmp(&y.row()));
+        if let Some(w) = limits.windows(2).find(|w| w[0].row() == w[1].row()) {
+            let (a, b) = (w[0].position(), w[1].position());
+            let (first, second) = (a.min(b) + 1, a.max(b) + 1);
+            return Err(Error::invalid(
+                function,
+                format!("items {first} and {second} are the same limit (one key may appear once per kind and period)"),
+            ));
+        }
+        Ok(TakeAllArgs { limits, now_ms })
+    }
+}
+
+/// A JSON value as the argument it stands for.
+fn json_arg(v: &Value) -> Arg<'_> {
+    match v {
+        Value::Null => Arg::Null,
+        Value::String(s) => Arg::Text(s),
+        Value::Number(n) => n.as_i64().map_or_else(|| Arg::Real(n.as_f64().unwrap_or(f64::NAN)), Arg::Integer),
+        // booleans, arrays and objects are not numbers, keys or periods
+        other => Arg::Blob(if other.is_boolean() { b"boolean" } else { b"json" }),
+    }
+}
+
+fn limit<'a>(function: &'static str, position: usize, v: &'a Value) -> Result<Limit<'a>> {
+    let o: &Map<String, Value> = v.as_object().ok_or_else(|| Error::invalid(function, "must be a JSON object"))?;
+    let is_budget = o.contains_key("period");
+    let allowed: &[&str] =
+        if is_budget { &["key", "period", "quota", "cost"] } else { &["key", "burst", "refill_per_minute", "cost"] };
+    if let Some(extra) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Error::invalid(
+            function,
+            format!(
+                "unknown field \"{extra}\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost)"
+            ),
+        ));
+    }
+    let field = |name: &str| o.get(name).map_or(Arg::Null, json_arg);
+    let key = key(function, &field("key"))?;
+    let cost = o.get("cost").map(json_arg);
+    if is_budget {
+        Ok(Limit::Budget(BudgetItem {
+            position,
+            key,
+            period: period(function, &field("period"))?,
+            quota: amount_micros(function, "quota", &field("quota"))?,
+            cost: cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros(function, "cost", &c))?,
+        }))
+    } else {
+        Ok(Limit::Bucket(BucketItem {
+            position,
+            key,
+            limits: BucketLimits {
+                burst: positive_number(function, "burst", &field("burst"))?,
+                refill_per_minute: positive_number(function, "refill_per_minute", &field("refill_per_minute"))?,
+            },
+            cost: cost.map_or(Ok(1.0), |c| positive_number(function, "cost", &c))?,
+        }))
+    }
+}
+
+/// An argument of an internal function: a number the extension's own statement passes.
+pub fn stored_real(arg: &Arg) -> f64 {
+    as_number(arg).unwrap_or(0.0)
+}
+
+/// An argument of an internal function: an integer the extension's own statement passes.
+pub fn stored_integer(arg: &Arg) -> i64 {
+    as_integer(arg).unwrap_or(0)
 }

@@ -1,18 +1,11 @@
 //! Token bucket arithmetic: given the stored state, the limits of this call and a clock
-//! reading, what is the answer and what must be stored.
+//! reading, what is the answer and what must be stored. Pure: no parsing, no output.
 //!
 //! Levels are f64 tokens; every time is integer epoch milliseconds. Retry and reset times
 //! are found against the very predicate that admits a take, so waiting exactly
 //! `retry_after_ms` admits and waiting 1 ms less does not, whatever the float rounding.
 
-use crate::args::{self, Arg, Clock};
-use crate::error::Result;
-use crate::json::JsonObject;
-
-const MS_PER_MINUTE: f64 = 60_000.0;
-/// Longest wait ever reported (2^53 - 1 ms, about 285,000 years): keeps every reported
-/// time an exact integer in any JSON reader, and times far from overflow.
-pub const MAX_WAIT_MS: i64 = (1 << 53) - 1;
+use crate::units::{MAX_WAIT_MS, MS_PER_MINUTE};
 
 /// What a bucket row stores: `level` tokens at `refilled_at`; `full_at` is when it is full
 /// again under the limits of the call that wrote it (the sweep removes it from then on).
@@ -30,39 +23,6 @@ pub struct BucketLimits {
     pub refill_per_minute: f64,
 }
 
-/// The validated arguments of rl_take / rl_peek.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TakeArgs<'a> {
-    pub key: &'a str,
-    pub limits: BucketLimits,
-    pub cost: f64,
-    pub now_ms: i64,
-}
-
-impl<'a> TakeArgs<'a> {
-    /// `(key, burst, refill_per_minute [, cost = 1 [, now_ms]])`
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        args::arity(function, args.len(), 3, 5)?;
-        Self::parse_with(function, "cost", args, clock)
-    }
-
-    /// The same arguments with the fourth named `amount` (rl_refund) or `cost`.
-    pub fn parse_with(function: &'static str, fourth: &str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        Ok(TakeArgs {
-            key: args::key(function, &args[0])?,
-            limits: BucketLimits {
-                burst: args::positive_number(function, "burst", &args[1])?,
-                refill_per_minute: args::positive_number(function, "refill_per_minute", &args[2])?,
-            },
-            cost: match args.get(3) {
-                None => 1.0,
-                Some(a) => args::positive_number(function, fourth, a)?,
-            },
-            now_ms: args::now_ms(function, args.get(4), clock)?,
-        })
-    }
-}
-
 /// The answer to a take, and the state to store when it admitted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakeDecision {
@@ -74,23 +34,6 @@ pub struct TakeDecision {
     pub reset_after_ms: i64,
     /// Some exactly when admitted: the row to write.
     pub new_state: Option<BucketState>,
-}
-
-impl TakeDecision {
-    pub fn to_json(&self) -> String {
-        JsonObject::new()
-            .bool("admitted", self.admitted)
-            .int("remaining", self.remaining)
-            .number("limit", self.limit)
-            .int("retry_after_ms", self.retry_after_ms)
-            .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
-            .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
-            .finish()
-    }
-}
-
-pub fn ceil_seconds(ms: i64) -> i64 {
-    (ms + 999).div_euclid(1000)
 }
 
 /// Tokens in the bucket at time `t`. No row is a full bucket; a clock behind the row's
@@ -123,7 +66,7 @@ pub fn wait_for(state: Option<&BucketState>, limits: &BucketLimits, now: i64, ta
     let start = s.refilled_at.max(now);
     let deficit = target - level_at(state, limits, start);
     let estimate = (start - now) as f64 + (deficit * MS_PER_MINUTE / limits.refill_per_minute).ceil();
-    if !(estimate < MAX_WAIT_MS as f64) {
+    if estimate.is_nan() || estimate >= MAX_WAIT_MS as f64 {
         return MAX_WAIT_MS;
     }
     let mut wait = (estimate as i64).max(1);
@@ -196,16 +139,6 @@ pub struct RefundDecision {
     pub reset_after_ms: i64,
     /// Some when the level changed: the row to write.
     pub new_state: Option<BucketState>,
-}
-
-impl RefundDecision {
-    pub fn to_json(&self) -> String {
-        JsonObject::new()
-            .int("remaining", self.remaining)
-            .number("limit", self.limit)
-            .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
-            .finish()
-    }
 }
 
 /// Gives `amount` tokens back, never above the burst. A full bucket (or none) is unchanged.

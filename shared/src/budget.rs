@@ -1,80 +1,13 @@
-//! Calendar budgets: a quota per UTC day or month, counted in exact millionths.
+//! Calendar budgets: a quota per UTC day or month, counted in exact millionths. Pure: no
+//! parsing, no output.
 
-use crate::args::{self, Arg, Clock};
-use crate::bucket::ceil_seconds;
-use crate::error::Result;
-use crate::json::JsonObject;
-use chrono::{DateTime, Datelike, NaiveDate};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Period {
-    Day,
-    Month,
-}
-
-impl Period {
-    /// The name stored in the period column and accepted from callers.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Period::Day => "day",
-            Period::Month => "month",
-        }
-    }
-
-    /// The end (exclusive) of the UTC calendar period containing `now_ms`, in epoch ms.
-    pub fn end_ms(self, now_ms: i64) -> i64 {
-        const DAY_MS: i64 = 86_400_000;
-        let day_start = now_ms.div_euclid(DAY_MS) * DAY_MS;
-        match self {
-            Period::Day => day_start + DAY_MS,
-            Period::Month => {
-                let date = DateTime::from_timestamp_millis(now_ms)
-                    .expect("now_ms is validated to lie within calendar range")
-                    .date_naive();
-                let (year, month) =
-                    if date.month() == 12 { (date.year() + 1, 1) } else { (date.year(), date.month() + 1) };
-                NaiveDate::from_ymd_opt(year, month, 1)
-                    .and_then(|d| d.and_hms_opt(0, 0, 0))
-                    .expect("the first of a month always exists")
-                    .and_utc()
-                    .timestamp_millis()
-            }
-        }
-    }
-}
+use crate::units::{ceil_seconds, Period};
 
 /// What a budget row stores: `used` millionths in the period ending at `resets_at` (epoch ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetState {
     pub used: i64,
     pub resets_at: i64,
-}
-
-/// The validated arguments of rl_spend / rl_budget.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SpendArgs<'a> {
-    pub key: &'a str,
-    pub period: Period,
-    pub quota: i64,
-    pub cost: i64,
-    pub now_ms: i64,
-}
-
-impl<'a> SpendArgs<'a> {
-    /// `(key, period, quota [, cost = 1 [, now_ms]])`
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        args::arity(function, args.len(), 3, 5)?;
-        Ok(SpendArgs {
-            key: args::key(function, &args[0])?,
-            period: args::period(function, &args[1])?,
-            quota: args::amount_micros(function, "quota", &args[2])?,
-            cost: match args.get(3) {
-                None => args::MICROS_PER_UNIT,
-                Some(a) => args::amount_micros(function, "cost", a)?,
-            },
-            now_ms: args::now_ms(function, args.get(4), clock)?,
-        })
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,19 +20,6 @@ pub struct SpendDecision {
     pub retry_after_seconds: i64,
     /// Some exactly when admitted: the row to write.
     pub new_state: Option<BudgetState>,
-}
-
-impl SpendDecision {
-    pub fn to_json(&self) -> String {
-        JsonObject::new()
-            .bool("admitted", self.admitted)
-            .micros("used", self.used)
-            .micros("limit", self.quota)
-            .micros("remaining", self.quota - self.used)
-            .int("resets_at", self.resets_at_ms / 1000)
-            .int("retry_after_seconds", self.retry_after_seconds)
-            .finish()
-    }
 }
 
 /// The one question of a budget: spend `cost` now? A row whose period has ended counts as
@@ -134,12 +54,6 @@ pub struct BudgetRefund {
     pub resets_at_ms: i64,
     /// Some when `used` changed: the row to write.
     pub new_state: Option<BudgetState>,
-}
-
-impl BudgetRefund {
-    pub fn to_json(&self) -> String {
-        JsonObject::new().micros("used", self.used).int("resets_at", self.resets_at_ms / 1000).finish()
-    }
 }
 
 /// Lowers the current period's `used` by `amount`, never below 0.

@@ -1,103 +1,128 @@
-//! One entry point per SQL function: parse the arguments, run the rule, render the result.
-//! Engines call these with their arguments converted to [`Arg`] and a [`Clock`].
+//! What each SQL function does, reached from its descriptor ([`crate::functions`]):
+//! parse the arguments into typed values, run the protocol, render the answer.
 
-use crate::args::{self, Arg, Clock};
-use crate::bucket::TakeArgs;
-use crate::budget::SpendArgs;
-use crate::error::Result;
-use crate::headers;
-use crate::multi::{self, TakeAllArgs};
-use crate::store::{self, StateStore};
+use crate::args::{self, Arg, Clock, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs, TakeArgs};
+use crate::bucket::BucketState;
+use crate::budget::BudgetState;
+use crate::decision_slot::{self, NotInStatement};
+use crate::error::{Error, Result};
+use crate::functions::{Entry, Function};
+use crate::render::ToJson;
+use crate::store::LockingStore;
+use crate::{headers, key, protocol};
 
-pub const RL_TAKE: &str = "rl_take";
-pub const RL_SPEND: &str = "rl_spend";
-pub const RL_BUDGET: &str = "rl_budget";
-pub const RL_SWEEP: &str = "rl_sweep";
-pub const RL_PEEK: &str = "rl_peek";
-pub const RL_REFUND: &str = "rl_refund";
-pub const RL_REFUND_BUDGET: &str = "rl_refund_budget";
-pub const RL_RESET: &str = "rl_reset";
-pub const RL_TAKE_ALL: &str = "rl_take_all";
-
-pub fn rl_take<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
-    let a = TakeArgs::parse(RL_TAKE, args, clock)?;
-    Ok(store::take(store, RL_TAKE, &a)?.to_json())
+/// A function's result, typed as its descriptor's `returns`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// JSON object text (jsonb in PostgreSQL, text in SQLite).
+    Json(String),
+    Text(String),
+    Int(i64),
+    Real(f64),
+    Bool(bool),
 }
 
-pub fn rl_spend<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
-    let a = SpendArgs::parse(RL_SPEND, args, clock)?;
-    Ok(store::spend(store, RL_SPEND, &a)?.to_json())
+/// The functions that read or write state, each run over a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateCall {
+    Take,
+    Spend,
+    Budget,
+    Sweep,
+    Peek,
+    Refund,
+    RefundBudget,
+    Reset,
+    TakeAll,
 }
 
-pub fn rl_budget<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
-    let a = SpendArgs::parse(RL_BUDGET, args, clock)?;
-    Ok(store::peek_budget(store, RL_BUDGET, &a)?.to_json())
-}
-
-/// `rl_sweep([now_ms [, max_rows]])`. The cutoff is never later than the real clock, so no
-/// caller's clock can make a bucket that is still refilling, or a current budget, look
-/// finished. That makes an explicit now_ms harmless here, so it needs no permission.
-/// `max_rows` bounds one call's work (and, in one transaction, the locks it holds).
-pub fn rl_sweep<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<i64> {
-    args::arity(RL_SWEEP, args.len(), 0, 2)?;
-    let requested = args::explicit_now_ms(RL_SWEEP, args.first())?.unwrap_or(clock.wall_ms);
-    let max_rows = args::max_rows(RL_SWEEP, args.get(1))?;
-    store::sweep(store, RL_SWEEP, requested.min(clock.wall_ms), max_rows)
-}
-
-pub fn rl_key(parts: &[Arg]) -> Result<String> {
-    crate::key::encode_key(parts)
-}
-
-/// `rl_peek(key, burst, refill_per_minute [, cost [, now_ms]])`: rl_take's answer, changing nothing.
-pub fn rl_peek<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
-    let a = TakeArgs::parse(RL_PEEK, args, clock)?;
-    Ok(store::peek(store, RL_PEEK, &a)?.to_json())
-}
-
-/// `rl_refund(key, burst, refill_per_minute, amount [, now_ms])`.
-pub fn rl_refund<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
-    args::arity(RL_REFUND, args.len(), 4, 5)?;
-    let a = TakeArgs::parse_with(RL_REFUND, "amount", args, clock)?;
-    Ok(store::refund(store, RL_REFUND, &a)?.to_json())
-}
-
-/// `rl_refund_budget(key, period, amount [, now_ms])`.
-pub fn rl_refund_budget<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
-    args::arity(RL_REFUND_BUDGET, args.len(), 3, 4)?;
-    let a = SpendArgs {
-        key: args::key(RL_REFUND_BUDGET, &args[0])?,
-        period: args::period(RL_REFUND_BUDGET, &args[1])?,
-        quota: 0,
-        cost: args::amount_micros(RL_REFUND_BUDGET, "amount", &args[2])?,
-        now_ms: args::now_ms(RL_REFUND_BUDGET, args.get(3), clock)?,
-    };
-    Ok(store::refund_budget(store, RL_REFUND_BUDGET, &a)?.to_json())
-}
-
-/// `rl_reset(key)`: the number of rows removed.
-pub fn rl_reset<S: StateStore>(store: &mut S, args: &[Arg]) -> Result<i64> {
-    args::arity(RL_RESET, args.len(), 1, 1)?;
-    let key = args::key(RL_RESET, &args[0])?;
-    store::reset(store, RL_RESET, key)
-}
-
-/// `rl_take_all(limits [, now_ms])`.
-pub fn rl_take_all<S: StateStore>(store: &mut S, args: &[Arg], clock: &Clock) -> Result<String> {
-    args::arity(RL_TAKE_ALL, args.len(), 1, 2)?;
-    let json = multi::parse_limits(RL_TAKE_ALL, &args[0])?;
-    let a = TakeAllArgs::parse(RL_TAKE_ALL, &json, args.get(1), clock)?;
-    Ok(store::take_all(store, RL_TAKE_ALL, &a)?.to_json())
-}
-
-/// `rl_headers(result)`: pure.
-pub fn rl_headers(args: &[Arg]) -> Result<String> {
-    args::arity(headers::FUNCTION, args.len(), 1, 1)?;
-    match args[0] {
-        Arg::Text(t) => headers::headers(t),
-        ref other => Err(crate::error::Error::invalid(
-            headers::FUNCTION,
-            format!("result must be JSON text, got {}", other.describe()),
-        )),
+/// Runs `f` with the engine's arguments. The one entry point of every engine.
+pub fn call<S: LockingStore>(f: &Function, store: &mut S, args: &[Arg], clock: &Clock) -> Result<Answer> {
+    f.check_arity(args.len())?;
+    match f.entry {
+        Entry::State(which) => state(which, f.name, store, args, clock),
+        Entry::Pure(run) | Entry::Internal(run) => run(f, args),
     }
+}
+
+/// Runs a function that needs no store (pure or internal); a state function is an error.
+pub fn call_without_store(f: &Function, args: &[Arg]) -> Result<Answer> {
+    f.check_arity(args.len())?;
+    match f.entry {
+        Entry::Pure(run) | Entry::Internal(run) => run(f, args),
+        Entry::State(_) => Err(Error::storage(f.name, "needs the database it is called in")),
+    }
+}
+
+fn state<S: LockingStore>(
+    which: StateCall,
+    name: &'static str,
+    store: &mut S,
+    args: &[Arg],
+    clock: &Clock,
+) -> Result<Answer> {
+    let json = |r: &dyn ToJson| Answer::Json(r.to_json());
+    Ok(match which {
+        StateCall::Take => json(&protocol::take(store, name, &TakeArgs::parse(name, "cost", args, clock)?)?),
+        StateCall::Peek => json(&protocol::peek(store, name, &TakeArgs::parse(name, "cost", args, clock)?)?),
+        StateCall::Refund => json(&protocol::refund(store, name, &TakeArgs::parse(name, "amount", args, clock)?)?),
+        StateCall::Spend => json(&protocol::spend(store, name, &SpendArgs::parse(name, args, clock)?)?),
+        StateCall::Budget => json(&protocol::peek_budget(store, name, &SpendArgs::parse(name, args, clock)?)?),
+        StateCall::RefundBudget => {
+            json(&protocol::refund_budget(store, name, &RefundBudgetArgs::parse(name, args, clock)?)?)
+        }
+        StateCall::Sweep => Answer::Int(protocol::sweep(store, name, &SweepArgs::parse(name, args, clock)?)?),
+        StateCall::Reset => Answer::Int(protocol::reset(store, name, args::key(name, &args::nth(args, 0))?)?),
+        StateCall::TakeAll => {
+            let limits = args::limits_json(name, &args::nth(args, 0))?;
+            let parsed = TakeAllArgs::parse(name, &limits, &args::nth(args, 1), clock)?;
+            json(&protocol::take_all(store, name, &parsed)?)
+        }
+    })
+}
+
+/// `rl_key(part, ...)`.
+pub fn rl_key(f: &Function, parts: &[Arg]) -> Result<Answer> {
+    key::encode_key(f.name, parts).map(Answer::Text)
+}
+
+/// `rl_headers(result)`.
+pub fn rl_headers(f: &Function, args: &[Arg]) -> Result<Answer> {
+    match args::nth(args, 0) {
+        Arg::Text(t) => headers::headers(f.name, t).map(Answer::Json),
+        other => Err(Error::invalid(f.name, format!("result must be JSON text, got {}", other.describe()))),
+    }
+}
+
+fn internal<T>(f: &Function, r: std::result::Result<T, NotInStatement>) -> Result<T> {
+    r.map_err(|e| Error::not_in_statement(f.name, e.to_string()))
+}
+
+/// `rl_bucket_guard(level, refilled_at, full_at)`: the WHERE clause of sql/bucket_change.sql.
+pub fn bucket_guard(f: &Function, args: &[Arg]) -> Result<Answer> {
+    let row = BucketState {
+        level: args::stored_real(&args::nth(args, 0)),
+        refilled_at: args::stored_integer(&args::nth(args, 1)),
+        full_at: args::stored_integer(&args::nth(args, 2)),
+    };
+    internal(f, decision_slot::decide_row(&decision_slot::BUCKET, &row)).map(Answer::Bool)
+}
+
+/// `rl_budget_guard(used, resets_at)`: the WHERE clause of sql/budget_change.sql.
+pub fn budget_guard(f: &Function, args: &[Arg]) -> Result<Answer> {
+    let row = BudgetState {
+        used: args::stored_integer(&args::nth(args, 0)),
+        resets_at: args::stored_integer(&args::nth(args, 1)),
+    };
+    internal(f, decision_slot::decide_row(&decision_slot::BUDGET, &row)).map(Answer::Bool)
+}
+
+/// The bucket row the guarded UPDATE in progress writes (its SET clause).
+pub fn decided_bucket(f: &Function) -> Result<BucketState> {
+    internal(f, decision_slot::decided_row(&decision_slot::BUCKET))
+}
+
+/// The budget row the guarded UPDATE in progress writes (its SET clause).
+pub fn decided_budget(f: &Function) -> Result<BudgetState> {
+    internal(f, decision_slot::decided_row(&decision_slot::BUDGET))
 }

@@ -13,6 +13,8 @@ pub enum ErrorKind {
     ReadOnly,
     /// The engine failed to run a statement (locked database, I/O error, ...).
     Storage,
+    /// An internal function called outside the extension's own statements: PostgreSQL 55000.
+    NotInStatement,
 }
 
 /// An error whose text starts with the SQL function's name, in lower case.
@@ -33,6 +35,10 @@ impl Error {
 
     pub fn storage(function: &'static str, message: impl Into<String>) -> Self {
         Error { kind: ErrorKind::Storage, function, message: message.into(), engine_code: None }
+    }
+
+    pub fn not_in_statement(function: &'static str, message: impl Into<String>) -> Self {
+        Error { kind: ErrorKind::NotInStatement, function, message: message.into(), engine_code: None }
     }
 
     pub fn read_only(function: &'static str) -> Self {

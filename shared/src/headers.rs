@@ -8,8 +8,6 @@
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
 
-pub const FUNCTION: &str = "rl_headers";
-
 /// One limit as the headers see it.
 struct Limit {
     name: String,
@@ -57,14 +55,14 @@ fn whole(v: f64) -> i64 {
 }
 
 fn shown(v: f64) -> String {
-    crate::json::number_text(v.max(0.0))
+    crate::render::number_text(v.max(0.0))
 }
 
 /// `rl_headers(result)`: a JSON object of header names to values, as text.
-pub fn headers(result: &str) -> Result<String> {
+pub fn headers(function: &'static str, result: &str) -> Result<String> {
     let bad = || {
         Error::invalid(
-            FUNCTION,
+            function,
             "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all",
         )
     };

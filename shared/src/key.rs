@@ -4,12 +4,10 @@
 use crate::args::Arg;
 use crate::error::{Error, Result};
 
-pub const FUNCTION: &str = "rl_key";
-
 /// `rl_key(part, ...)`: each part as text (numbers in decimal), JSON-encoded.
-pub fn encode_key(parts: &[Arg]) -> Result<String> {
+pub fn encode_key(function: &'static str, parts: &[Arg]) -> Result<String> {
     if parts.is_empty() {
-        return Err(Error::invalid(FUNCTION, "expected at least 1 part, got 0"));
+        return Err(Error::invalid(function, "expected at least 1 part, got 0"));
     }
     let texts = parts
         .iter()
@@ -18,9 +16,9 @@ pub fn encode_key(parts: &[Arg]) -> Result<String> {
             Arg::Text(t) => Ok(t.to_owned()),
             Arg::Integer(n) => Ok(n.to_string()),
             Arg::Real(r) => Ok(r.to_string()),
-            Arg::Null => Err(Error::invalid(FUNCTION, format!("part {} must not be NULL", i + 1))),
+            Arg::Null => Err(Error::invalid(function, format!("part {} must not be NULL", i + 1))),
             Arg::Blob(_) => Err(Error::invalid(
-                FUNCTION,
+                function,
                 format!("part {} must be text or a number, got {}", i + 1, part.describe()),
             )),
         })

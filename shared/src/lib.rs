@@ -1,24 +1,35 @@
 //! The engine-free core of pg_ratelimit / sqlite ratelimit.
 //!
-//! Every rule lives here: argument validation and error texts ([`args`]), token bucket
-//! arithmetic ([`bucket`]), calendar budgets ([`budget`]), key encoding ([`key`]), and the
-//! atomic read-modify-write protocol an engine runs through [`store::StateStore`]. The
-//! engine crates only convert values, run statements and return JSON. [`calls`] is the
-//! whole SQL surface, one function per SQL function.
+//! Every rule lives here; the engine crates only convert values, run statements and
+//! return answers. Modules, leaves first:
+//! - [`units`]: units, ranges and calendar periods.
+//! - [`bucket`], [`budget`], [`multi`]: the arithmetic of each kind of limit, pure.
+//! - [`args`]: engine values parsed into typed arguments, with every validation rule and
+//!   its error text; [`render`]: answers as JSON; [`headers`], [`key`]: pure functions.
+//! - [`store`]: the seam an engine implements; [`protocol`]: the flows that make each call
+//!   atomic over it; [`decision_slot`]: how one SQL statement reaches a call's decision.
+//! - [`functions`]: every SQL function described once; [`calls`]: what each one runs.
+//! - [`sql`]: the statement texts in `sql/`; [`sql_store`]: the store of both SQL engines.
+#![forbid(unsafe_code)]
 
 pub mod args;
 pub mod bucket;
 pub mod budget;
 pub mod calls;
+pub mod decision_slot;
 pub mod error;
-pub mod guard;
+pub mod functions;
 pub mod headers;
-pub mod json;
 pub mod key;
 pub mod multi;
+pub mod protocol;
+pub mod render;
 pub mod sql;
+pub mod sql_store;
 pub mod store;
+pub mod units;
 
 pub use args::{Arg, Clock};
+pub use calls::Answer;
 pub use error::{Error, ErrorKind, Result};
-pub use store::{StateStore, StoreError, StoreResult};
+pub use store::{Changed, LockingStore, RowStore, StoreError, StoreResult};

@@ -10,7 +10,44 @@
 //! Parameters are written `$1`, `$2`, ... in order of first use, which PostgreSQL reads
 //! as positions and SQLite as names numbered by first appearance: the same binding.
 
+use crate::functions::SqlType;
+
 pub const SQLITE_SCHEMA: &str = include_str!("../../sql/sqlite_schema.sql");
+
+/// A value bound to a statement parameter, or read from a result column.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value<'a> {
+    Text(&'a str),
+    Float(f64),
+    Int(i64),
+}
+
+impl Value<'_> {
+    /// The parameter's SQL type (PostgreSQL prepares each statement with these).
+    pub fn sql_type(&self) -> SqlType {
+        match self {
+            Value::Text(_) => SqlType::Text,
+            Value::Float(_) => SqlType::Float8,
+            Value::Int(_) => SqlType::Int8,
+        }
+    }
+
+    pub fn as_f64(&self) -> f64 {
+        match *self {
+            Value::Float(f) => f,
+            Value::Int(i) => i as f64,
+            Value::Text(_) => f64::NAN,
+        }
+    }
+
+    pub fn as_i64(&self) -> i64 {
+        match *self {
+            Value::Int(i) => i,
+            Value::Float(f) => f as i64,
+            Value::Text(_) => 0,
+        }
+    }
+}
 
 /// Every statement, by name, so that an engine can keep its own form of each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +85,15 @@ impl Statement {
         Statement::ResetBuckets,
         Statement::ResetBudgets,
     ];
+
+    /// The types of the columns a reading statement returns (empty for the others).
+    pub const fn columns(self) -> &'static [SqlType] {
+        match self {
+            Statement::BucketRead | Statement::BucketLock => &[SqlType::Float8, SqlType::Int8, SqlType::Int8],
+            Statement::BudgetRead | Statement::BudgetLock => &[SqlType::Int8, SqlType::Int8],
+            _ => &[],
+        }
+    }
 
     /// The PostgreSQL text. BucketLock and BudgetLock (FOR UPDATE) are PostgreSQL only;
     /// BucketChange and BudgetChange are the guarded UPDATEs (see [`crate::guard`]).

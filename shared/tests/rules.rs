@@ -2,13 +2,12 @@
 
 use chrono::{TimeZone, Utc};
 use proptest::prelude::*;
-use ratelimit_core::args::{Arg, Clock};
+use ratelimit_core::args::{Arg, Clock, SpendArgs};
 use ratelimit_core::bucket::{self, BucketLimits, BucketState};
-use ratelimit_core::budget::{self, BudgetState, Period, SpendArgs};
-use ratelimit_core::calls;
-use ratelimit_core::guard::Change;
-use ratelimit_core::key::encode_key;
-use ratelimit_core::store::{StateStore, StoreResult};
+use ratelimit_core::budget::{self, BudgetState};
+use ratelimit_core::decision_slot::Decide;
+use ratelimit_core::store::{ChangeResult, Changed, LockingStore, RowStore, StoreResult};
+use ratelimit_core::units::{Period, MAX_WAIT_MS};
 use ratelimit_core::ErrorKind;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -28,116 +27,181 @@ struct MemStore {
 }
 
 impl MemStore {
-    /// The engine's guarded UPDATE on one map entry.
+    /// The engine's guarded write on one map entry.
     fn change<K: std::hash::Hash + Eq, T: Copy>(
         rows: &mut HashMap<K, T>,
         key: K,
-        change: &mut Change<'_, T>,
+        decide: Decide<T>,
         swept_mid_write: &mut usize,
         writes: &mut usize,
-    ) -> StoreResult<u64> {
-        let Some(row) = rows.get(&key).copied() else { return Ok(0) };
-        let Some(new) = change(&row) else { return Ok(0) };
+    ) -> StoreResult<Changed<T>> {
+        let Some(row) = rows.get(&key).copied() else { return Ok(Changed { decided_on: None, written: false }) };
+        let decided_on = Some(row);
+        let Some(new) = decide(&row) else { return Ok(Changed { decided_on, written: false }) };
         if *swept_mid_write > 0 {
             *swept_mid_write -= 1;
             rows.remove(&key);
-            return Ok(0);
+            return Ok(Changed { decided_on, written: false });
         }
         *writes += 1;
         rows.insert(key, new);
-        Ok(1)
+        Ok(Changed { decided_on, written: true })
+    }
+
+    /// Writes `new` where the row holds `expected` (None: where there is no row).
+    fn compare_and_set<K: std::hash::Hash + Eq, T: Copy + PartialEq>(
+        rows: &mut HashMap<K, T>,
+        key: K,
+        expected: Option<&T>,
+        new: &T,
+        writes: &mut usize,
+    ) -> bool {
+        if rows.get(&key) != expected {
+            return false;
+        }
+        *writes += 1;
+        rows.insert(key, *new);
+        true
+    }
+
+    fn sweep<K: Clone + std::hash::Hash + Eq, T>(
+        rows: &mut HashMap<K, T>,
+        done: impl Fn(&T) -> bool,
+        limit: i64,
+    ) -> i64 {
+        let doomed: Vec<K> =
+            rows.iter().filter(|(_, r)| done(r)).map(|(k, _)| k.clone()).take(limit as usize).collect();
+        doomed.iter().for_each(|k| {
+            rows.remove(k);
+        });
+        doomed.len() as i64
     }
 }
 
-impl StateStore for MemStore {
+impl RowStore for MemStore {
     fn read_only(&mut self) -> StoreResult<bool> {
         Ok(self.read_only)
     }
-    fn read_bucket(&mut self, key: &str, _lock: bool) -> StoreResult<Option<BucketState>> {
+    fn read_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
         Ok(self.buckets.get(key).copied())
     }
-    fn write_bucket(&mut self, key: &str, expected: Option<&BucketState>, new: &BucketState) -> StoreResult<bool> {
-        if expected.is_none() && self.lost_races > 0 {
+    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        Ok(self.budgets.get(&(key.to_owned(), period)).copied())
+    }
+    fn insert_bucket(&mut self, key: &str, row: &BucketState) -> StoreResult<bool> {
+        if self.lost_races > 0 {
             // A concurrent identical call inserts first.
             self.lost_races -= 1;
             self.writes += 1;
-            self.buckets.insert(key.to_owned(), *new);
+            self.buckets.insert(key.to_owned(), *row);
             return Ok(false);
         }
-        if self.buckets.get(key) != expected {
-            return Ok(false);
-        }
-        self.writes += 1;
-        self.buckets.insert(key.to_owned(), *new);
-        Ok(true)
+        Ok(Self::compare_and_set(&mut self.buckets, key.to_owned(), None, row, &mut self.writes))
     }
-    fn read_budget(&mut self, key: &str, period: Period, _lock: bool) -> StoreResult<Option<BudgetState>> {
-        Ok(self.budgets.get(&(key.to_owned(), period)).copied())
+    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
+        Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), None, row, &mut self.writes))
     }
-    fn write_budget(
-        &mut self,
-        key: &str,
-        period: Period,
-        expected: Option<&BudgetState>,
-        new: &BudgetState,
-    ) -> StoreResult<bool> {
-        let k = (key.to_owned(), period);
-        if self.budgets.get(&k) != expected {
-            return Ok(false);
-        }
-        self.writes += 1;
-        self.budgets.insert(k, *new);
-        Ok(true)
+    fn change_bucket(&mut self, key: &str, decide: Decide<BucketState>) -> ChangeResult<BucketState> {
+        Self::change(&mut self.buckets, key.to_owned(), decide, &mut self.swept_mid_write, &mut self.writes)
     }
-    fn change_bucket(&mut self, key: &str, change: &mut Change<'_, BucketState>) -> StoreResult<u64> {
-        Self::change(&mut self.buckets, key.to_owned(), change, &mut self.swept_mid_write, &mut self.writes)
-    }
-    fn change_budget(&mut self, key: &str, period: Period, change: &mut Change<'_, BudgetState>) -> StoreResult<u64> {
-        Self::change(&mut self.budgets, (key.to_owned(), period), change, &mut self.swept_mid_write, &mut self.writes)
+    fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
+        Self::change(&mut self.budgets, (key.to_owned(), period), decide, &mut self.swept_mid_write, &mut self.writes)
     }
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        let doomed: Vec<String> = self
-            .buckets
-            .iter()
-            .filter(|(_, b)| b.full_at <= cutoff_ms)
-            .map(|(k, _)| k.clone())
-            .take(limit as usize)
-            .collect();
-        doomed.iter().for_each(|k| {
-            self.buckets.remove(k);
-        });
-        Ok(doomed.len() as i64)
+        Ok(Self::sweep(&mut self.buckets, |b| b.full_at <= cutoff_ms, limit))
     }
-    fn reset(&mut self, key: &str) -> StoreResult<i64> {
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(Self::sweep(&mut self.budgets, |b| b.resets_at <= cutoff_ms, limit))
+    }
+}
+
+impl LockingStore for MemStore {
+    const LOCKS_ROWS: bool = false;
+    fn begin_unit(&mut self) -> StoreResult<bool> {
+        self.atomic_depth += 1;
+        Ok(true)
+    }
+    fn end_unit(&mut self, _owned: bool, _commit: bool) -> StoreResult<()> {
+        self.atomic_depth -= 1;
+        Ok(())
+    }
+    fn hold_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
+        self.read_bucket(key)
+    }
+    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        self.read_budget(key, period)
+    }
+    fn replace_bucket(&mut self, key: &str, old: &BucketState, new: &BucketState) -> StoreResult<bool> {
+        Ok(Self::compare_and_set(&mut self.buckets, key.to_owned(), Some(old), new, &mut self.writes))
+    }
+    fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
+        Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), Some(old), new, &mut self.writes))
+    }
+    fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
         let before = self.buckets.len() + self.budgets.len();
         self.buckets.remove(key);
         self.budgets.retain(|(k, _), _| k != key);
         Ok((before - self.buckets.len() - self.budgets.len()) as i64)
     }
-    fn has_row_locks(&self) -> bool {
-        false
+}
+
+/// The SQL functions as the engines reach them: through their descriptors.
+mod calls {
+    use super::{Arg, Clock, MemStore};
+    use ratelimit_core::functions::{self as f, Function};
+    use ratelimit_core::{Answer, Result};
+
+    fn run(s: &mut MemStore, function: &Function, args: &[Arg], clock: &Clock) -> Result<Answer> {
+        ratelimit_core::calls::call(function, s, args, clock)
     }
-    fn begin_atomic(&mut self) -> StoreResult<bool> {
-        self.atomic_depth += 1;
-        Ok(true)
+
+    fn text(a: Answer) -> String {
+        match a {
+            Answer::Json(t) | Answer::Text(t) => t,
+            other => panic!("not text: {other:?}"),
+        }
     }
-    fn end_atomic(&mut self, _owned: bool, _commit: bool) -> StoreResult<()> {
-        self.atomic_depth -= 1;
-        Ok(())
+
+    fn int(a: Answer) -> i64 {
+        match a {
+            Answer::Int(n) => n,
+            other => panic!("not an integer: {other:?}"),
+        }
     }
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        let doomed: Vec<(String, Period)> = self
-            .budgets
-            .iter()
-            .filter(|(_, b)| b.resets_at <= cutoff_ms)
-            .map(|(k, _)| k.clone())
-            .take(limit as usize)
-            .collect();
-        doomed.iter().for_each(|k| {
-            self.budgets.remove(k);
-        });
-        Ok(doomed.len() as i64)
+
+    macro_rules! json_calls {
+        ($($name:ident => $descriptor:ident;)*) => {$(
+            pub fn $name(s: &mut MemStore, args: &[Arg], clock: &Clock) -> Result<String> {
+                run(s, &f::$descriptor, args, clock).map(text)
+            }
+        )*};
     }
+
+    json_calls! {
+        rl_take => RL_TAKE;
+        rl_spend => RL_SPEND;
+        rl_budget => RL_BUDGET;
+        rl_peek => RL_PEEK;
+        rl_refund => RL_REFUND;
+        rl_refund_budget => RL_REFUND_BUDGET;
+        rl_take_all => RL_TAKE_ALL;
+    }
+
+    pub fn rl_sweep(s: &mut MemStore, args: &[Arg], clock: &Clock) -> Result<i64> {
+        run(s, &f::RL_SWEEP, args, clock).map(int)
+    }
+
+    pub fn rl_reset(s: &mut MemStore, args: &[Arg]) -> Result<i64> {
+        run(s, &f::RL_RESET, args, &super::TEST_CLOCK).map(int)
+    }
+}
+
+fn encode_key(parts: &[Arg]) -> ratelimit_core::Result<String> {
+    ratelimit_core::key::encode_key("rl_key", parts)
+}
+
+fn headers_of(result: &str) -> ratelimit_core::Result<String> {
+    ratelimit_core::headers::headers("rl_headers", result)
 }
 
 const TEST_CLOCK: Clock = Clock { wall_ms: 4_000_000_000_000, explicit_allowed: true };
@@ -284,7 +348,7 @@ fn huge_and_tiny_numbers_stay_finite() {
     assert_eq!(r["admitted"], true);
     let r = take(&mut s, "k", 1e308, 1e-300, 1e308, 1);
     assert_eq!(r["admitted"], false);
-    assert_eq!(r["retry_after_ms"], bucket::MAX_WAIT_MS);
+    assert_eq!(r["retry_after_ms"], MAX_WAIT_MS);
     assert!(r["remaining"].is_i64());
 }
 
@@ -722,7 +786,7 @@ fn take_all_rejects_bad_lists() {
 
 #[test]
 fn headers_for_every_result_shape() {
-    let h = |v: &Value| parsed(ratelimit_core::headers::headers(&v.to_string()).unwrap());
+    let h = |v: &Value| parsed(headers_of(&v.to_string()).unwrap());
     let mut s = MemStore::default();
     let admitted = take(&mut s, "k", 10.0, 60.0, 1.0, 0);
     assert_eq!(
@@ -760,8 +824,8 @@ fn headers_for_every_result_shape() {
         &[Arg::Text("k"), Arg::Integer(10), Arg::Integer(60), Arg::Integer(1), Arg::Integer(2)],
     );
     assert!(h(&refund).get("Retry-After").is_none());
-    assert!(ratelimit_core::headers::headers(r#"{"used": 1, "resets_at": 5}"#).is_err());
-    assert!(ratelimit_core::headers::headers("[]").is_err());
+    assert!(headers_of(r#"{"used": 1, "resets_at": 5}"#).is_err());
+    assert!(headers_of("[]").is_err());
 }
 
 fn state_strategy() -> impl Strategy<Value = (f64, i64)> {

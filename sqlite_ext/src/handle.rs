@@ -5,9 +5,16 @@
 //! so they are tied to an eponymous virtual table, `rl_statement_cache`: SQLite
 //! disconnects virtual tables at the start of closing a connection, before it checks for
 //! open statements, and disconnecting this one finalizes the cache.
+//!
+//! The only module of this crate allowed `unsafe` (the workspace denies it elsewhere):
+//! SQLite's entry point, a second `Connection` over the handle SQLite passes in, and the
+//! virtual table traits. Invariants: the handle stays valid for as long as SQLite keeps
+//! the functions registered on it (they are dropped with the connection), and the
+//! `Connection` made from it never closes it (`from_handle` does not own the handle).
+#![allow(unsafe_code)]
 
 use std::borrow::Cow;
-use std::ffi::{c_int, CStr};
+use std::ffi::{c_char, c_int, CStr};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,9 +22,22 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::vtab::{
     sqlite3_vtab, sqlite3_vtab_cursor, Context, Filters, IndexInfo, Module, VTab, VTabConnection, VTabCursor,
 };
-use rusqlite::Connection;
+use rusqlite::{ffi, Connection};
 
-pub const ANCHOR_TABLE: &CStr = c"rl_statement_cache";
+const ANCHOR_TABLE: &CStr = c"rl_statement_cache";
+
+/// Entry point; the name follows from the file name libratelimit.so.
+///
+/// # Safety
+/// Called by SQLite with a valid connection and API table.
+#[no_mangle]
+pub unsafe extern "C" fn sqlite3_ratelimit_init(
+    db: *mut ffi::sqlite3,
+    pz_err_msg: *mut *mut c_char,
+    p_api: *mut ffi::sqlite3_api_routines,
+) -> c_int {
+    Connection::extension_init2(db, pz_err_msg, p_api, crate::register)
+}
 
 /// Shared by every function registered on one connection.
 pub struct Handle {
@@ -27,8 +47,14 @@ pub struct Handle {
 }
 
 impl Handle {
-    pub fn new(conn: Connection) -> Arc<Handle> {
-        Arc::new(Handle { conn: Mutex::new(conn), anchored: AtomicBool::new(false) })
+    /// The handle on the connection SQLite passed to the entry point, with the anchor table
+    /// registered on it.
+    pub fn new(db: Connection) -> rusqlite::Result<Arc<Handle>> {
+        // SAFETY: the same connection SQLite just handed over; this Connection never closes it.
+        let own = unsafe { Connection::from_handle(db.handle())? };
+        let handle = Arc::new(Handle { conn: Mutex::new(own), anchored: AtomicBool::new(false) });
+        db.create_module(ANCHOR_TABLE, &ANCHOR_MODULE, Some(handle.clone()))?;
+        Ok(handle)
     }
 
     /// The connection, with its statement cache, for the length of one call.
@@ -54,7 +80,7 @@ impl Handle {
     }
 }
 
-pub const ANCHOR_MODULE: Module<'static, Anchor> = Module::eponymous_only_module();
+const ANCHOR_MODULE: Module<'static, Anchor> = Module::eponymous_only_module();
 
 /// An empty table whose only job is its disconnect.
 #[repr(C)]

@@ -1,0 +1,301 @@
+//! Every SQL function of the extension, described once. The SQLite extension registers
+//! from this table, `sql/pg_finalize.sql` (comments, privileges) is generated from it, the
+//! client tests read their function lists from its copy `tests/functions.json`, and an
+//! in-server test compares PostgreSQL's catalog with it, so a wrapper that drifts fails.
+//!
+//! Adding a function: a descriptor here (and in [`ALL`]), its entry in [`crate::calls`],
+//! one pgrx wrapper, tests; then `RL_BLESS=1 cargo test -p ratelimit_core --test generated`
+//! rewrites the generated files.
+
+use crate::args::Arg;
+use crate::calls::{self, Answer, StateCall};
+use crate::error::Result;
+
+/// A SQL type as PostgreSQL names it (SQLite takes any value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlType {
+    Text,
+    Float8,
+    Int8,
+    Bool,
+    Jsonb,
+}
+
+impl SqlType {
+    pub const fn pg_name(self) -> &'static str {
+        match self {
+            SqlType::Text => "text",
+            SqlType::Float8 => "double precision",
+            SqlType::Int8 => "bigint",
+            SqlType::Bool => "boolean",
+            SqlType::Jsonb => "jsonb",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Param {
+    pub name: &'static str,
+    pub sql_type: SqlType,
+    /// The default as SQL text; None: the argument is required.
+    pub default: Option<&'static str>,
+    /// `VARIADIC name type[]`: any number of arguments, at least one.
+    pub variadic: bool,
+}
+
+const fn required(name: &'static str, sql_type: SqlType) -> Param {
+    Param { name, sql_type, default: None, variadic: false }
+}
+
+const fn optional(name: &'static str, sql_type: SqlType, default: &'static str) -> Param {
+    Param { name, sql_type, default: Some(default), variadic: false }
+}
+
+/// How a function is run, which decides how each engine declares it.
+#[derive(Clone, Copy)]
+pub enum Entry {
+    /// Reads or writes state. PostgreSQL: VOLATILE, PARALLEL UNSAFE, SECURITY DEFINER,
+    /// EXECUTE for PUBLIC. SQLite: DIRECTONLY (never from views, triggers or schema).
+    State(StateCall),
+    /// Depends on its arguments only. PostgreSQL: IMMUTABLE, PARALLEL SAFE. SQLite:
+    /// DETERMINISTIC, INNOCUOUS.
+    Pure(fn(&Function, &[Arg]) -> Result<Answer>),
+    /// Called by the extension's own statements only, and failing anywhere else.
+    /// PostgreSQL: in schema `ratelimit`, VOLATILE, no EXECUTE for PUBLIC. SQLite:
+    /// DIRECTONLY, not deterministic (evaluated for each row, in order).
+    Internal(fn(&Function, &[Arg]) -> Result<Answer>),
+}
+
+#[derive(Clone, Copy)]
+pub struct Function {
+    pub name: &'static str,
+    pub entry: Entry,
+    pub params: &'static [Param],
+    pub returns: SqlType,
+    /// The `COMMENT ON FUNCTION` text.
+    pub comment: &'static str,
+    /// The keys of the JSON object it returns, in order; empty when the result is not an
+    /// object with fixed keys.
+    pub result_keys: &'static [&'static str],
+}
+
+impl Function {
+    /// Checks the number of arguments against the parameters (defaults may be left out).
+    pub fn check_arity(&self, got: usize) -> Result<()> {
+        if self.params.iter().any(|p| p.variadic) {
+            return Ok(()); // the function counts its parts itself
+        }
+        let required = self.params.iter().filter(|p| p.default.is_none()).count();
+        crate::args::arity(self.name, got, required, self.params.len())
+    }
+
+    /// The identity signature PostgreSQL uses in `COMMENT ON` and `REVOKE`:
+    /// `rl_take(text, double precision, ...)`, schema-qualified for internal functions.
+    pub fn pg_signature(&self) -> String {
+        let types: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| if p.variadic { format!("{}[]", p.sql_type.pg_name()) } else { p.sql_type.pg_name().to_owned() })
+            .collect();
+        format!("{}{}({})", self.pg_schema_prefix(), self.name, types.join(", "))
+    }
+
+    /// What `pg_get_function_arguments` shows for it.
+    pub fn pg_arguments(&self) -> String {
+        let params: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| {
+                let t = p.sql_type.pg_name();
+                match (p.variadic, p.default) {
+                    (true, _) => format!("VARIADIC {} {t}[]", p.name),
+                    (false, None) => format!("{} {t}", p.name),
+                    (false, Some("NULL")) => format!("{} {t} DEFAULT NULL::{t}", p.name),
+                    (false, Some(d)) => format!("{} {t} DEFAULT {d}", p.name),
+                }
+            })
+            .collect();
+        params.join(", ")
+    }
+
+    pub fn pg_schema_prefix(&self) -> &'static str {
+        if self.is_internal() {
+            "ratelimit."
+        } else {
+            ""
+        }
+    }
+
+    pub fn is_internal(&self) -> bool {
+        matches!(self.entry, Entry::Internal(_))
+    }
+}
+
+const KEY: Param = required("key", SqlType::Text);
+const BURST: Param = required("burst", SqlType::Float8);
+const REFILL: Param = required("refill_per_minute", SqlType::Float8);
+const PERIOD: Param = required("period", SqlType::Text);
+const QUOTA: Param = required("quota", SqlType::Float8);
+const AMOUNT: Param = required("amount", SqlType::Float8);
+const COST: Param = optional("cost", SqlType::Float8, "1");
+const NOW_MS: Param = optional("now_ms", SqlType::Float8, "NULL");
+const TAKE_ARGS: &[Param] = &[KEY, BURST, REFILL, COST, NOW_MS];
+const SPEND_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, COST, NOW_MS];
+
+const TAKE_KEYS: &[&str] =
+    &["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds"];
+const SPEND_KEYS: &[&str] = &["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds"];
+const NOT_AN_OBJECT: &[&str] = &[];
+
+use SqlType::{Bool, Float8, Int8, Jsonb, Text};
+
+const fn function(
+    name: &'static str,
+    entry: Entry,
+    params: &'static [Param],
+    returns: SqlType,
+    result_keys: &'static [&'static str],
+    comment: &'static str,
+) -> Function {
+    Function { name, entry, params, returns, comment, result_keys }
+}
+
+const fn state(name: &'static str, call: StateCall, params: &'static [Param], comment: &'static str) -> Function {
+    function(name, Entry::State(call), params, Jsonb, NOT_AN_OBJECT, comment)
+}
+
+#[rustfmt::skip]
+mod table {
+    use super::*;
+
+    pub const RL_TAKE: Function = Function { result_keys: TAKE_KEYS, ..state("rl_take", StateCall::Take, TAKE_ARGS,
+        "token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb") };
+    pub const RL_SPEND: Function = Function { result_keys: SPEND_KEYS, ..state("rl_spend", StateCall::Spend, SPEND_ARGS,
+        "calendar budget (UTC day or month): spend cost (all or nothing) against quota; returns jsonb") };
+    pub const RL_BUDGET: Function = Function { result_keys: SPEND_KEYS, ..state("rl_budget", StateCall::Budget, SPEND_ARGS,
+        "what rl_spend with the same arguments would return, spending nothing") };
+    pub const RL_SWEEP: Function = Function { returns: Int8, ..state("rl_sweep", StateCall::Sweep,
+        &[NOW_MS, optional("max_rows", Int8, "NULL")],
+        "delete buckets that are full again and budgets whose period ended, at most max_rows per call; returns the number of rows removed") };
+    pub const RL_KEY: Function = function("rl_key", Entry::Pure(calls::rl_key),
+        &[Param { name: "parts", sql_type: Text, default: None, variadic: true }], Text, NOT_AN_OBJECT,
+        "composite key: the parts JSON-encoded as an array of strings, so different part lists never collide");
+    pub const RL_PEEK: Function = Function { result_keys: TAKE_KEYS, ..state("rl_peek", StateCall::Peek, TAKE_ARGS,
+        "what rl_take with the same arguments would return, taking nothing") };
+    pub const RL_REFUND: Function = Function { result_keys: &["remaining", "limit", "reset_after_seconds"],
+        ..state("rl_refund", StateCall::Refund, &[KEY, BURST, REFILL, AMOUNT, NOW_MS],
+        "give amount tokens back to a bucket, never above burst; returns the new state as jsonb") };
+    pub const RL_REFUND_BUDGET: Function = Function { result_keys: &["used", "resets_at"],
+        ..state("rl_refund_budget", StateCall::RefundBudget, &[KEY, PERIOD, AMOUNT, NOW_MS],
+        "lower the current period's used by amount, never below 0; returns the new state as jsonb") };
+    pub const RL_RESET: Function = Function { returns: Int8, ..state("rl_reset", StateCall::Reset, &[KEY],
+        "forget every bucket and budget under key; returns the number of rows removed") };
+    pub const RL_TAKE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
+        ..state("rl_take_all", StateCall::TakeAll, &[required("limits", Jsonb), NOW_MS],
+        "take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb") };
+    pub const RL_HEADERS: Function = function("rl_headers", Entry::Pure(calls::rl_headers),
+        &[required("result", Jsonb)], Jsonb, NOT_AN_OBJECT,
+        "HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result");
+
+    // The internal functions of the guarded UPDATEs (sql/bucket_change.sql,
+    // sql/budget_change.sql; see crate::decision_slot).
+    pub const RL_BUCKET_GUARD: Function = function("rl_bucket_guard", Entry::Internal(calls::bucket_guard),
+        &[required("level", Float8), required("refilled_at", Int8), required("full_at", Int8)], Bool, NOT_AN_OBJECT,
+        "internal: hands a bucket row to the decision of the rl_* call in progress; true when it writes");
+    pub const RL_BUCKET_NEW_LEVEL: Function = function("rl_bucket_new_level",
+        Entry::Internal(|f, _| calls::decided_bucket(f).map(|r| Answer::Real(r.level))), &[], Float8, NOT_AN_OBJECT,
+        "internal: the level the call in progress writes");
+    pub const RL_BUCKET_NEW_REFILLED_AT: Function = function("rl_bucket_new_refilled_at",
+        Entry::Internal(|f, _| calls::decided_bucket(f).map(|r| Answer::Int(r.refilled_at))), &[], Int8, NOT_AN_OBJECT,
+        "internal: the refilled_at the call in progress writes");
+    pub const RL_BUCKET_NEW_FULL_AT: Function = function("rl_bucket_new_full_at",
+        Entry::Internal(|f, _| calls::decided_bucket(f).map(|r| Answer::Int(r.full_at))), &[], Int8, NOT_AN_OBJECT,
+        "internal: the full_at the call in progress writes");
+    pub const RL_BUDGET_GUARD: Function = function("rl_budget_guard", Entry::Internal(calls::budget_guard),
+        &[required("used", Int8), required("resets_at", Int8)], Bool, NOT_AN_OBJECT,
+        "internal: hands a budget row to the decision of the rl_* call in progress; true when it writes");
+    pub const RL_BUDGET_NEW_USED: Function = function("rl_budget_new_used",
+        Entry::Internal(|f, _| calls::decided_budget(f).map(|r| Answer::Int(r.used))), &[], Int8, NOT_AN_OBJECT,
+        "internal: the used the call in progress writes");
+    pub const RL_BUDGET_NEW_RESETS_AT: Function = function("rl_budget_new_resets_at",
+        Entry::Internal(|f, _| calls::decided_budget(f).map(|r| Answer::Int(r.resets_at))), &[], Int8, NOT_AN_OBJECT,
+        "internal: the resets_at the call in progress writes");
+}
+
+pub use table::*;
+
+/// Every function, public ones first, in the order the reference documents them.
+pub const ALL: &[Function] = &[
+    RL_TAKE,
+    RL_SPEND,
+    RL_BUDGET,
+    RL_SWEEP,
+    RL_KEY,
+    RL_PEEK,
+    RL_REFUND,
+    RL_REFUND_BUDGET,
+    RL_RESET,
+    RL_TAKE_ALL,
+    RL_HEADERS,
+    RL_BUCKET_GUARD,
+    RL_BUCKET_NEW_LEVEL,
+    RL_BUCKET_NEW_REFILLED_AT,
+    RL_BUCKET_NEW_FULL_AT,
+    RL_BUDGET_GUARD,
+    RL_BUDGET_NEW_USED,
+    RL_BUDGET_NEW_RESETS_AT,
+];
+
+/// The function called `name`.
+pub fn by_name(name: &str) -> Option<&'static Function> {
+    ALL.iter().find(|f| f.name == name)
+}
+
+/// `sql/pg_finalize.sql`: the comment on every function and the privileges of the internal
+/// ones, written after pgrx has created them.
+pub fn pg_finalize_sql() -> String {
+    let quote = |s: &str| s.replace('\'', "''");
+    let mut out = String::from(
+        "-- Generated from shared/src/functions.rs (RL_BLESS=1 cargo test -p ratelimit_core --test generated).\n\
+         -- Deliberate declarations of every function's purpose.\n",
+    );
+    for f in ALL.iter().filter(|f| !f.is_internal()) {
+        out += &format!("COMMENT ON FUNCTION {} IS\n  '{}';\n", f.pg_signature(), quote(f.comment));
+    }
+    let internal: Vec<String> = ALL.iter().filter(|f| f.is_internal()).map(Function::pg_signature).collect();
+    out += "\n-- Internal: called only by the guarded UPDATEs of rl_take, rl_spend and the refunds.\n";
+    out += &format!("REVOKE ALL ON FUNCTION\n  {}\nFROM PUBLIC;\n", internal.join(",\n  "));
+    for f in ALL.iter().filter(|f| f.is_internal()) {
+        out += &format!("COMMENT ON FUNCTION {} IS\n  '{}';\n", f.pg_signature(), quote(f.comment));
+    }
+    out
+}
+
+/// `tests/functions.json`: the table as the client tests read it.
+pub fn tests_json() -> String {
+    let functions: Vec<serde_json::Value> = ALL
+        .iter()
+        .map(|f| {
+            let kind = match f.entry {
+                Entry::State(_) => "state",
+                Entry::Pure(_) => "pure",
+                Entry::Internal(_) => "internal",
+            };
+            let params: Vec<serde_json::Value> = f
+                .params
+                .iter()
+                .map(|p| {
+                    serde_json::json!({"name": p.name, "type": p.sql_type.pg_name(), "default": p.default,
+                                       "variadic": p.variadic})
+                })
+                .collect();
+            serde_json::json!({
+                "name": f.name, "kind": kind, "params": params, "returns": f.returns.pg_name(),
+                "comment": f.comment, "result_keys": f.result_keys,
+            })
+        })
+        .collect();
+    let mut text = serde_json::to_string_pretty(&functions).expect("plain values always encode");
+    text.push('\n');
+    text
+}

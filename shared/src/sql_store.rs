@@ -1,0 +1,144 @@
+//! The store of both SQL engines, written once over the few things an engine does: run a
+//! statement of [`crate::sql`] with bound values, read one row, begin and end a unit.
+//! Which statement serves which store method, and the order of its parameters, live here.
+
+use crate::bucket::BucketState;
+use crate::budget::BudgetState;
+use crate::decision_slot::{self, Decide};
+use crate::sql::{Statement, Value};
+use crate::store::{ChangeResult, Changed, LockingStore, RowStore, StoreResult};
+use crate::units::Period;
+
+/// What an SQL engine provides.
+pub trait SqlEngine {
+    /// See [`LockingStore::LOCKS_ROWS`].
+    const LOCKS_ROWS: bool;
+    /// Whether the database or transaction refuses writes.
+    fn read_only(&mut self) -> StoreResult<bool>;
+    /// Runs a statement that changes rows (prepared once per connection); returns how many.
+    fn execute(&mut self, statement: Statement, params: &[Value]) -> StoreResult<u64>;
+    /// Runs a statement that returns at most one row, of the types in `statement.columns()`.
+    fn query_row(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Option<Vec<Value<'static>>>>;
+    /// See [`LockingStore::begin_unit`].
+    fn begin_unit(&mut self) -> StoreResult<bool>;
+    /// See [`LockingStore::end_unit`].
+    fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()>;
+}
+
+/// A store over an SQL engine.
+pub struct SqlStore<E>(pub E);
+
+fn bucket_of(row: Vec<Value>) -> BucketState {
+    BucketState { level: row[0].as_f64(), refilled_at: row[1].as_i64(), full_at: row[2].as_i64() }
+}
+
+fn budget_of(row: Vec<Value>) -> BudgetState {
+    BudgetState { used: row[0].as_i64(), resets_at: row[1].as_i64() }
+}
+
+impl<E: SqlEngine> SqlStore<E> {
+    fn bucket(&mut self, statement: Statement, key: &str) -> StoreResult<Option<BucketState>> {
+        Ok(self.0.query_row(statement, &[Value::Text(key)])?.map(bucket_of))
+    }
+
+    fn budget(&mut self, statement: Statement, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        Ok(self.0.query_row(statement, &[Value::Text(key), Value::Text(period.as_str())])?.map(budget_of))
+    }
+}
+
+impl<E: SqlEngine> RowStore for SqlStore<E> {
+    fn read_only(&mut self) -> StoreResult<bool> {
+        self.0.read_only()
+    }
+
+    fn read_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
+        self.bucket(Statement::BucketRead, key)
+    }
+
+    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        self.budget(Statement::BudgetRead, key, period)
+    }
+
+    fn insert_bucket(&mut self, key: &str, row: &BucketState) -> StoreResult<bool> {
+        let params = [Value::Text(key), Value::Float(row.level), Value::Int(row.refilled_at), Value::Int(row.full_at)];
+        Ok(self.0.execute(Statement::BucketInsert, &params)? == 1)
+    }
+
+    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
+        let params = [Value::Text(key), Value::Text(period.as_str()), Value::Int(row.used), Value::Int(row.resets_at)];
+        Ok(self.0.execute(Statement::BudgetInsert, &params)? == 1)
+    }
+
+    fn change_bucket(&mut self, key: &str, decide: Decide<BucketState>) -> ChangeResult<BucketState> {
+        let (written, decided_on) = decision_slot::with_decision(&decision_slot::BUCKET, decide, || {
+            self.0.execute(Statement::BucketChange, &[Value::Text(key)])
+        });
+        Ok(Changed { decided_on, written: written? == 1 })
+    }
+
+    fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
+        let (written, decided_on) = decision_slot::with_decision(&decision_slot::BUDGET, decide, || {
+            self.0.execute(Statement::BudgetChange, &[Value::Text(key), Value::Text(period.as_str())])
+        });
+        Ok(Changed { decided_on, written: written? == 1 })
+    }
+
+    fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(self.0.execute(Statement::SweepBuckets, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
+    }
+
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(self.0.execute(Statement::SweepBudgets, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
+    }
+}
+
+impl<E: SqlEngine> LockingStore for SqlStore<E> {
+    const LOCKS_ROWS: bool = E::LOCKS_ROWS;
+
+    fn begin_unit(&mut self) -> StoreResult<bool> {
+        self.0.begin_unit()
+    }
+
+    fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()> {
+        self.0.end_unit(owned, commit)
+    }
+
+    /// FOR UPDATE where rows are locked one by one; elsewhere the unit's lock holds them.
+    fn hold_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
+        self.bucket(if E::LOCKS_ROWS { Statement::BucketLock } else { Statement::BucketRead }, key)
+    }
+
+    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        self.budget(if E::LOCKS_ROWS { Statement::BudgetLock } else { Statement::BudgetRead }, key, period)
+    }
+
+    fn replace_bucket(&mut self, key: &str, old: &BucketState, new: &BucketState) -> StoreResult<bool> {
+        let params = [
+            Value::Float(new.level),
+            Value::Int(new.refilled_at),
+            Value::Int(new.full_at),
+            Value::Text(key),
+            Value::Float(old.level),
+            Value::Int(old.refilled_at),
+        ];
+        Ok(self.0.execute(Statement::BucketUpdate, &params)? == 1)
+    }
+
+    fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
+        let params = [
+            Value::Int(new.used),
+            Value::Int(new.resets_at),
+            Value::Text(key),
+            Value::Text(period.as_str()),
+            Value::Int(old.used),
+            Value::Int(old.resets_at),
+        ];
+        Ok(self.0.execute(Statement::BudgetUpdate, &params)? == 1)
+    }
+
+    fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
+        let buckets = self.0.execute(Statement::ResetBuckets, &[Value::Text(key)])?;
+        let budgets = self.0.execute(Statement::ResetBudgets, &[Value::Text(key)])?;
+        Ok((buckets + budgets) as i64)
+    }
+}

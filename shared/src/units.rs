@@ -1,0 +1,68 @@
+//! Units, ranges and calendar periods: the leaf module every other one builds on.
+
+use chrono::{DateTime, Datelike, NaiveDate};
+
+pub const MS_PER_MINUTE: f64 = 60_000.0;
+const MS_PER_DAY: i64 = 86_400_000;
+
+/// Longest wait ever reported (2^53 - 1 ms, about 285,000 years): keeps every reported
+/// time an exact integer in any JSON reader, and times far from overflow.
+pub const MAX_WAIT_MS: i64 = (1 << 53) - 1;
+
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Latest clock reading accepted: 9999-12-31T23:59:59.999Z. Keeps every derived time
+/// (period ends, retry times) far from integer overflow and inside calendar range.
+pub const MAX_NOW_MS: i64 = 253_402_300_799_999;
+
+/// Largest budget quota or cost. Amounts are integer millionths; below 2^53 millionths
+/// every amount and every sum of two is exact in f64 and in any JSON reader.
+pub const MAX_AMOUNT: f64 = 1e9;
+
+/// Budget amounts are counted in millionths, so costs with up to 6 decimals are exact.
+pub const MICROS_PER_UNIT: i64 = 1_000_000;
+
+/// Whole seconds, rounded up: a wait of 1 ms is 1 s, never 0.
+pub fn ceil_seconds(ms: i64) -> i64 {
+    (ms + 999).div_euclid(1000)
+}
+
+/// A budget's calendar period, in UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Period {
+    Day,
+    Month,
+}
+
+impl Period {
+    pub const ALL: [Period; 2] = [Period::Day, Period::Month];
+
+    /// The name stored in the period column and accepted from callers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Month => "month",
+        }
+    }
+
+    /// The end (exclusive) of the UTC calendar period containing `now_ms`, in epoch ms.
+    pub fn end_ms(self, now_ms: i64) -> i64 {
+        let day_start = now_ms.div_euclid(MS_PER_DAY) * MS_PER_DAY;
+        match self {
+            Period::Day => day_start + MS_PER_DAY,
+            Period::Month => {
+                let date = DateTime::from_timestamp_millis(now_ms)
+                    .expect("now_ms is validated to lie within calendar range")
+                    .date_naive();
+                let (year, month) =
+                    if date.month() == 12 { (date.year() + 1, 1) } else { (date.year(), date.month() + 1) };
+                NaiveDate::from_ymd_opt(year, month, 1)
+                    .and_then(|d| d.and_hms_opt(0, 0, 0))
+                    .expect("the first of a month always exists")
+                    .and_utc()
+                    .timestamp_millis()
+            }
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Files generated from the function table (`shared/src/functions.rs`) and checked in, so
+//! that the SQL and the client tests read them as plain files. This test fails when one is
+//! stale; `RL_BLESS=1 cargo test -p ratelimit_core --test generated` rewrites them.
+
+use ratelimit_core::functions;
+use std::path::Path;
+
+fn check(relative: &str, generated: String) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative);
+    if std::env::var_os("RL_BLESS").is_some() {
+        std::fs::write(&path, generated).expect("write the generated file");
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == generated,
+        "{relative} is not what shared/src/functions.rs generates: run RL_BLESS=1 cargo test -p ratelimit_core --test generated"
+    );
+}
+
+#[test]
+fn pg_finalize_sql_is_generated_from_the_table() {
+    check("sql/pg_finalize.sql", functions::pg_finalize_sql());
+}
+
+#[test]
+fn tests_functions_json_is_generated_from_the_table() {
+    check("tests/functions.json", functions::tests_json());
+}
