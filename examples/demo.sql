@@ -9,7 +9,7 @@ WITH calls(t, now_ms) AS (VALUES
     ('request 4 at 0 ms', 0), ('request 5 at 999 ms', 999), ('request 6 at 1000 ms', 1000)),
 results AS MATERIALIZED (SELECT t, rl_take('user:42', 3, 60, 1, now_ms) AS r FROM calls)
 SELECT t AS "call",
-       r ->> '$.admitted' AS admitted,
+       r -> '$.admitted' AS admitted,
        r ->> '$.remaining' AS remaining,
        r ->> '$.retry_after_ms' AS retry_after_ms,
        r ->> '$.retry_after_seconds' AS "Retry-After"
@@ -23,7 +23,7 @@ SELECT '3. A daily budget of 1.00 spent in exact steps of 0.30 (UTC calendar day
 WITH calls(n) AS (VALUES (1), (2), (3), (4)),
 results AS MATERIALIZED (SELECT n, rl_spend('tenant-7', 'day', 1, 0.3, 1795953600000) AS r FROM calls)
 SELECT 'spend ' || n || ' of 0.30' AS "call",
-       r ->> '$.admitted' AS admitted,
+       r -> '$.admitted' AS admitted,
        r ->> '$.used' AS used,
        r ->> '$.remaining' AS remaining,
        datetime(r ->> '$.resets_at', 'unixepoch') AS resets_at,
@@ -31,6 +31,8 @@ SELECT 'spend ' || n || ' of 0.30' AS "call",
 FROM results;
 
 SELECT '4. rl_budget asks without spending; rl_sweep drops rows that no longer matter.' AS "";
+-- The sweep's clock is that of the walk too: both buckets are full again by then, the
+-- budget's day has not ended.
 SELECT rl_budget('tenant-7', 'day', 1, 0.1, 1795953600000) AS "rl_budget('tenant-7', 'day', 1, 0.1, ...)",
-       rl_sweep() AS rows_swept_now;
+       rl_sweep(1795953600000) AS rows_swept;
 SELECT 'state rows: ' || (SELECT count(*) FROM rl_bucket) || ' buckets, ' || (SELECT count(*) FROM rl_budget) || ' budgets' AS "";

@@ -6,6 +6,7 @@ Environment: RL_SQLITE_EXT (path of libratelimit without .so), and for PostgreSQ
 usual PGHOST/PGPORT/PGUSER of a cluster where pg_ratelimit is installed; PostgreSQL
 tests are skipped when PGHOST is not set, unless RL_REQUIRE_PG=1 makes that a failure.
 """
+import contextlib
 import json
 import os
 import sqlite3
@@ -15,6 +16,14 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SQLITE_EXT = os.environ.get("RL_SQLITE_EXT", os.path.join(ROOT, "target", "release", "libratelimit"))
+
+# Every SQL function as the core's table describes it (generated from shared/src/functions.rs).
+with open(os.path.join(ROOT, "tests", "functions.json")) as f:
+    FUNCTIONS = json.load(f)
+PUBLIC = [f["name"] for f in FUNCTIONS if f["kind"] != "internal"]
+STATEFUL = [f["name"] for f in FUNCTIONS if f["kind"] == "state"]
+INTERNAL = {f["name"]: len(f["params"]) for f in FUNCTIONS if f["kind"] == "internal"}
+RESULT_KEYS = {f["name"]: f["result_keys"] for f in FUNCTIONS}
 
 
 def sqlite_connect(path, timeout=30.0):
@@ -117,25 +126,41 @@ def run_sessions(dbname, count, work, timeout=120):
     assert errors == []
 
 
+@contextlib.contextmanager
+def pg_database(prefix="rl_test", extension=True):
+    """A new database (with pg_ratelimit created unless told not to), dropped afterwards
+    even when the test or the set-up fails. Yields its name."""
+    if not pg_available():
+        pytest.skip("PGHOST not set: no PostgreSQL cluster for client tests")
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = pg_connect("postgres")
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        if extension:
+            conn = pg_connect(name)
+            with conn.cursor() as cur:
+                cur.execute("CREATE EXTENSION pg_ratelimit")
+            conn.close()
+        yield name
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
 @pytest.fixture
 def pg_db():
     """A fresh database with pg_ratelimit created and the explicit clock allowed."""
-    if not pg_available():
-        pytest.skip("PGHOST not set: no PostgreSQL cluster for client tests")
-    name = "rl_test_" + uuid.uuid4().hex[:12]
-    admin = pg_connect("postgres")
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    conn = pg_connect(name)
-    with conn.cursor() as cur:
-        cur.execute("CREATE EXTENSION pg_ratelimit")
-        cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.allow_explicit_clock = on")
-        cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
-    yield conn, name
-    conn.close()
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
-    admin.close()
+    with pg_database() as name:
+        conn = pg_connect(name)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.allow_explicit_clock = on")
+                cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+            yield conn, name
+        finally:
+            conn.close()
 
 
 @pytest.fixture

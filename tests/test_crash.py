@@ -7,27 +7,22 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
-import psycopg2
 import pytest
 
-from conftest import ROOT, SQLITE_EXT, pg_available, pg_connect, sqlite_connect
+from conftest import ROOT, SQLITE_EXT, pg_connect, pg_database, sqlite_connect
 
 PG_LIMIT = 1_000_000  # more than the load admits before the crash, so it dies mid-load
 CLUSTER = ["bash", os.path.join(ROOT, "scripts", "pg_cluster.sh")]
 
 
 def test_postgres_kill_9_loses_no_seen_admission():
-    if not pg_available():
-        pytest.skip("PGHOST not set")
-    name = "rl_crash_" + uuid.uuid4().hex[:8]
-    admin = pg_connect("postgres")
-    admin.cursor().execute(f"CREATE DATABASE {name}")
-    admin.close()
-    setup = pg_connect(name)
-    setup.cursor().execute("CREATE EXTENSION pg_ratelimit")
-    setup.close()
+    with pg_database("rl_crash") as name:
+        crash_mid_load(name)
+
+
+def crash_mid_load(name):
+    import psycopg2
 
     seen = {"take": 0, "spend": 0}
     lock = threading.Lock()
@@ -77,9 +72,6 @@ def test_postgres_kill_9_loses_no_seen_admission():
         cur.execute(f"SELECT ({call}) ->> 'admitted'", (1,))
         assert cur.fetchone()[0] == "false"
     conn.close()
-    admin = pg_connect("postgres")
-    admin.cursor().execute(f"DROP DATABASE {name} WITH (FORCE)")
-    admin.close()
 
 
 WRITER = r"""

@@ -1,4 +1,5 @@
 """The example HTTP service, on each engine, driven past its limit by a real HTTP client."""
+import contextlib
 import json
 import os
 import socket
@@ -6,11 +7,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-import uuid
 
 import pytest
 
-from conftest import ROOT, SQLITE_EXT, pg_available, pg_connect
+from conftest import ROOT, SQLITE_EXT, pg_database
 
 SERVICE = os.path.join(ROOT, "examples", "service.py")
 
@@ -29,28 +29,26 @@ def get(port, path):
         return e.code, dict(e.headers), json.loads(e.read())
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def service(request, tmp_path):
-    if request.param == "sqlite":
-        engine = ["--sqlite", str(tmp_path / "app.db"), "--extension", SQLITE_EXT]
-    else:
-        if not pg_available():
-            pytest.skip("PGHOST not set")
-        name = "rl_example_" + uuid.uuid4().hex[:8]
-        admin = pg_connect("postgres")
-        admin.cursor().execute(f"CREATE DATABASE {name}")
-        pg_connect(name).cursor().execute("CREATE EXTENSION pg_ratelimit")
-        engine = ["--postgres", f"dbname={name}"]
+def start_service(engine):
     port = free_port()
     proc = subprocess.Popen(["/usr/bin/python3", SERVICE, *engine, "--port", str(port),
                              "--burst", "3", "--per-minute", "0.001", "--daily", "4"],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("listening"), "the service did not start"
-    yield port
-    proc.terminate()
-    proc.wait(timeout=10)
-    if request.param == "postgres":
-        admin.cursor().execute(f"DROP DATABASE {name} WITH (FORCE)")
+    return proc, port
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def service(request, tmp_path):
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            engine = ["--sqlite", str(tmp_path / "app.db"), "--extension", SQLITE_EXT]
+        else:
+            engine = ["--postgres", f"dbname={stack.enter_context(pg_database('rl_example'))}"]
+        proc, port = start_service(engine)
+        stack.callback(proc.wait, timeout=10)
+        stack.callback(proc.terminate)
+        yield port
 
 
 def test_service_limits_refunds_and_exempts_health(service):
