@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL 15 cluster for client tests, run as the postgres user on a
-# private port and socket folder (initdb and postgres refuse to run as root).
+# A throwaway PostgreSQL 15 cluster for client tests on a private port and socket folder,
+# run as the postgres user when called as root (initdb and postgres refuse to run as
+# root), else as the calling user.
 #   scripts/pg_cluster.sh start   create if missing, start if stopped (recovering after a
 #                                 crash); prints the connection settings to eval
 #   scripts/pg_cluster.sh crash   kill -9 the postmaster and every backend (tests only)
@@ -9,14 +10,20 @@ set -euo pipefail
 BIN=/usr/lib/postgresql/15/bin
 DIR=${RL_PG_DIR:-/tmp/pg_ratelimit_cluster}
 PORT=${RL_PG_PORT:-54329}
-as_pg() { runuser -u postgres -- "$@"; }
+if [ "$(id -u)" = 0 ]; then
+  as_pg() { runuser -u postgres -- "$@"; }
+  owner=postgres
+else
+  as_pg() { "$@"; }
+  owner=$(id -un)
+fi
 running() { as_pg "$BIN/pg_ctl" -D "$DIR/data" status >/dev/null 2>&1; }
 
 case "${1:-}" in
   start)
     if [ ! -d "$DIR/data" ]; then
       mkdir -p "$DIR"
-      chown postgres:postgres "$DIR"
+      chown "$owner" "$DIR"
       as_pg "$BIN/initdb" -D "$DIR/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log"
     fi
     if ! running; then

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Formatting and clippy (warnings are errors) on every crate; CI runs it before the tests.
+# Each crate is linted in a cargo run of its own: the SQLite extension must not be unified
+# with a crate that links SQLite normally, and pg_ratelimit builds through pgrx's setup.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+step "lint: cargo fmt --check"
+cargo fmt --all --check
+for crate in ratelimit_core sqlite_ratelimit pg_ratelimit; do
+  step "lint: clippy -p $crate"
+  cargo clippy -q -p "$crate" --all-targets -- -D warnings
+done
