@@ -434,6 +434,11 @@ mod tests {
         Spi::run("SELECT rl_take('k', 0, 60)").unwrap();
     }
 
+    /// A boolean as concat_ws shows it.
+    fn pg_bool(b: bool) -> String {
+        (if b { "t" } else { "f" }).to_owned()
+    }
+
     /// Every function as installed (signature with defaults, result, volatility, parallel
     /// safety, SECURITY DEFINER, schema, PUBLIC's EXECUTE, comment) is what the core's table
     /// says, and the extension has no function the table lacks.
@@ -461,9 +466,9 @@ mod tests {
                 f.returns.pg_name().to_owned(),
                 volatility.to_owned(),
                 parallel.to_owned(),
-                definer.to_string(),
-                internal.to_string(),
-                public.to_string(),
+                pg_bool(definer),
+                pg_bool(internal),
+                pg_bool(public),
                 f.comment.to_owned(),
             ]
             .join(" | ");
