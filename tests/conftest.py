@@ -129,14 +129,13 @@ def run_sessions(dbname, count, work, timeout=120):
 @contextlib.contextmanager
 def pg_database(prefix="rl_test", extension=True):
     """A new database (with pg_ratelimit created unless told not to), dropped afterwards
-    even when the test or the set-up fails. Yields its name."""
+    even when the test or the set-up fails (and after a crash of the server: the drop
+    uses a connection of its own). Yields its name."""
     if not pg_available():
         pytest.skip("PGHOST not set: no PostgreSQL cluster for client tests")
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = pg_connect("postgres")
+    admin(f"CREATE DATABASE {name}")
     try:
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
         if extension:
             conn = pg_connect(name)
             with conn.cursor() as cur:
@@ -144,9 +143,17 @@ def pg_database(prefix="rl_test", extension=True):
             conn.close()
         yield name
     finally:
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.close()
+        admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def admin(sql):
+    """Runs one statement on the postgres database, on a connection of its own."""
+    conn = pg_connect("postgres")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        conn.close()
 
 
 @pytest.fixture
@@ -156,6 +163,7 @@ def pg_db():
         conn = pg_connect(name)
         try:
             with conn.cursor() as cur:
+                cur.execute("LOAD 'pg_ratelimit'")  # its settings exist once the library is loaded
                 cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.allow_explicit_clock = on")
                 cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
             yield conn, name
