@@ -59,20 +59,22 @@ fn run<T: FromAnswer>(function: &Function, args: &[Arg]) -> T {
     let answer = answer.unwrap_or_else(|e| raise(e));
     // A wrapper whose return type differs from its descriptor's: the catalog test
     // (catalog_matches_the_function_table) catches that before any user could.
-    let unexpected = format!("unexpected answer {answer:?}");
-    T::from_answer(answer).unwrap_or_else(|| raise(ratelimit_core::Error::storage(function.name, unexpected)))
+    T::from_answer(answer).unwrap_or_else(|other| {
+        raise(ratelimit_core::Error::storage(function.name, format!("unexpected answer {other:?}")))
+    })
 }
 
 /// The Rust type a wrapper returns, from the core's answer.
 trait FromAnswer: Sized {
-    fn from_answer(a: Answer) -> Option<Self>;
+    /// The value, or the answer back when it is of another kind.
+    fn from_answer(a: Answer) -> Result<Self, Answer>;
 }
 
 macro_rules! from_answer {
     ($($t:ty => $variant:ident($v:ident) => $value:expr;)*) => {$(
         impl FromAnswer for $t {
-            fn from_answer(a: Answer) -> Option<Self> {
-                if let Answer::$variant($v) = a { Some($value) } else { None }
+            fn from_answer(a: Answer) -> Result<Self, Answer> {
+                if let Answer::$variant($v) = a { Ok($value) } else { Err(a) }
             }
         }
     )*};
