@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL 15 cluster for client tests on a private port and socket folder,
+# with pg_ratelimit preloaded (its memory store exists; the table store stays the default),
 # run as the postgres user when called as root (initdb and postgres refuse to run as
 # root), else as the calling user.
 #   scripts/pg_cluster.sh start   create if missing, start if stopped (recovering after a
@@ -28,7 +29,7 @@ case "${1:-}" in
     fi
     if ! running; then
       as_pg "$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 120 \
-        -o "-p $PORT -k $DIR -c listen_addresses='' -c max_connections=120" start >/dev/null
+        -o "-p $PORT -k $DIR -c listen_addresses='' -c max_connections=120 -c shared_preload_libraries=pg_ratelimit" start >/dev/null
     fi
     echo "export PGHOST=$DIR PGPORT=$PORT PGUSER=postgres RL_PG_DIR=$DIR"
     ;;

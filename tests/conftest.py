@@ -21,6 +21,9 @@ SQLITE_EXT = os.environ.get("RL_SQLITE_EXT", os.path.join(ROOT, "target", "relea
 with open(os.path.join(ROOT, "tests", "functions.json")) as f:
     FUNCTIONS = json.load(f)
 PUBLIC = [f["name"] for f in FUNCTIONS if f["kind"] != "internal"]
+# PostgreSQL only: about the server's shared memory, which SQLite has no counterpart of.
+SERVER = [f["name"] for f in FUNCTIONS if f["kind"] == "server"]
+SQLITE_PUBLIC = [name for name in PUBLIC if name not in SERVER]
 STATEFUL = [f["name"] for f in FUNCTIONS if f["kind"] == "state"]
 INTERNAL = {f["name"]: len(f["params"]) for f in FUNCTIONS if f["kind"] == "internal"}
 RESULT_KEYS = {f["name"]: f["result_keys"] for f in FUNCTIONS}
@@ -43,7 +46,7 @@ def sqlite_db(tmp_path):
 
 
 class SqliteEngine:
-    name = "sqlite"
+    name = engine = "sqlite"
 
     def __init__(self, conn):
         self.conn = conn
@@ -62,10 +65,11 @@ class SqliteEngine:
 
 
 class PgEngine:
-    name = "postgres"
+    engine = "postgres"
 
-    def __init__(self, conn):
+    def __init__(self, conn, name="postgres"):
         self.conn = conn
+        self.name = name
 
     def call(self, function, *args):
         placeholders = ", ".join("%s" for _ in args)
@@ -156,19 +160,36 @@ def admin(sql):
         conn.close()
 
 
-@pytest.fixture
-def pg_db():
-    """A fresh database with pg_ratelimit created and the explicit clock allowed."""
+@contextlib.contextmanager
+def pg_test_database(buckets="table"):
+    """A fresh database with pg_ratelimit created, the explicit clock allowed and buckets
+    in `buckets` ('table' or 'memory'), set for every session of the database as a
+    superuser would. Yields a connection (a superuser's) and the database's name."""
     with pg_database() as name:
         conn = pg_connect(name)
         try:
             with conn.cursor() as cur:
                 cur.execute("LOAD 'pg_ratelimit'")  # its settings exist once the library is loaded
-                cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.allow_explicit_clock = on")
-                cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+                for setting, value in (("allow_explicit_clock", "on"), ("buckets", buckets)):
+                    cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.{setting} = '{value}'")
+                    cur.execute(f"SET pg_ratelimit.{setting} = '{value}'")
             yield conn, name
         finally:
             conn.close()
+
+
+@pytest.fixture
+def pg_db():
+    """A fresh database with buckets in the table store (the default)."""
+    with pg_test_database() as db:
+        yield db
+
+
+@pytest.fixture
+def pg_memory_db():
+    """A fresh database with buckets in the memory store (the cluster preloads pg_ratelimit)."""
+    with pg_test_database("memory") as db:
+        yield db
 
 
 @pytest.fixture
@@ -179,3 +200,8 @@ def sqlite_engine(sqlite_db):
 @pytest.fixture
 def pg_engine(pg_db):
     return PgEngine(pg_db[0])
+
+
+@pytest.fixture
+def pg_memory_engine(pg_memory_db):
+    return PgEngine(pg_memory_db[0], "postgres-memory")

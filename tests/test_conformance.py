@@ -189,13 +189,13 @@ def run(engine):
     """Runs every step meant for this engine; returns {step index: result}."""
     results = {}
     for i, (function, args, expected, *only) in enumerate(STEPS):
-        if only and only[0] != engine.name:
+        if only and only[0] != engine.engine:
             continue
         if isinstance(expected, tuple):
             message, code = engine.error_of(function, *args)
             results[i] = ("error", message)
             assert message == expected[1], f"{engine.name} {function}{args}"
-            if engine.name == "postgres":
+            if engine.engine == "postgres":
                 wanted = expected[2] if len(expected) > 2 else "22023"
                 assert code == wanted, f"{function}{args}: SQLSTATE {code}"
         else:
@@ -214,21 +214,28 @@ def test_postgres_follows_the_contract(pg_engine):
     run(pg_engine)
 
 
-def test_engines_agree(sqlite_db, pg_db):
+def test_postgres_memory_store_follows_the_contract(pg_memory_engine):
+    run(pg_memory_engine)
+
+
+def test_engines_and_stores_agree(sqlite_db, pg_db, pg_memory_db):
     sqlite_results = run(SqliteEngine(sqlite_db[0]))
-    pg_results = run(PgEngine(pg_db[0]))
-    shared = [i for i, step in enumerate(STEPS) if len(step) == 3]
-    assert len(shared) > 100
-    for i in shared:
-        assert sqlite_results[i] == pg_results[i], \
-            f"engines differ on {STEPS[i][0]}{STEPS[i][1]}: sqlite {sqlite_results[i]} postgres {pg_results[i]}"
+    for engine in (PgEngine(pg_db[0]), PgEngine(pg_memory_db[0], "postgres-memory")):
+        pg_results = run(engine)
+        shared = [i for i, step in enumerate(STEPS) if len(step) == 3]
+        assert len(shared) > 100
+        for i in shared:
+            assert sqlite_results[i] == pg_results[i], \
+                f"{engine.name} differs on {STEPS[i][0]}{STEPS[i][1]}: sqlite {sqlite_results[i]} {engine.name} {pg_results[i]}"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "postgres-memory"])
 def engine(request):
     if request.param == "sqlite":
         return SqliteEngine(request.getfixturevalue("sqlite_db")[0])
-    return PgEngine(request.getfixturevalue("pg_db")[0])
+    if request.param == "postgres":
+        return PgEngine(request.getfixturevalue("pg_db")[0])
+    return PgEngine(request.getfixturevalue("pg_memory_db")[0], request.param)
 
 
 def test_sweep_with_any_clock_keeps_a_refilling_bucket(engine):

@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from conftest import PUBLIC, RESULT_KEYS, PgEngine
+from conftest import PUBLIC, RESULT_KEYS, SQLITE_PUBLIC, PgEngine, pg_test_database
 
 CALLS = int(os.environ.get("RL_FUZZ_CALLS", "100000"))
 I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
@@ -52,9 +52,11 @@ def json_text(rng):
         return '{"not": json'
 
 
-def random_call(rng):
-    function = rng.choice(PUBLIC)
-    if function == "rl_sweep":
+def random_call(rng, functions):
+    function = rng.choice(functions)
+    if function == "rl_memory_stats":
+        args = []
+    elif function == "rl_sweep":
         args = [rng.choice(CLOCKS) for _ in range(rng.choice([0, 1, 1, 2]))]
     elif function == "rl_key":
         args = [keys(rng) for _ in range(rng.randint(1, 4))]
@@ -101,6 +103,10 @@ def check_answer(function, value):
     if function == "rl_key":
         assert isinstance(value, str) and isinstance(json.loads(value), list)
         return
+    if function == "rl_memory_stats":
+        r = value
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and 0 <= r["in_use"] <= r["capacity"]
+        return
     if function in ("rl_sweep", "rl_reset"):
         assert isinstance(value, int) and value >= 0
         return
@@ -146,7 +152,7 @@ def test_sqlite_survives_hostile_input(sqlite_db):
     answers = errors = 0
     per_function = {}
     for _ in range(CALLS):
-        function, args = random_call(rng)
+        function, args = random_call(rng, SQLITE_PUBLIC)
         before = conn.total_changes
         try:
             (value,) = conn.execute(f"SELECT {function}({', '.join('?' * len(args))})", args).fetchone()
@@ -169,15 +175,20 @@ def pg_value(v):
     return bytes(v) if isinstance(v, (bytes, bytearray)) else v
 
 
-def test_postgres_survives_hostile_input(pg_db):
+@pytest.mark.parametrize("buckets", ["table", "memory"])
+def test_postgres_survives_hostile_input(buckets):
+    with pg_test_database(buckets) as (conn, _):
+        postgres_survives_hostile_input(conn)
+
+
+def postgres_survives_hostile_input(conn):
     import psycopg2
 
-    conn, name = pg_db
     engine = PgEngine(conn)
     rng = random.Random(20261130)
     answers = errors = 0
     for _ in range(CALLS):
-        function, args = random_call(rng)
+        function, args = random_call(rng, PUBLIC)
         args = [pg_value(a) for a in args]
         try:
             value = engine.call(function, *args)

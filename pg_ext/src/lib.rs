@@ -5,14 +5,17 @@
 //! expand to).
 
 mod ffi;
+mod shared_memory;
 
 use std::cell::{Cell, OnceCell};
 
 use ffi::JsonbText;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, JsonB, PgOid};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, JsonB, PgOid, PostgresGucEnum};
 use ratelimit_core::functions::{self as f, Function, SqlType};
+use ratelimit_core::memory_store::MemoryStore;
+use ratelimit_core::render::ToJson;
 use ratelimit_core::sql::{Statement, Value};
 use ratelimit_core::sql_store::{SqlEngine, SqlStore};
 use ratelimit_core::{calls, Answer, Arg, Clock, ErrorKind, StoreError, StoreResult};
@@ -25,6 +28,18 @@ pgrx::extension_sql_file!("../../sql/pg_finalize.sql", name = "comments", finali
 /// An explicit now_ms can refill a bucket early, so only a superuser may allow it.
 static ALLOW_EXPLICIT_CLOCK: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// Where buckets live. The two homes hold different state, so a role that could switch
+/// would escape its limits: only a superuser (or configuration one wrote) may set it.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+enum BucketHome {
+    #[name = c"table"]
+    Table,
+    #[name = c"memory"]
+    Memory,
+}
+
+static BUCKETS: GucSetting<BucketHome> = GucSetting::<BucketHome>::new(BucketHome::Table);
+
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     GucRegistry::define_bool_guc(
@@ -35,6 +50,15 @@ pub extern "C-unwind" fn _PG_init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_enum_guc(
+        c"pg_ratelimit.buckets",
+        c"Where pg_ratelimit keeps token buckets: 'table' (durable, transactional) or 'memory' (shared memory).",
+        c"The memory store needs pg_ratelimit in shared_preload_libraries; budgets always stay in their tables.",
+        &BUCKETS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    shared_memory::init();
 }
 
 /// Raises a core error as a PostgreSQL ERROR with the SQLSTATE its kind calls for.
@@ -43,7 +67,9 @@ fn raise(e: ratelimit_core::Error) -> ! {
         ErrorKind::InvalidArgument => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         ErrorKind::ClockNotAllowed => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
         ErrorKind::ReadOnly => PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
-        ErrorKind::NotInStatement => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        ErrorKind::NotInStatement | ErrorKind::MemoryStoreNotLoaded => {
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        }
         ErrorKind::Storage => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
     };
     ereport!(ERROR, code, e.to_string());
@@ -53,6 +79,16 @@ fn raise(e: ratelimit_core::Error) -> ! {
 fn run<T: FromAnswer>(function: &Function, args: &[Arg]) -> T {
     let clock = Clock::system(ALLOW_EXPLICIT_CLOCK.get());
     let answer = match function.entry {
+        // Read on every call, never cached: the setting may change between calls.
+        f::Entry::State(call) if call.touches_buckets() && BUCKETS.get() == BucketHome::Memory => {
+            let Some(buckets) = shared_memory::table() else {
+                raise(ratelimit_core::Error::memory_store_not_loaded(function.name))
+            };
+            // Budgets go to their tables, each statement with an SPI connection of its own,
+            // so a call on buckets alone runs no statement at all.
+            let mut store = MemoryStore { buckets, table: SqlStore(PgEngine { client: None }) };
+            calls::call(function, &mut store, args, &clock)
+        }
         f::Entry::State(_) => with_store(|store| calls::call(function, store, args, &clock)),
         _ => calls::call_without_store(function, args),
     };
@@ -161,6 +197,14 @@ fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> 
     run(&f::RL_TAKE_ALL, &[text(limits.as_deref()), real(now_ms)])
 }
 
+#[pg_extern(volatile, parallel_safe)]
+fn rl_memory_stats() -> JsonbText {
+    match shared_memory::stats() {
+        Some(stats) => JsonbText(stats.to_json()),
+        None => raise(ratelimit_core::Error::memory_store_not_loaded(f::RL_MEMORY_STATS.name)),
+    }
+}
+
 #[pg_extern(immutable, parallel_safe)]
 fn rl_headers(result: Option<JsonB>) -> JsonbText {
     let result = result.map(|j| j.0.to_string());
@@ -264,50 +308,71 @@ fn require_updated_objects(client: &SpiClient<'_>) {
     }
 }
 
-/// Runs a call with an SPI connection.
+fn check_objects_once(client: &SpiClient<'_>) {
+    if !OBJECTS_CHECKED.get() {
+        require_updated_objects(client);
+        OBJECTS_CHECKED.set(true);
+    }
+}
+
+/// Runs a call with one SPI connection for all its statements.
 fn with_store<T>(call: impl FnOnce(&mut SqlStore<PgEngine>) -> ratelimit_core::Result<T>) -> ratelimit_core::Result<T> {
     Spi::connect_mut(|client| {
-        if !OBJECTS_CHECKED.get() {
-            require_updated_objects(client);
-            OBJECTS_CHECKED.set(true);
-        }
-        call(&mut SqlStore(PgEngine { client }))
+        check_objects_once(client);
+        call(&mut SqlStore(PgEngine { client: Some(client) }))
     })
 }
 
+/// Runs statements through `client`, or, without one, each through an SPI connection of
+/// its own.
 struct PgEngine<'a, 'conn> {
-    client: &'a mut SpiClient<'conn>,
+    client: Option<&'a mut SpiClient<'conn>>,
 }
 
 impl PgEngine<'_, '_> {
-    /// Runs `statement` (prepared on first use, with the types of the values bound to it)
-    /// and hands its result to `read`.
     fn run<T>(
         &mut self,
         statement: Statement,
         params: &[Value],
         read: impl FnOnce(pgrx::spi::SpiTupleTable) -> pgrx::spi::Result<T>,
     ) -> StoreResult<T> {
-        PLANS.with(|plans| {
-            let cell = &plans[statement as usize];
-            if cell.get().is_none() {
-                let types: Vec<PgOid> = params.iter().map(|v| oid(v.sql_type())).collect();
-                // prepare_mut: every statement takes a fresh snapshot, so a re-read sees the latest row.
-                let plan = self.client.prepare_mut(statement.text(), &types).map_err(spi_error)?;
-                let _ = cell.set(plan.keep());
-            }
-            let plan = cell.get().expect("prepared above");
-            let args: Vec<pgrx::datum::DatumWithOid> = params
-                .iter()
-                .map(|v| match *v {
-                    Value::Text(t) => t.into(),
-                    Value::Float(f) => f.into(),
-                    Value::Int(i) => i.into(),
-                })
-                .collect();
-            self.client.update(plan, None, &args).and_then(read).map_err(spi_error)
-        })
+        match &mut self.client {
+            Some(client) => run_statement(client, statement, params, read),
+            None => Spi::connect_mut(|client| {
+                check_objects_once(client);
+                run_statement(client, statement, params, read)
+            }),
+        }
     }
+}
+
+/// Runs `statement` (prepared on first use, with the types of the values bound to it)
+/// and hands its result to `read`.
+fn run_statement<T>(
+    client: &mut SpiClient<'_>,
+    statement: Statement,
+    params: &[Value],
+    read: impl FnOnce(pgrx::spi::SpiTupleTable) -> pgrx::spi::Result<T>,
+) -> StoreResult<T> {
+    PLANS.with(|plans| {
+        let cell = &plans[statement as usize];
+        if cell.get().is_none() {
+            let types: Vec<PgOid> = params.iter().map(|v| oid(v.sql_type())).collect();
+            // prepare_mut: every statement takes a fresh snapshot, so a re-read sees the latest row.
+            let plan = client.prepare_mut(statement.text(), &types).map_err(spi_error)?;
+            let _ = cell.set(plan.keep());
+        }
+        let plan = cell.get().expect("prepared above");
+        let args: Vec<pgrx::datum::DatumWithOid> = params
+            .iter()
+            .map(|v| match *v {
+                Value::Text(t) => t.into(),
+                Value::Float(f) => f.into(),
+                Value::Int(i) => i.into(),
+            })
+            .collect();
+        client.update(plan, None, &args).and_then(read).map_err(spi_error)
+    })
 }
 
 impl SqlEngine for PgEngine<'_, '_> {
@@ -462,6 +527,7 @@ mod tests {
                 Entry::State(_) => ("v", "u", true, false, true),
                 Entry::Pure(_) => ("i", "s", false, false, true),
                 Entry::Internal(_) => ("v", "u", false, true, false),
+                Entry::Server => ("v", "s", false, false, true),
             };
             let expected = [
                 f.pg_arguments(),

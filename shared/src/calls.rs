@@ -36,12 +36,21 @@ pub enum StateCall {
     TakeAll,
 }
 
+impl StateCall {
+    /// Whether the call reads or writes buckets (and so needs the memory store when
+    /// buckets live there).
+    pub fn touches_buckets(self) -> bool {
+        !matches!(self, StateCall::Spend | StateCall::Budget | StateCall::RefundBudget)
+    }
+}
+
 /// Runs `f` with the engine's arguments. The one entry point of every engine.
 pub fn call<S: LockingStore>(f: &Function, store: &mut S, args: &[Arg], clock: &Clock) -> Result<Answer> {
     f.check_arity(args.len())?;
     match f.entry {
         Entry::State(which) => state(which, f.name, store, args, clock),
         Entry::Pure(run) | Entry::Internal(run) => run(f, args),
+        Entry::Server => Err(Error::storage(f.name, "is answered by the PostgreSQL server")),
     }
 }
 
@@ -51,6 +60,7 @@ pub fn call_without_store(f: &Function, args: &[Arg]) -> Result<Answer> {
     match f.entry {
         Entry::Pure(run) | Entry::Internal(run) => run(f, args),
         Entry::State(_) => Err(Error::storage(f.name, "needs the database it is called in")),
+        Entry::Server => Err(Error::storage(f.name, "is answered by the PostgreSQL server")),
     }
 }
 

@@ -15,6 +15,8 @@ pub enum ErrorKind {
     Storage,
     /// An internal function called outside the extension's own statements: PostgreSQL 55000.
     NotInStatement,
+    /// The memory store is chosen but the server did not load it at start: PostgreSQL 55000.
+    MemoryStoreNotLoaded,
 }
 
 /// An error whose text starts with the SQL function's name, in lower case.
@@ -39,6 +41,17 @@ impl Error {
 
     pub fn not_in_statement(function: &'static str, message: impl Into<String>) -> Self {
         Error { kind: ErrorKind::NotInStatement, function, message: message.into(), engine_code: None }
+    }
+
+    pub fn memory_store_not_loaded(function: &'static str) -> Self {
+        Error {
+            kind: ErrorKind::MemoryStoreNotLoaded,
+            function,
+            message: "the memory store is not loaded: add pg_ratelimit to shared_preload_libraries and restart \
+                      the server, or set pg_ratelimit.buckets to 'table'"
+                .into(),
+            engine_code: None,
+        }
     }
 
     pub fn read_only(function: &'static str) -> Self {

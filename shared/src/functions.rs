@@ -64,6 +64,10 @@ pub enum Entry {
     /// PostgreSQL: in schema `ratelimit`, VOLATILE, no EXECUTE for PUBLIC. SQLite:
     /// DIRECTONLY, not deterministic (evaluated for each row, in order).
     Internal(fn(&Function, &[Arg]) -> Result<Answer>),
+    /// About the PostgreSQL server itself (its shared memory), answered by its glue.
+    /// PostgreSQL: VOLATILE, PARALLEL SAFE, EXECUTE for PUBLIC. SQLite has no server and
+    /// does not register it.
+    Server,
 }
 
 #[derive(Clone, Copy)]
@@ -193,6 +197,10 @@ mod table {
     pub const RL_TAKE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
         ..state("rl_take_all", StateCall::TakeAll, &[required("limits", Jsonb), NOW_MS],
         "take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb") };
+    pub const RL_MEMORY_STATS: Function = Function {
+        result_keys: &["capacity", "in_use", "evicted_full", "evicted_early", "saved", "loaded", "bytes_per_bucket"],
+        ..function("rl_memory_stats", Entry::Server, &[], Jsonb, NOT_AN_OBJECT,
+        "the memory store (pg_ratelimit.buckets = memory): buckets it can hold and holds, new keys that replaced a bucket full again or early, buckets saved at the last clean shutdown and loaded at start; returns jsonb") };
     pub const RL_HEADERS: Function = function("rl_headers", Entry::Pure(calls::rl_headers),
         &[required("result", Jsonb)], Jsonb, NOT_AN_OBJECT,
         "HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result");
@@ -237,6 +245,7 @@ pub const ALL: &[Function] = &[
     RL_RESET,
     RL_TAKE_ALL,
     RL_HEADERS,
+    RL_MEMORY_STATS,
     RL_BUCKET_GUARD,
     RL_BUCKET_NEW_LEVEL,
     RL_BUCKET_NEW_REFILLED_AT,
@@ -280,6 +289,7 @@ pub fn tests_json() -> String {
                 Entry::State(_) => "state",
                 Entry::Pure(_) => "pure",
                 Entry::Internal(_) => "internal",
+                Entry::Server => "server",
             };
             let params: Vec<serde_json::Value> = f
                 .params

@@ -8,6 +8,8 @@
 //!   its error text; [`render`]: answers as JSON; [`headers`], [`key`]: pure functions.
 //! - [`store`]: the seam an engine implements; [`protocol`]: the flows that make each call
 //!   atomic over it; [`decision_slot`]: how one SQL statement reaches a call's decision.
+//! - [`memory`]: the memory store's table of buckets (PostgreSQL shared memory), pure;
+//!   [`memory_store`]: the store that keeps buckets there and budgets in SQL.
 //! - [`functions`]: every SQL function described once; [`calls`]: what each one runs.
 //! - [`sql`]: the statement texts in `sql/`; [`sql_store`]: the store of both SQL engines.
 #![forbid(unsafe_code)]
@@ -21,6 +23,8 @@ pub mod error;
 pub mod functions;
 pub mod headers;
 pub mod key;
+pub mod memory;
+pub mod memory_store;
 pub mod multi;
 pub mod protocol;
 pub mod render;

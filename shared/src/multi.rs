@@ -41,9 +41,18 @@ impl<'a> Limit<'a> {
         }
     }
 
-    /// Which state row the limit touches. Rows are read and locked in this order (buckets,
-    /// then budgets, each by key and period), the same for every call, so that concurrent
-    /// calls never wait in a cycle; two limits on one row are one limit given twice.
+    /// Which kind of row the limit changes.
+    pub fn rows(&self) -> crate::store::Rows {
+        match self {
+            Limit::Bucket(_) => crate::store::Rows::Buckets,
+            Limit::Budget(_) => crate::store::Rows::Budgets,
+        }
+    }
+
+    /// Which state row the limit touches. Limits are kept in this order (buckets, then
+    /// budgets, each by key and period) and rows locked in it, budgets first then buckets,
+    /// the same for every call, so that concurrent calls never wait in a cycle; two limits
+    /// on one row are one limit given twice.
     pub fn row(&self) -> (u8, &'a str, Option<Period>) {
         match self {
             Limit::Bucket(b) => (0, b.key, None),

@@ -9,7 +9,7 @@ use crate::budget::{self, BudgetRefund, BudgetState, SpendDecision};
 use crate::decision_slot::Decide;
 use crate::error::{Error, Result};
 use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
-use crate::store::{Changed, LockingStore, RowStore, StoreError, StoreResult};
+use crate::store::{Changed, LockingStore, RowStore, Rows, StoreError, StoreResult};
 
 /// Attempts before a call gives up on a row that keeps appearing and disappearing under it
 /// (a first insert racing another, a sweep deleting the row between decision and write).
@@ -23,8 +23,8 @@ impl StoreError {
     }
 }
 
-fn writable<S: RowStore>(store: &mut S, function: &'static str) -> Result<()> {
-    if store.read_only().map_err(|e| e.in_call(function))? {
+fn writable<S: RowStore>(store: &mut S, function: &'static str, rows: Rows) -> Result<()> {
+    if store.read_only(rows).map_err(|e| e.in_call(function))? {
         return Err(Error::read_only(function));
     }
     Ok(())
@@ -54,6 +54,7 @@ row_decisions!(TakeDecision => BucketState, RefundDecision => BucketState, Spend
 fn change_row<S, T, R>(
     store: &mut S,
     function: &'static str,
+    rows: Rows,
     mut change: impl FnMut(&mut S, Decide<T>) -> StoreResult<Changed<T>>,
     mut insert: impl FnMut(&mut S, &T) -> StoreResult<bool>,
     decide: impl Fn(Option<&T>) -> R + 'static,
@@ -63,7 +64,7 @@ where
     T: Copy + 'static,
     R: RowDecision<T>,
 {
-    writable(store, function)?;
+    writable(store, function, rows)?;
     let in_call = |e: StoreError| e.in_call(function);
     let decide = Rc::new(decide);
     let on_row: Decide<T> = {
@@ -95,7 +96,14 @@ fn change_bucket<S: RowStore, R: RowDecision<BucketState>>(
     key: &str,
     decide: impl Fn(Option<&BucketState>) -> R + 'static,
 ) -> Result<R> {
-    change_row(store, function, |s, d| s.change_bucket(key, d), |s, new| s.insert_bucket(key, new), decide)
+    change_row(
+        store,
+        function,
+        Rows::Buckets,
+        |s, d| s.change_bucket(key, d),
+        |s, new| s.insert_bucket(key, new),
+        decide,
+    )
 }
 
 fn change_budget<S: RowStore, R: RowDecision<BudgetState>>(
@@ -108,6 +116,7 @@ fn change_budget<S: RowStore, R: RowDecision<BudgetState>>(
     change_row(
         store,
         function,
+        Rows::Budgets,
         |s, d| s.change_budget(key, period, d),
         |s, new| s.insert_budget(key, period, new),
         decide,
@@ -140,21 +149,22 @@ pub fn refund_budget<S: RowStore>(store: &mut S, function: &'static str, a: &Ref
 
 /// rl_peek: what rl_take would answer, changing nothing.
 pub fn peek<S: RowStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
-    writable(store, function)?;
+    writable(store, function, Rows::Buckets)?;
     let row = store.read_bucket(a.key).map_err(|e| e.in_call(function))?;
     Ok(bucket::take(row.as_ref(), &a.limits, a.cost, a.now_ms))
 }
 
 /// rl_budget: what rl_spend would answer, spending nothing.
 pub fn peek_budget<S: RowStore>(store: &mut S, function: &'static str, a: &SpendArgs) -> Result<SpendDecision> {
-    writable(store, function)?;
+    writable(store, function, Rows::Budgets)?;
     let row = store.read_budget(a.key, a.period).map_err(|e| e.in_call(function))?;
     Ok(budget::spend(row.as_ref(), a.period, a.quota, a.cost, a.now_ms))
 }
 
 /// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
 pub fn sweep<S: RowStore>(store: &mut S, function: &'static str, a: &SweepArgs) -> Result<i64> {
-    writable(store, function)?;
+    writable(store, function, Rows::Buckets)?;
+    writable(store, function, Rows::Budgets)?;
     let in_call = |e: StoreError| e.in_call(function);
     let buckets = store.sweep_buckets(a.cutoff_ms, a.max_rows).map_err(in_call)?;
     if buckets >= a.max_rows {
@@ -180,20 +190,26 @@ fn in_one_unit<S: LockingStore, R>(
 
 /// rl_reset: forget every bucket and budget under a key.
 pub fn reset<S: LockingStore>(store: &mut S, function: &'static str, key: &str) -> Result<i64> {
-    writable(store, function)?;
+    writable(store, function, Rows::Buckets)?;
+    writable(store, function, Rows::Budgets)?;
     in_one_unit(store, function, |store| store.delete_key(key).map_err(|e| e.in_call(function)))
 }
 
 /// rl_take_all: every item is charged, or none. An unlocked read answers most refusals
-/// without writing; otherwise every row is held in a fixed order (so concurrent calls
-/// never deadlock), decided again from the held rows, and written.
+/// without writing; otherwise every budget row is held (in a fixed order, so concurrent
+/// calls never deadlock), then the bucket rows are held, everything is decided again from
+/// the held rows and the buckets are written; the budgets are written last.
 pub fn take_all<'i, 'a, S: LockingStore>(
     store: &mut S,
     function: &'static str,
     a: &'i TakeAllArgs<'a>,
 ) -> Result<TakeAllDecision<'i, 'a>> {
-    writable(store, function)?;
-    let first = multi::decide(read_rows(store, a, false).map_err(|e| e.in_call(function))?, a.now_ms);
+    for rows in [Rows::Buckets, Rows::Budgets] {
+        if a.limits.iter().any(|l| l.rows() == rows) {
+            writable(store, function, rows)?;
+        }
+    }
+    let first = multi::decide(read_rows(store, a).map_err(|e| e.in_call(function))?, a.now_ms);
     if !first.admitted {
         return Ok(first);
     }
@@ -206,32 +222,51 @@ fn take_all_held<'i, 'a, S: LockingStore>(
     a: &'i TakeAllArgs<'a>,
 ) -> Result<TakeAllDecision<'i, 'a>> {
     let in_call = |e: StoreError| e.in_call(function);
-    if S::LOCKS_ROWS {
-        // A missing row cannot be locked: first insert the row that means the same as none.
-        for limit in &a.limits {
-            match limit {
-                Limit::Bucket(b) => store.insert_bucket(b.key, &bucket::untouched(&b.limits)),
-                Limit::Budget(b) => store.insert_budget(b.key, b.period, &budget::untouched(b.period, a.now_ms)),
+    let mut budgets = Vec::new();
+    let mut buckets = Vec::new();
+    for limit in &a.limits {
+        match limit {
+            Limit::Bucket(b) => buckets.push(b),
+            Limit::Budget(b) => {
+                if S::LOCKS_ROWS {
+                    // A missing row cannot be locked: first insert the row that means the same as none.
+                    store.insert_budget(b.key, b.period, &budget::untouched(b.period, a.now_ms)).map_err(in_call)?;
+                }
+                budgets.push(store.hold_budget(b.key, b.period).map_err(in_call)?);
             }
-            .map_err(in_call)?;
         }
     }
-    let decision = multi::decide(read_rows(store, a, true).map_err(in_call)?, a.now_ms);
+    let decision = store
+        .decide_buckets(&buckets, |bucket_rows| {
+            let (mut bucket_rows, mut budget_rows) = (bucket_rows.iter(), budgets.iter());
+            let rows = a
+                .limits
+                .iter()
+                .map(|limit| match limit {
+                    Limit::Bucket(b) => ItemRow::Bucket(b, bucket_rows.next().copied().flatten()),
+                    Limit::Budget(b) => ItemRow::Budget(b, budget_rows.next().copied().flatten()),
+                })
+                .collect();
+            let decision = multi::decide(rows, a.now_ms);
+            let writes = decision
+                .items
+                .iter()
+                .filter_map(|item| match item {
+                    ItemAnswer::Bucket { answer, .. } => Some(answer.new_state.filter(|_| decision.admitted)),
+                    ItemAnswer::Budget { .. } => None,
+                })
+                .collect();
+            (writes, decision)
+        })
+        .map_err(in_call)?;
     if decision.admitted {
         for item in &decision.items {
-            let written = match item {
-                ItemAnswer::Bucket { item, row, answer } => match (row, &answer.new_state) {
-                    (_, None) => Ok(true),
-                    (None, Some(new)) => store.insert_bucket(item.key, new),
-                    (Some(old), Some(new)) => store.replace_bucket(item.key, old, new),
-                },
-                ItemAnswer::Budget { item, row, answer } => match (row, &answer.new_state) {
-                    (_, None) => Ok(true),
-                    (None, Some(new)) => store.insert_budget(item.key, item.period, new),
-                    (Some(old), Some(new)) => store.replace_budget(item.key, item.period, old, new),
-                },
-            }
-            .map_err(in_call)?;
+            let ItemAnswer::Budget { item, row, answer } = item else { continue };
+            let written = match (row, &answer.new_state) {
+                (_, None) => true,
+                (None, Some(new)) => store.insert_budget(item.key, item.period, new).map_err(in_call)?,
+                (Some(old), Some(new)) => store.replace_budget(item.key, item.period, old, new).map_err(in_call)?,
+            };
             if !written {
                 return Err(Error::storage(function, "a row changed while this call held it; nothing was charged"));
             }
@@ -240,24 +275,14 @@ fn take_all_held<'i, 'a, S: LockingStore>(
     Ok(decision)
 }
 
-/// Every limit with its row, in the order of `a.limits` (the lock order); `hold` keeps
-/// each row until the unit ends.
-fn read_rows<'i, 'a, S: LockingStore>(
-    store: &mut S,
-    a: &'i TakeAllArgs<'a>,
-    hold: bool,
-) -> StoreResult<Vec<ItemRow<'i, 'a>>> {
+/// Every limit with its row as it stands, in the order of `a.limits`.
+fn read_rows<'i, 'a, S: LockingStore>(store: &mut S, a: &'i TakeAllArgs<'a>) -> StoreResult<Vec<ItemRow<'i, 'a>>> {
     a.limits
         .iter()
         .map(|limit| {
             Ok(match limit {
-                Limit::Bucket(b) => {
-                    ItemRow::Bucket(b, if hold { store.hold_bucket(b.key)? } else { store.read_bucket(b.key)? })
-                }
-                Limit::Budget(b) => ItemRow::Budget(
-                    b,
-                    if hold { store.hold_budget(b.key, b.period)? } else { store.read_budget(b.key, b.period)? },
-                ),
+                Limit::Bucket(b) => ItemRow::Bucket(b, store.read_bucket(b.key)?),
+                Limit::Budget(b) => ItemRow::Budget(b, store.read_budget(b.key, b.period)?),
             })
         })
         .collect()

@@ -6,6 +6,7 @@ use std::fmt::Write;
 
 use crate::bucket::{RefundDecision, TakeDecision};
 use crate::budget::{BudgetRefund, SpendDecision};
+use crate::memory::MemoryStats;
 use crate::multi::{ItemAnswer, TakeAllDecision};
 use crate::units::{ceil_seconds, MICROS_PER_UNIT};
 
@@ -23,6 +24,20 @@ impl ToJson for TakeDecision {
             .int("retry_after_ms", self.retry_after_ms)
             .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
             .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
+            .finish()
+    }
+}
+
+impl ToJson for MemoryStats {
+    fn to_json(&self) -> String {
+        JsonObject::new()
+            .int("capacity", self.capacity as i64)
+            .int("in_use", self.in_use as i64)
+            .int("evicted_full", self.evicted_full as i64)
+            .int("evicted_early", self.evicted_early as i64)
+            .int("saved", self.saved as i64)
+            .int("loaded", self.loaded as i64)
+            .int("bytes_per_bucket", self.bytes_per_bucket as i64)
             .finish()
     }
 }

@@ -2,11 +2,13 @@
 //! statement of [`crate::sql`] with bound values, read one row, begin and end a unit.
 //! Which statement serves which store method, and the order of its parameters, live here.
 
+use crate::bucket;
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::decision_slot::{self, Decide};
+use crate::multi::BucketItem;
 use crate::sql::{Statement, Value};
-use crate::store::{ChangeResult, Changed, LockingStore, RowStore, StoreResult};
+use crate::store::{ChangeResult, Changed, LockingStore, RowStore, Rows, StoreError, StoreResult};
 use crate::units::Period;
 
 /// What an SQL engine provides.
@@ -37,6 +39,19 @@ fn budget_of(row: Vec<Value>) -> BudgetState {
 }
 
 impl<E: SqlEngine> SqlStore<E> {
+    /// Writes `new` over the bucket row of `key` if it still holds `old`.
+    fn replace_bucket(&mut self, key: &str, old: &BucketState, new: &BucketState) -> StoreResult<bool> {
+        let params = [
+            Value::Float(new.level),
+            Value::Int(new.refilled_at),
+            Value::Int(new.full_at),
+            Value::Text(key),
+            Value::Float(old.level),
+            Value::Int(old.refilled_at),
+        ];
+        Ok(self.0.execute(Statement::BucketUpdate, &params)? == 1)
+    }
+
     fn bucket(&mut self, statement: Statement, key: &str) -> StoreResult<Option<BucketState>> {
         Ok(self.0.query_row(statement, &[Value::Text(key)])?.map(bucket_of))
     }
@@ -47,7 +62,7 @@ impl<E: SqlEngine> SqlStore<E> {
 }
 
 impl<E: SqlEngine> RowStore for SqlStore<E> {
-    fn read_only(&mut self) -> StoreResult<bool> {
+    fn read_only(&mut self, _rows: Rows) -> StoreResult<bool> {
         self.0.read_only()
     }
 
@@ -103,25 +118,40 @@ impl<E: SqlEngine> LockingStore for SqlStore<E> {
         self.0.end_unit(owned, commit)
     }
 
-    /// FOR UPDATE where rows are locked one by one; elsewhere the unit's lock holds them.
-    fn hold_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
-        self.bucket(if E::LOCKS_ROWS { Statement::BucketLock } else { Statement::BucketRead }, key)
+    /// Each row held by FOR UPDATE where rows are locked one by one (a missing row is first
+    /// inserted as the row that answers like none, since it cannot be locked); elsewhere
+    /// the unit's lock holds them. Writes compare and set, which fails only if a row
+    /// changed while held.
+    fn decide_buckets<R>(
+        &mut self,
+        items: &[&BucketItem],
+        decide: impl FnOnce(&[Option<BucketState>]) -> (Vec<Option<BucketState>>, R),
+    ) -> StoreResult<R> {
+        let mut rows = Vec::with_capacity(items.len());
+        for item in items {
+            if E::LOCKS_ROWS {
+                self.insert_bucket(item.key, &bucket::untouched(&item.limits))?;
+            }
+            rows.push(
+                self.bucket(if E::LOCKS_ROWS { Statement::BucketLock } else { Statement::BucketRead }, item.key)?,
+            );
+        }
+        let (writes, answer) = decide(&rows);
+        for ((item, old), new) in items.iter().zip(&rows).zip(&writes) {
+            let written = match (old, new) {
+                (_, None) => true,
+                (None, Some(new)) => self.insert_bucket(item.key, new)?,
+                (Some(old), Some(new)) => self.replace_bucket(item.key, old, new)?,
+            };
+            if !written {
+                return Err(StoreError { message: "a row changed while this call held it".into(), engine_code: None });
+            }
+        }
+        Ok(answer)
     }
 
     fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
         self.budget(if E::LOCKS_ROWS { Statement::BudgetLock } else { Statement::BudgetRead }, key, period)
-    }
-
-    fn replace_bucket(&mut self, key: &str, old: &BucketState, new: &BucketState) -> StoreResult<bool> {
-        let params = [
-            Value::Float(new.level),
-            Value::Int(new.refilled_at),
-            Value::Int(new.full_at),
-            Value::Text(key),
-            Value::Float(old.level),
-            Value::Int(old.refilled_at),
-        ];
-        Ok(self.0.execute(Statement::BucketUpdate, &params)? == 1)
     }
 
     fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {

@@ -13,6 +13,7 @@
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::decision_slot::Decide;
+use crate::multi::BucketItem;
 use crate::units::Period;
 
 /// A statement that failed in the engine: its message, and the engine's own error code.
@@ -35,10 +36,18 @@ pub struct Changed<T> {
 /// What [`RowStore::change_bucket`] and [`RowStore::change_budget`] return.
 pub type ChangeResult<T> = StoreResult<Changed<T>>;
 
+/// Which kind of row a call changes: the two may live in different homes (PostgreSQL's
+/// memory store keeps buckets in shared memory, budgets in their tables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    Buckets,
+    Budgets,
+}
+
 /// Single-row reads and guarded writes.
 pub trait RowStore {
-    /// Whether the database or transaction refuses writes.
-    fn read_only(&mut self) -> StoreResult<bool>;
+    /// Whether the home of `rows` refuses writes (a read-only database or transaction).
+    fn read_only(&mut self, rows: Rows) -> StoreResult<bool>;
     /// The bucket row of `key`, as it stands (no lock).
     fn read_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>>;
     /// The budget row of `key` and `period`, as it stands (no lock).
@@ -72,12 +81,16 @@ pub trait LockingStore: RowStore {
     fn begin_unit(&mut self) -> StoreResult<bool>;
     /// Ends what [`LockingStore::begin_unit`] began (`owned`): commit, or roll back.
     fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()>;
-    /// The bucket row of `key`, held until the unit ends.
-    fn hold_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>>;
     /// The budget row of `key` and `period`, held until the unit ends.
     fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>>;
-    /// Writes `new` over the bucket row of `key` if it still holds `expected`.
-    fn replace_bucket(&mut self, key: &str, old: &BucketState, new: &BucketState) -> StoreResult<bool>;
+    /// Holds the bucket rows of `items` (in this order, keys all different), hands them to
+    /// `decide` and, still holding them, stores each row it returns (Some) in the same
+    /// order. Returns what `decide` answered alongside.
+    fn decide_buckets<R>(
+        &mut self,
+        items: &[&BucketItem],
+        decide: impl FnOnce(&[Option<BucketState>]) -> (Vec<Option<BucketState>>, R),
+    ) -> StoreResult<R>;
     /// Writes `new` over the budget row of `key` and `period` if it still holds `expected`.
     fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool>;
     /// Deletes every bucket and budget row of `key`.

@@ -6,7 +6,10 @@ use ratelimit_core::args::{Arg, Clock, SpendArgs};
 use ratelimit_core::bucket::{self, BucketLimits, BucketState};
 use ratelimit_core::budget::{self, BudgetState};
 use ratelimit_core::decision_slot::Decide;
-use ratelimit_core::store::{ChangeResult, Changed, LockingStore, RowStore, StoreResult};
+use ratelimit_core::memory;
+use ratelimit_core::memory_store::{MemoryStore, SharedTable};
+use ratelimit_core::multi::BucketItem;
+use ratelimit_core::store::{ChangeResult, Changed, LockingStore, RowStore, Rows, StoreResult};
 use ratelimit_core::units::{Period, MAX_WAIT_MS};
 use ratelimit_core::ErrorKind;
 use serde_json::{json, Value};
@@ -16,7 +19,7 @@ use std::collections::HashMap;
 /// connections can do in between: insert the same row first (`lost_races`), or sweep a
 /// row between the decision and the write (`swept_mid_write`).
 #[derive(Default)]
-struct MemStore {
+struct MapStore {
     buckets: HashMap<String, BucketState>,
     budgets: HashMap<(String, Period), BudgetState>,
     read_only: bool,
@@ -26,7 +29,7 @@ struct MemStore {
     atomic_depth: i32,
 }
 
-impl MemStore {
+impl MapStore {
     /// The engine's guarded write on one map entry.
     fn change<K: std::hash::Hash + Eq, T: Copy>(
         rows: &mut HashMap<K, T>,
@@ -78,8 +81,8 @@ impl MemStore {
     }
 }
 
-impl RowStore for MemStore {
-    fn read_only(&mut self) -> StoreResult<bool> {
+impl RowStore for MapStore {
+    fn read_only(&mut self, _rows: Rows) -> StoreResult<bool> {
         Ok(self.read_only)
     }
     fn read_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
@@ -115,7 +118,7 @@ impl RowStore for MemStore {
     }
 }
 
-impl LockingStore for MemStore {
+impl LockingStore for MapStore {
     const LOCKS_ROWS: bool = false;
     fn begin_unit(&mut self) -> StoreResult<bool> {
         self.atomic_depth += 1;
@@ -125,14 +128,28 @@ impl LockingStore for MemStore {
         self.atomic_depth -= 1;
         Ok(())
     }
-    fn hold_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
-        self.read_bucket(key)
+    fn decide_buckets<R>(
+        &mut self,
+        items: &[&BucketItem],
+        decide: impl FnOnce(&[Option<BucketState>]) -> (Vec<Option<BucketState>>, R),
+    ) -> StoreResult<R> {
+        let rows: Vec<Option<BucketState>> = items.iter().map(|i| self.buckets.get(i.key).copied()).collect();
+        let (writes, answer) = decide(&rows);
+        for ((item, old), new) in items.iter().zip(&rows).zip(&writes) {
+            if let Some(new) = new {
+                assert!(Self::compare_and_set(
+                    &mut self.buckets,
+                    item.key.to_owned(),
+                    old.as_ref(),
+                    new,
+                    &mut self.writes
+                ));
+            }
+        }
+        Ok(answer)
     }
     fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
         self.read_budget(key, period)
-    }
-    fn replace_bucket(&mut self, key: &str, old: &BucketState, new: &BucketState) -> StoreResult<bool> {
-        Ok(Self::compare_and_set(&mut self.buckets, key.to_owned(), Some(old), new, &mut self.writes))
     }
     fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
         Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), Some(old), new, &mut self.writes))
@@ -147,11 +164,11 @@ impl LockingStore for MemStore {
 
 /// The SQL functions as the engines reach them: through their descriptors.
 mod calls {
-    use super::{Arg, Clock, MemStore};
+    use super::{Arg, Clock, MapStore};
     use ratelimit_core::functions::{self as f, Function};
     use ratelimit_core::{Answer, Result};
 
-    fn run(s: &mut MemStore, function: &Function, args: &[Arg], clock: &Clock) -> Result<Answer> {
+    fn run(s: &mut MapStore, function: &Function, args: &[Arg], clock: &Clock) -> Result<Answer> {
         ratelimit_core::calls::call(function, s, args, clock)
     }
 
@@ -171,7 +188,7 @@ mod calls {
 
     macro_rules! json_calls {
         ($($name:ident => $descriptor:ident;)*) => {$(
-            pub fn $name(s: &mut MemStore, args: &[Arg], clock: &Clock) -> Result<String> {
+            pub fn $name(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<String> {
                 run(s, &f::$descriptor, args, clock).map(text)
             }
         )*};
@@ -187,11 +204,11 @@ mod calls {
         rl_take_all => RL_TAKE_ALL;
     }
 
-    pub fn rl_sweep(s: &mut MemStore, args: &[Arg], clock: &Clock) -> Result<i64> {
+    pub fn rl_sweep(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<i64> {
         run(s, &f::RL_SWEEP, args, clock).map(int)
     }
 
-    pub fn rl_reset(s: &mut MemStore, args: &[Arg]) -> Result<i64> {
+    pub fn rl_reset(s: &mut MapStore, args: &[Arg]) -> Result<i64> {
         run(s, &f::RL_RESET, args, &super::TEST_CLOCK).map(int)
     }
 }
@@ -210,7 +227,7 @@ fn parsed(text: String) -> Value {
     serde_json::from_str(&text).expect("results are JSON")
 }
 
-fn take(s: &mut MemStore, key: &str, burst: f64, rate: f64, cost: f64, now: i64) -> Value {
+fn take(s: &mut MapStore, key: &str, burst: f64, rate: f64, cost: f64, now: i64) -> Value {
     parsed(
         calls::rl_take(
             s,
@@ -221,7 +238,7 @@ fn take(s: &mut MemStore, key: &str, burst: f64, rate: f64, cost: f64, now: i64)
     )
 }
 
-fn spend(s: &mut MemStore, key: &str, period: &str, quota: Arg, cost: Arg, now: i64) -> Value {
+fn spend(s: &mut MapStore, key: &str, period: &str, quota: Arg, cost: Arg, now: i64) -> Value {
     parsed(
         calls::rl_spend(s, &[Arg::Text(key), Arg::Text(period), quota, cost, Arg::Integer(now)], &TEST_CLOCK).unwrap(),
     )
@@ -233,7 +250,7 @@ fn ms(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
 
 #[test]
 fn the_contract_example_burst_3_refill_60() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     // (now_ms, admitted, remaining, retry_after_ms, retry_after_seconds)
     let steps = [
         (0, true, 2, 0, 0),
@@ -258,7 +275,7 @@ fn the_contract_example_burst_3_refill_60() {
 
 #[test]
 fn result_keys_are_exactly_the_contract() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let r = take(&mut s, "k", 3.0, 60.0, 1.0, 0);
     let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(
@@ -272,7 +289,7 @@ fn result_keys_are_exactly_the_contract() {
 
 #[test]
 fn cost_above_burst_is_refused_with_full_refill_time() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let r = take(&mut s, "k", 3.0, 60.0, 4.0, 0);
     assert_eq!(r["admitted"], false);
     assert_eq!(r["retry_after_ms"], 3000);
@@ -282,7 +299,7 @@ fn cost_above_burst_is_refused_with_full_refill_time() {
 
 #[test]
 fn reset_after_counts_until_full() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     // burst 10, 6/min = 1 token per 10 s; take 4 -> full again in 40 s
     let r = take(&mut s, "k", 10.0, 6.0, 4.0, 0);
     assert_eq!(r["reset_after_seconds"], 40);
@@ -292,7 +309,7 @@ fn reset_after_counts_until_full() {
 
 #[test]
 fn clock_behind_the_row_gets_no_refill_and_never_moves_times_back() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     take(&mut s, "k", 2.0, 60.0, 2.0, 10_000);
     let stored = s.buckets["k"];
     let r = take(&mut s, "k", 2.0, 60.0, 1.0, 5_000);
@@ -307,7 +324,7 @@ fn clock_behind_the_row_gets_no_refill_and_never_moves_times_back() {
 
 #[test]
 fn lowered_burst_caps_the_stored_level() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     take(&mut s, "k", 10.0, 60.0, 1.0, 0); // 9 left
     let r = take(&mut s, "k", 3.0, 60.0, 1.0, 0);
     assert_eq!(r["remaining"], 2);
@@ -343,7 +360,7 @@ fn odd_rates_meet_the_retry_boundary_exactly() {
 
 #[test]
 fn huge_and_tiny_numbers_stay_finite() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let r = take(&mut s, "k", 1e308, 1e-300, 1e308, 0);
     assert_eq!(r["admitted"], true);
     let r = take(&mut s, "k", 1e308, 1e-300, 1e308, 1);
@@ -374,7 +391,7 @@ fn calendar_periods_in_utc() {
 
 #[test]
 fn a_spend_one_ms_before_midnight_belongs_to_that_day() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let midnight = ms(2026, 12, 1, 0, 0, 0);
     let r = spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), midnight - 1);
     assert_eq!(r["admitted"], true);
@@ -389,7 +406,7 @@ fn a_spend_one_ms_before_midnight_belongs_to_that_day() {
 
 #[test]
 fn tenths_are_exact() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     for i in 1..=10 {
         let r = spend(&mut s, "k", "month", Arg::Integer(1), Arg::Real(0.1), 0);
         assert_eq!(r["admitted"], true, "spend {i}");
@@ -414,7 +431,7 @@ fn tenths_are_exact() {
 
 #[test]
 fn budget_and_bucket_and_periods_are_separate() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     take(&mut s, "k", 1.0, 1.0, 1.0, 0);
     assert_eq!(spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), 0)["admitted"], true);
     assert_eq!(spend(&mut s, "k", "month", Arg::Integer(1), Arg::Integer(1), 0)["admitted"], true);
@@ -435,11 +452,11 @@ fn budget_clock_behind_a_newer_period_answers_from_that_period() {
 
 #[test]
 fn sweep_removes_only_rows_that_no_longer_matter() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     take(&mut s, "full-soon", 3.0, 60.0, 1.0, 0); // full at 1000
     take(&mut s, "refilling", 3.0, 60.0, 3.0, 0); // full at 3000
     spend(&mut s, "b", "day", Arg::Integer(1), Arg::Integer(1), 0); // ends at 86_400_000
-    let sweep = |s: &mut MemStore, now: i64| calls::rl_sweep(s, &[Arg::Integer(now)], &TEST_CLOCK).unwrap();
+    let sweep = |s: &mut MapStore, now: i64| calls::rl_sweep(s, &[Arg::Integer(now)], &TEST_CLOCK).unwrap();
     assert_eq!(sweep(&mut s, 999), 0);
     assert_eq!(sweep(&mut s, 1000), 1);
     // an answer after the sweep equals the answer had the row stayed
@@ -454,7 +471,7 @@ fn sweep_removes_only_rows_that_no_longer_matter() {
     }
     spend(&mut s, "batch", "day", Arg::Integer(1), Arg::Integer(1), 0);
     let batch =
-        |s: &mut MemStore| calls::rl_sweep(s, &[Arg::Integer(86_400_000), Arg::Integer(2)], &TEST_CLOCK).unwrap();
+        |s: &mut MapStore| calls::rl_sweep(s, &[Arg::Integer(86_400_000), Arg::Integer(2)], &TEST_CLOCK).unwrap();
     assert_eq!([batch(&mut s), batch(&mut s), batch(&mut s), batch(&mut s)], [2, 2, 2, 0]);
     assert!(s.buckets.is_empty() && s.budgets.is_empty());
     // a caller's clock later than the real clock is held back to the real clock
@@ -464,11 +481,11 @@ fn sweep_removes_only_rows_that_no_longer_matter() {
 
 #[test]
 fn a_lost_insert_race_decides_again_on_the_winners_row() {
-    let mut s = MemStore { lost_races: 1, ..Default::default() };
+    let mut s = MapStore { lost_races: 1, ..Default::default() };
     let r = take(&mut s, "k", 3.0, 1.0, 1.0, 0);
     assert_eq!((r["admitted"].as_bool(), r["remaining"].as_i64()), (Some(true), Some(1)));
     assert_eq!(s.writes, 2, "the winner's insert, then this call's update");
-    let mut s = MemStore { lost_races: 1, ..Default::default() };
+    let mut s = MapStore { lost_races: 1, ..Default::default() };
     let r = take(&mut s, "k", 1.0, 1.0, 1.0, 0);
     assert_eq!(r["admitted"], false, "the winner took the only token");
     assert_eq!(s.writes, 1);
@@ -476,7 +493,7 @@ fn a_lost_insert_race_decides_again_on_the_winners_row() {
 
 #[test]
 fn a_row_swept_between_decision_and_write_is_decided_again() {
-    let mut s = MemStore { swept_mid_write: 1, ..Default::default() };
+    let mut s = MapStore { swept_mid_write: 1, ..Default::default() };
     s.buckets.insert("k".into(), BucketState { level: 0.0, refilled_at: 0, full_at: 60_000 });
     s.budgets.insert(("k".into(), Period::Day), BudgetState { used: 1, resets_at: 86_400_000 });
     let r = take(&mut s, "k", 2.0, 1.0, 1.0, 120_000);
@@ -490,7 +507,7 @@ fn a_row_swept_between_decision_and_write_is_decided_again() {
 
 #[test]
 fn a_refusal_writes_nothing() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     assert_eq!(take(&mut s, "k", 1.0, 1.0, 1.0, 0)["admitted"], true);
     assert_eq!(take(&mut s, "k", 1.0, 1.0, 1.0, 0)["admitted"], false);
     assert_eq!(take(&mut s, "new", 1.0, 1.0, 2.0, 0)["admitted"], false);
@@ -501,7 +518,7 @@ fn a_refusal_writes_nothing() {
 
 #[test]
 fn bad_input_is_a_clear_error_and_writes_nothing() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let cases: Vec<(&str, Vec<Arg>, &str)> = vec![
         ("rl_take", vec![Arg::Null, Arg::Integer(3), Arg::Integer(60)], "rl_take: key must be text, got NULL"),
         ("rl_take", vec![Arg::Text(""), Arg::Integer(3), Arg::Integer(60)], "rl_take: key must not be empty"),
@@ -599,7 +616,7 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
 
 #[test]
 fn explicit_clock_can_be_forbidden_and_read_only_refuses() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let strict = Clock { wall_ms: 1, explicit_allowed: false };
     let err = calls::rl_take(
         &mut s,
@@ -643,8 +660,8 @@ fn spend_args_round_decimals_to_millionths() {
 }
 
 fn call(
-    s: &mut MemStore,
-    f: fn(&mut MemStore, &[Arg], &Clock) -> ratelimit_core::Result<String>,
+    s: &mut MapStore,
+    f: fn(&mut MapStore, &[Arg], &Clock) -> ratelimit_core::Result<String>,
     args: &[Arg],
 ) -> Value {
     parsed(f(s, args, &TEST_CLOCK).unwrap())
@@ -652,7 +669,7 @@ fn call(
 
 #[test]
 fn peek_answers_like_take_and_changes_nothing() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     take(&mut s, "k", 3.0, 60.0, 3.0, 0);
     let peek = call(
         &mut s,
@@ -667,7 +684,7 @@ fn peek_answers_like_take_and_changes_nothing() {
 
 #[test]
 fn refunds_never_exceed_burst_or_go_below_zero() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     take(&mut s, "k", 5.0, 60.0, 4.0, 0);
     let r = call(
         &mut s,
@@ -705,7 +722,7 @@ fn refunds_never_exceed_burst_or_go_below_zero() {
 
 #[test]
 fn reset_forgets_every_row_of_a_key() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     take(&mut s, "k", 1.0, 1.0, 1.0, 0);
     spend(&mut s, "k", "day", Arg::Integer(1), Arg::Integer(1), 0);
     spend(&mut s, "k", "month", Arg::Integer(1), Arg::Integer(1), 0);
@@ -716,13 +733,13 @@ fn reset_forgets_every_row_of_a_key() {
     assert_eq!(s.budgets.len(), 1);
 }
 
-fn take_all(s: &mut MemStore, limits: &str, now: i64) -> ratelimit_core::Result<Value> {
+fn take_all(s: &mut MapStore, limits: &str, now: i64) -> ratelimit_core::Result<Value> {
     calls::rl_take_all(s, &[Arg::Text(limits), Arg::Integer(now)], &TEST_CLOCK).map(parsed)
 }
 
 #[test]
 fn take_all_charges_every_item_or_none() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let limits = r#"[{"key": "u", "burst": 2, "refill_per_minute": 60}, {"key": "u", "period": "day", "quota": 3, "cost": 1.5}]"#;
     let text = calls::rl_take_all(&mut s, &[Arg::Text(limits), Arg::Integer(0)], &TEST_CLOCK).unwrap();
     assert!(
@@ -750,7 +767,7 @@ fn take_all_charges_every_item_or_none() {
 
 #[test]
 fn take_all_rejects_bad_lists() {
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let cases = [
         ("{}", "rl_take_all: limits must be a JSON array of limit objects"),
         ("[]", "rl_take_all: limits must hold 1 to 64 items, got 0"),
@@ -787,7 +804,7 @@ fn take_all_rejects_bad_lists() {
 #[test]
 fn headers_for_every_result_shape() {
     let h = |v: &Value| parsed(headers_of(&v.to_string()).unwrap());
-    let mut s = MemStore::default();
+    let mut s = MapStore::default();
     let admitted = take(&mut s, "k", 10.0, 60.0, 1.0, 0);
     assert_eq!(
         h(&admitted),
@@ -880,4 +897,179 @@ proptest! {
             prop_assert!(d.used <= quota);
         }
     }
+}
+
+/// The memory store's table in plain vectors, one per part (one thread: no locks needed).
+struct VecTable(Vec<Vec<u64>>);
+
+impl VecTable {
+    fn new(capacity: usize) -> Self {
+        let per_part = memory::part_capacity(capacity);
+        VecTable(
+            (0..memory::PARTS)
+                .map(|_| {
+                    let mut words = vec![0u64; memory::part_bytes(per_part) / 8];
+                    memory::format_part(bytemuck::cast_slice_mut(&mut words), per_part);
+                    words
+                })
+                .collect(),
+        )
+    }
+
+    fn stats(&self) -> memory::MemoryStats {
+        let mut stats = memory::MemoryStats::default();
+        for part in &self.0 {
+            stats.add(&memory::PartRef::new(bytemuck::cast_slice(part)).header());
+        }
+        stats
+    }
+}
+
+impl SharedTable for VecTable {
+    fn hash(&self, key: &str) -> memory::Hash {
+        memory::bucket_hash([7, 9], 1, key)
+    }
+
+    fn database(&self) -> u32 {
+        1
+    }
+
+    fn read<R>(&mut self, part: usize, work: impl FnOnce(&memory::PartRef) -> R) -> R {
+        work(&memory::PartRef::new(bytemuck::cast_slice(&self.0[part])))
+    }
+
+    fn write<R>(&mut self, parts: &[usize], work: impl FnOnce(&mut [memory::Part]) -> R) -> R {
+        let mut held: Vec<memory::Part> = self
+            .0
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| parts.contains(i))
+            .map(|(_, words)| memory::Part::new(bytemuck::cast_slice_mut(words)))
+            .collect();
+        work(&mut held)
+    }
+}
+
+/// Random calls with explicit clocks on a few keys, each sent to the table store and to the
+/// memory store (large enough never to evict): every answer is the same text.
+#[test]
+fn the_memory_store_answers_like_the_table_store() {
+    use ratelimit_core::functions as f;
+    let mut table = MapStore::default();
+    let mut memory = MemoryStore { buckets: VecTable::new(1024), table: MapStore::default() };
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut now = 0i64;
+    for step in 0..30_000 {
+        now += next(700) as i64;
+        let key = ["a", "b", "c", "d"][next(4) as usize];
+        let other = ["a", "b", "c", "d"][next(4) as usize];
+        // Each key keeps its limits: a swept row then answers like no row, whichever rows
+        // each store's sweep picked.
+        let limits_of = |k: &str| match k {
+            "a" => (1.0, 7.0),
+            "b" => (3.0, 60.0),
+            "c" => (10.0, 600.0),
+            _ => (3.0, 0.5),
+        };
+        let (burst, rate) = limits_of(key);
+        let cost = 1.0 + next(3) as f64;
+        let limits = format!(
+            r#"[{{"key": "{key}", "burst": {burst}, "refill_per_minute": {rate}, "cost": {cost}}},
+                {{"key": "{other}x", "burst": 2, "refill_per_minute": 30}},
+                {{"key": "{key}", "period": "day", "quota": 50}}]"#
+        );
+        let call: (&f::Function, Vec<Arg>) = match next(8) {
+            0 | 1 => (
+                &f::RL_TAKE,
+                vec![Arg::Text(key), Arg::Real(burst), Arg::Real(rate), Arg::Real(cost), Arg::Integer(now)],
+            ),
+            2 => (
+                &f::RL_PEEK,
+                vec![Arg::Text(key), Arg::Real(burst), Arg::Real(rate), Arg::Real(cost), Arg::Integer(now)],
+            ),
+            3 => (
+                &f::RL_REFUND,
+                vec![Arg::Text(key), Arg::Real(burst), Arg::Real(rate), Arg::Real(cost), Arg::Integer(now)],
+            ),
+            4 => (&f::RL_TAKE_ALL, vec![Arg::Text(&limits), Arg::Integer(now)]),
+            5 => (&f::RL_SWEEP, vec![Arg::Integer(now)]),
+            6 if next(20) == 0 => (&f::RL_RESET, vec![Arg::Text(key)]),
+            _ => (
+                &f::RL_SPEND,
+                vec![Arg::Text(key), Arg::Text("day"), Arg::Integer(50), Arg::Integer(1), Arg::Integer(now)],
+            ),
+        };
+        let (function, args) = call;
+        let expected = ratelimit_core::calls::call(function, &mut table, &args, &TEST_CLOCK);
+        let got = ratelimit_core::calls::call(function, &mut memory, &args, &TEST_CLOCK);
+        assert_eq!(got, expected, "step {step}: {} {args:?}", function.name);
+    }
+    assert_eq!(memory.buckets.stats().evicted_early, 0);
+    assert_eq!(memory.table.buckets.len(), 0, "no bucket row reaches the table");
+}
+
+/// Buckets work read-only in the memory store; budgets do not.
+#[test]
+fn memory_buckets_work_where_the_table_is_read_only() {
+    let mut memory =
+        MemoryStore { buckets: VecTable::new(64), table: MapStore { read_only: true, ..MapStore::default() } };
+    let take = ratelimit_core::calls::call(
+        &ratelimit_core::functions::RL_TAKE,
+        &mut memory,
+        &[Arg::Text("k"), Arg::Real(1.0), Arg::Real(1.0), Arg::Real(1.0), Arg::Integer(0)],
+        &TEST_CLOCK,
+    );
+    assert!(take.is_ok(), "{take:?}");
+    let spend = ratelimit_core::calls::call(
+        &ratelimit_core::functions::RL_SPEND,
+        &mut memory,
+        &[Arg::Text("k"), Arg::Text("day"), Arg::Integer(1), Arg::Integer(1), Arg::Integer(0)],
+        &TEST_CLOCK,
+    );
+    assert_eq!(spend.unwrap_err().kind, ErrorKind::ReadOnly);
+    assert_eq!(memory.buckets.stats().in_use, 1);
+}
+
+/// A flood of distinct keys through a small table: never an error, and a key in use that
+/// is not yet full again survives as long as full buckets can be replaced instead.
+#[test]
+fn a_key_flood_replaces_full_buckets_first() {
+    use ratelimit_core::functions as f;
+    let mut memory = MemoryStore { buckets: VecTable::new(1024), table: MapStore::default() };
+    let take = |m: &mut MemoryStore<VecTable, MapStore>, key: &str, burst: f64, rate: f64, now: i64| {
+        let args = [Arg::Text(key), Arg::Real(burst), Arg::Real(rate), Arg::Real(1.0), Arg::Integer(now)];
+        parsed(
+            ratelimit_core::calls::call(&f::RL_TAKE, m, &args, &TEST_CLOCK)
+                .map(|a| match a {
+                    ratelimit_core::Answer::Json(t) => t,
+                    other => panic!("{other:?}"),
+                })
+                .unwrap(),
+        )
+    };
+    // The legitimate key: burst 1, full again after a minute.
+    assert_eq!(take(&mut memory, "user", 1.0, 1.0, 0)["admitted"], true);
+    // Flood keys, one every 10 ms, each full again 1 s after its take: about 100 in use at
+    // any time, fewer than the table holds, so only full buckets are replaced.
+    for i in 0..3_000 {
+        assert_eq!(take(&mut memory, &format!("flood{i}"), 1000.0, 60.0, 2000 + 10 * i)["admitted"], true);
+    }
+    let stats = memory.buckets.stats();
+    assert_eq!((stats.in_use, stats.evicted_early), (stats.capacity, 0), "{stats:?}");
+    assert!(stats.evicted_full > 1900, "{stats:?}");
+    assert_eq!(take(&mut memory, "user", 1.0, 1.0, 32_000)["admitted"], false, "the flood did not reset the user");
+    // A flood faster than the table (full again 10 s after, one every ms): now buckets go
+    // before they are full again, soonest full first, so the user's (full at 60 s)
+    // outlasts every flood key.
+    for i in 0..3_000 {
+        assert_eq!(take(&mut memory, &format!("fast{i}"), 1000.0, 6.0, 33_000 + i)["admitted"], true);
+    }
+    assert!(memory.buckets.stats().evicted_early > 1900, "{:?}", memory.buckets.stats());
+    assert_eq!(take(&mut memory, "user", 1.0, 1.0, 37_000)["admitted"], false, "the user's bucket went last");
 }

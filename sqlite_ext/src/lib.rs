@@ -33,6 +33,8 @@ fn register(db: Connection) -> rusqlite::Result<bool> {
             Entry::State(_) => register_stateful(&h, f)?,
             Entry::Pure(_) => register_without_store(&h, f, PURE)?,
             Entry::Internal(_) => register_without_store(&h, f, STATEFUL)?,
+            // The database file is the state every connection shares: no server memory.
+            Entry::Server => {}
         }
     }
     Ok(false)
