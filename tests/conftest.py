@@ -185,6 +185,13 @@ def pg_db():
         yield db
 
 
+@pytest.fixture(params=["table", "memory"])
+def pg_store_db(request):
+    """A fresh database for each store of buckets."""
+    with pg_test_database(request.param) as db:
+        yield db
+
+
 @pytest.fixture
 def pg_memory_db():
     """A fresh database with buckets in the memory store (the cluster preloads pg_ratelimit)."""

@@ -133,32 +133,33 @@ def catalog(cur):
 RELEASED = os.path.join(os.path.dirname(__file__), "..", "pg_ext", "released")
 
 
-def test_upgrade_from_0_1_0_keeps_state_and_equals_a_fresh_install(pg_db):
+@pytest.mark.parametrize("old", ["0.1.0", "0.2.0"])
+def test_upgrade_keeps_state_and_equals_a_fresh_install(pg_db, old):
     conn, name = pg_db
     pg_config = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
     sharedir = subprocess.run([pg_config, "--sharedir"], capture_output=True, text=True, check=True).stdout.strip()
-    old_script = os.path.join(sharedir, "extension", "pg_ratelimit--0.1.0.sql")
+    old_script = os.path.join(sharedir, "extension", f"pg_ratelimit--{old}.sql")
     added = not os.path.exists(old_script)
-    # the released script, also over a stale one a development build of 0.1.0 left behind
-    shutil.copy(os.path.join(RELEASED, "pg_ratelimit--0.1.0.sql"), old_script)
+    # the released script, also over a stale one a development build left behind
+    shutil.copy(os.path.join(RELEASED, f"pg_ratelimit--{old}.sql"), old_script)
     try:
         with conn.cursor() as cur:
             fresh = catalog(cur)
             cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_ratelimit'")
             current = cur.fetchone()[0]
             cur.execute("DROP EXTENSION pg_ratelimit")
-            cur.execute("CREATE EXTENSION pg_ratelimit VERSION '0.1.0'")
-            # a bucket and a budget as 0.1.0 stored them
+            cur.execute(f"CREATE EXTENSION pg_ratelimit VERSION '{old}'")
+            # a bucket and a budget as the old version stored them
             cur.execute("INSERT INTO ratelimit.rl_bucket VALUES ('kept', 1, 0, 120000)")
             cur.execute("INSERT INTO ratelimit.rl_budget VALUES ('kept', 'day', 2000000, 86400000)")
         # the new library on the old objects: a clear error until the update
-        old = pg_connect(name)
-        with old.cursor() as cur, pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState) as e:
+        stale = pg_connect(name)
+        with stale.cursor() as cur, pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState) as e:
             cur.execute("SELECT rl_take('k', 3, 60)")
         assert e.value.diag.message_primary == (
-            f"pg_ratelimit: the library is version {current} but the extension in this database is version 0.1.0")
+            f"pg_ratelimit: the library is version {current} but the extension in this database is version {old}")
         assert e.value.diag.message_hint == "Run ALTER EXTENSION pg_ratelimit UPDATE in this database."
-        old.close()
+        stale.close()
         with conn.cursor() as cur:
             cur.execute("ALTER EXTENSION pg_ratelimit UPDATE")
             assert catalog(cur) == fresh
@@ -229,9 +230,10 @@ def test_every_function_has_a_comment_and_drop_removes_everything(pg_db):
 @pytest.mark.parametrize("sql", [
     "SELECT rl_take('hot-{n}', 100, 0.000001)",
     "SELECT rl_spend('hot-{n}', 'month', 100, 1)",
+    "SELECT rl_take_all('[{\"key\": \"hot-{n}\", \"burst\": 100, \"refill_per_minute\": 0.000001}]')",
 ])
-def test_sixteen_sessions_admit_exactly_the_limit(pg_db, sql):
-    conn, name = pg_db
+def test_sixteen_sessions_admit_exactly_the_limit(pg_store_db, sql):
+    conn, name = pg_store_db
     sessions, calls = 16, 40
     key_sql = sql.replace("{n}", name)
     admitted = [0] * sessions
@@ -246,12 +248,12 @@ def test_sixteen_sessions_admit_exactly_the_limit(pg_db, sql):
     assert sum(admitted) == 100
 
 
-def test_32_sessions_mixed_keys_exact_totals(pg_db):
+def test_32_sessions_mixed_keys_exact_totals(pg_store_db):
     """Many keys and one hot key, buckets and budgets mixed, every key's first use by all
     sessions at once: exact admitted totals, no deadlock, no unique violation."""
     import random
 
-    conn, name = pg_db
+    conn, name = pg_store_db
     sessions, calls = 32, 60
     lock = threading.Lock()
     admitted, attempted = {}, {}
@@ -263,6 +265,10 @@ def test_32_sessions_mixed_keys_exact_totals(pg_db):
         if kind == 1:
             return ("hot-budget", "SELECT rl_spend('hot', 'month', 100, 1)", 100)
         n = rng.randrange(24)
+        if kind == 2 and rng.random() < 0.3:
+            # a bucket and a budget all or nothing: each admitted only while both have room
+            return (f"pair-{n}", f"SELECT rl_take_all('[{{\"key\": \"k{n}\", \"burst\": 5, \"refill_per_minute\": 0.000001}},"
+                                 f" {{\"key\": \"p{n}\", \"period\": \"day\", \"quota\": 5}}]')", 5)
         if kind == 2:
             return (f"bucket-{n}", f"SELECT rl_take('k{n}', 5, 0.000001)", 5)
         return (f"budget-{n}", f"SELECT rl_spend('k{n}', 'day', 5, 1)", 5)
@@ -277,7 +283,18 @@ def test_32_sessions_mixed_keys_exact_totals(pg_db):
                 admitted[label] = admitted.get(label, 0) + ok
 
     run_sessions(name, sessions, work)
+    # bucket k{n} is taken from by rl_take (bucket-n) and by rl_take_all (pair-n), so count
+    # them together; the pair's budget p{n} is charged exactly when its call was admitted
+    group = lambda label: label.replace("pair-", "bucket-")  # noqa: E731
+    totals = {}
     for label, count in attempted.items():
+        tried, got = totals.get(group(label), (0, 0))
+        totals[group(label)] = (tried + count, got + admitted[label])
+    for label, (count, got) in totals.items():
         limit = 100 if label.startswith("hot") else 5
-        assert admitted[label] == min(limit, count), (label, admitted[label], count)
+        assert got == min(limit, count), (label, got, count)
+    for label in (l for l in attempted if l.startswith("pair-")):
+        n = label.split("-")[1]
+        used = one(conn, f"SELECT rl_budget('p{n}', 'day', 5, 0.000001) ->> 'used'")  # counts the peek's cost
+        assert round(float(used) - 0.000001, 6) == admitted[label], (label, used, admitted[label])
     print(f"\n32 sessions: {sum(attempted.values())} calls, {sum(admitted.values())} admitted over {len(attempted)} limits")

@@ -58,27 +58,29 @@ fn total_bytes() -> usize {
     HEADER_BYTES + PARTS * memory::part_bytes(part_capacity())
 }
 
-/// Defines the setting of the table's size; loaded at server start, also asks for the memory.
+/// Loaded at server start: defines the setting of the table's size and asks for the
+/// memory. Loaded later, there is no table (and a setting fixed at start cannot be made).
 pub fn init() {
+    // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
     GucRegistry::define_int_guc(
         c"pg_ratelimit.memory_buckets",
         c"Buckets the memory store holds (set at server start).",
-        c"Each takes about 61 bytes of shared memory; the table is made when pg_ratelimit is in shared_preload_libraries.",
+        c"Each takes about 60 bytes of shared memory; rounded up to a multiple of 16.",
         &MEMORY_BUCKETS,
         1_000,
         200_000_000,
         GucContext::Postmaster,
         GucFlags::default(),
     );
-    // SAFETY: a flag PostgreSQL sets while it loads shared_preload_libraries; then _PG_init
-    // runs once in the postmaster, before any hook is called.
-    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        unsafe {
-            PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
-            pg_sys::shmem_request_hook = Some(request_memory);
-            PREV_STARTUP_HOOK = pg_sys::shmem_startup_hook;
-            pg_sys::shmem_startup_hook = Some(make_table);
-        }
+    // SAFETY: _PG_init runs once in the postmaster, before any hook is called.
+    unsafe {
+        PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request_memory);
+        PREV_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(make_table);
     }
 }
 
