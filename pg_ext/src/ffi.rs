@@ -1,5 +1,6 @@
-//! The only module of this crate that writes `unsafe` itself (the workspace denies it
-//! elsewhere): a result handed to PostgreSQL as `jsonb`, and a backend-global flag read.
+//! One of the two modules of this crate that write `unsafe` themselves (the workspace
+//! denies it elsewhere; the other is [`crate::shared_memory`]): a result handed to
+//! PostgreSQL as `jsonb`, and a backend-global flag read.
 
 #![allow(unsafe_code)]
 
@@ -8,16 +9,27 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
 };
 use pgrx::{pg_sys, IntoDatum};
+use ratelimit_core::render::{number_form, Json, NumberForm};
+use std::ffi::CString;
+use std::ptr::null_mut;
 
-/// A result the core already wrote as JSON text, returned as `jsonb` by PostgreSQL's own
-/// parser (no detour through a JSON value tree).
-pub struct JsonbText(pub String);
+/// A result of the core, returned as `jsonb` built value by value (PostgreSQL's
+/// pushJsonbValue): no JSON text is printed only to be parsed again by `jsonb_in`.
+pub struct JsonbResult(pub Json);
 
-impl IntoDatum for JsonbText {
+impl IntoDatum for JsonbResult {
     fn into_datum(self) -> Option<pg_sys::Datum> {
-        let text = std::ffi::CString::new(self.0).expect("the core writes no NUL into JSON");
-        // SAFETY: jsonb_in reads a NUL-terminated string and returns a palloc'd jsonb.
-        unsafe { pgrx::direct_function_call_as_datum(pg_sys::jsonb_in, &[Some(text.as_ptr().into())]) }
+        if let Json::Text(text) = &self.0 {
+            return jsonb_from_text(text);
+        }
+        let mut state: *mut pg_sys::JsonbParseState = null_mut();
+        // SAFETY: push hands pushJsonbValue a well-formed sequence of tokens (objects and
+        // arrays opened and closed in order, keys before values) whose strings live until
+        // JsonbValueToJsonb has copied them into the palloc'd result.
+        unsafe {
+            let root = push(&mut state, &self.0, None);
+            Some(pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(root)))
+        }
     }
 
     fn type_oid() -> pg_sys::Oid {
@@ -25,8 +37,91 @@ impl IntoDatum for JsonbText {
     }
 }
 
+fn jsonb_from_text(text: &str) -> Option<pg_sys::Datum> {
+    let text = CString::new(text).expect("the core writes no NUL into JSON");
+    // SAFETY: jsonb_in reads a NUL-terminated string and returns a palloc'd jsonb.
+    unsafe { pgrx::direct_function_call_as_datum(pg_sys::jsonb_in, &[Some(text.as_ptr().into())]) }
+}
+
+fn scalar(type_: pg_sys::jbvType::Type) -> pg_sys::JsonbValue {
+    // SAFETY: an all-zero JsonbValue is a valid jbvNull; the caller sets type and value.
+    let mut v: pg_sys::JsonbValue = unsafe { std::mem::zeroed() };
+    v.type_ = type_;
+    v
+}
+
+fn numeric(form: NumberForm) -> pg_sys::JsonbValue {
+    let mut v = scalar(pg_sys::jbvType::jbvNumeric);
+    v.val.numeric = match form {
+        NumberForm::Null => return scalar(pg_sys::jbvType::jbvNull),
+        // SAFETY: int64_to_numeric returns a palloc'd numeric.
+        NumberForm::Int(n) => unsafe { pg_sys::int64_to_numeric(n) },
+        NumberForm::Decimal(text) => {
+            let text = CString::new(text).expect("a number has no NUL");
+            // SAFETY: numeric_in(cstring, typelem, typmod -1) parses the decimal the core wrote.
+            let datum = unsafe {
+                pgrx::direct_function_call_as_datum(
+                    pg_sys::numeric_in,
+                    &[Some(text.as_ptr().into()), Some(pg_sys::InvalidOid.into()), Some((-1i32).into())],
+                )
+            };
+            datum.expect("numeric_in returns a value for a decimal").cast_mut_ptr()
+        }
+    };
+    v
+}
+
+/// Pushes `value` (after `key`, inside an object) and returns what pushJsonbValue returned
+/// for its last token: the finished value once the outermost container is closed.
+///
+/// # Safety
+/// See [`JsonbResult::into_datum`].
+unsafe fn push(
+    state: &mut *mut pg_sys::JsonbParseState,
+    value: &Json,
+    key: Option<&'static str>,
+) -> *mut pg_sys::JsonbValue {
+    use pg_sys::JsonbIteratorToken::*;
+    // SAFETY: as the function's contract says.
+    unsafe {
+        if let Some(key) = key {
+            let mut k = scalar(pg_sys::jbvType::jbvString);
+            k.val.string.len = key.len() as i32;
+            k.val.string.val = key.as_ptr().cast_mut().cast();
+            pg_sys::pushJsonbValue(state, WJB_KEY, &mut k);
+        }
+        let in_object = key.is_some();
+        let mut item = match value {
+            Json::Bool(b) => {
+                let mut v = scalar(pg_sys::jbvType::jbvBool);
+                v.val.boolean = *b;
+                v
+            }
+            Json::Int(n) => numeric(NumberForm::Int(*n)),
+            Json::Number(x) => numeric(number_form(*x)),
+            Json::Array(items) => {
+                pg_sys::pushJsonbValue(state, WJB_BEGIN_ARRAY, null_mut());
+                for item in items {
+                    push(state, item, None);
+                }
+                return pg_sys::pushJsonbValue(state, WJB_END_ARRAY, null_mut());
+            }
+            Json::Object(fields) => {
+                pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, null_mut());
+                for (k, v) in fields {
+                    push(state, v, Some(k));
+                }
+                return pg_sys::pushJsonbValue(state, WJB_END_OBJECT, null_mut());
+            }
+            // Only rl_headers answers with text, and only at the top: parse it there.
+            Json::Text(_) => scalar(pg_sys::jbvType::jbvNull),
+        };
+        pg_sys::pushJsonbValue(state, if in_object { WJB_VALUE } else { WJB_ELEM }, &mut item)
+    }
+}
+
 // SAFETY: returns the datum into_datum built, or NULL, as pgrx's own return types do.
-unsafe impl BoxRet for JsonbText {
+unsafe impl BoxRet for JsonbResult {
     unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
         match self.into_datum() {
             Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
@@ -36,8 +131,8 @@ unsafe impl BoxRet for JsonbText {
 }
 
 // SAFETY: the SQL type named is the one into_datum produces.
-unsafe impl SqlTranslatable for JsonbText {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbText);
+unsafe impl SqlTranslatable for JsonbResult {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbResult);
     const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
     const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
     const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));

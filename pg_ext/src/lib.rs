@@ -9,7 +9,7 @@ mod shared_memory;
 
 use std::cell::{Cell, OnceCell};
 
-use ffi::JsonbText;
+use ffi::JsonbResult;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, JsonB, PgOid, PostgresGucEnum};
@@ -117,7 +117,7 @@ macro_rules! from_answer {
 }
 
 from_answer! {
-    JsonbText => Json(t) => JsonbText(t);
+    JsonbResult => Json(j) => JsonbResult(j);
     String => Text(t) => t;
     i64 => Int(n) => n;
     f64 => Real(r) => r;
@@ -143,7 +143,7 @@ macro_rules! wrappers {
             $third: Option<f64>,
             cost: default!(Option<f64>, 1),
             now_ms: default!(Option<f64>, "NULL"),
-        ) -> JsonbText {
+        ) -> JsonbResult {
             run(&f::$descriptor, &[text($key), $second_arg($second), real($third), real(cost), real(now_ms)])
         }
     )*};
@@ -172,7 +172,7 @@ fn rl_refund(
     refill_per_minute: Option<f64>,
     amount: Option<f64>,
     now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbText {
+) -> JsonbResult {
     run(&f::RL_REFUND, &[text(key), real(burst), real(refill_per_minute), real(amount), real(now_ms)])
 }
 
@@ -182,7 +182,7 @@ fn rl_refund_budget(
     period: Option<&str>,
     amount: Option<f64>,
     now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbText {
+) -> JsonbResult {
     run(&f::RL_REFUND_BUDGET, &[text(key), text(period), real(amount), real(now_ms)])
 }
 
@@ -192,21 +192,21 @@ fn rl_reset(key: Option<&str>) -> i64 {
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonbText {
+fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
     let limits = limits.map(|j| j.0.to_string());
     run(&f::RL_TAKE_ALL, &[text(limits.as_deref()), real(now_ms)])
 }
 
 #[pg_extern(volatile, parallel_safe)]
-fn rl_memory_stats() -> JsonbText {
+fn rl_memory_stats() -> JsonbResult {
     match shared_memory::stats() {
-        Some(stats) => JsonbText(stats.to_json()),
+        Some(stats) => JsonbResult(stats.to_json()),
         None => raise(ratelimit_core::Error::memory_store_not_loaded(f::RL_MEMORY_STATS.name)),
     }
 }
 
 #[pg_extern(immutable, parallel_safe)]
-fn rl_headers(result: Option<JsonB>) -> JsonbText {
+fn rl_headers(result: Option<JsonB>) -> JsonbResult {
     let result = result.map(|j| j.0.to_string());
     run(&f::RL_HEADERS, &[text(result.as_deref())])
 }

@@ -7,15 +7,15 @@ use crate::budget::BudgetState;
 use crate::decision_slot::{self, NotInStatement};
 use crate::error::{Error, Result};
 use crate::functions::{Entry, Function};
-use crate::render::ToJson;
+use crate::render::{Json, ToJson};
 use crate::store::LockingStore;
 use crate::{headers, key, protocol};
 
 /// A function's result, typed as its descriptor's `returns`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Answer {
-    /// JSON object text (jsonb in PostgreSQL, text in SQLite).
-    Json(String),
+    /// A JSON object (jsonb in PostgreSQL, text in SQLite).
+    Json(Json),
     Text(String),
     Int(i64),
     Real(f64),
@@ -99,7 +99,7 @@ pub fn rl_key(f: &Function, parts: &[Arg]) -> Result<Answer> {
 /// `rl_headers(result)`.
 pub fn rl_headers(f: &Function, args: &[Arg]) -> Result<Answer> {
     match args::nth(args, 0) {
-        Arg::Text(t) => headers::headers(f.name, t).map(Answer::Json),
+        Arg::Text(t) => headers::headers(f.name, t).map(|h| Answer::Json(Json::Text(h))),
         other => Err(Error::invalid(f.name, format!("result must be JSON text, got {}", other.describe()))),
     }
 }

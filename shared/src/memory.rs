@@ -9,6 +9,9 @@
 //! - `heap`: the slots ordered by `full_at`, earliest first, so that when the part is full
 //!   the bucket to replace is found at once: the root is full again already if any bucket
 //!   is (replacing it changes no answer), else it is the one that will be full soonest.
+//!   The heap is ordered lazily: a take usually moves `full_at` later, and then the heap is
+//!   left alone (its key for the slot is only a lower bound); a replacement that finds a
+//!   stale root re-files it and looks again, so the root it takes is the true earliest.
 //!
 //! Keys are not stored: a bucket is named by a 128-bit SipHash of the database and the key
 //! under a secret drawn when the table is first made (kept across restarts in the save
@@ -37,6 +40,8 @@ pub struct Slot {
     pub level: f64,
     pub refilled_at: i64,
     pub full_at: i64,
+    /// The `full_at` the heap orders this slot by: never later than `full_at`.
+    heap_key: i64,
     /// Where this slot stands in the part's heap.
     heap_pos: u32,
     /// The database (OID) whose bucket this is: rl_sweep only removes its caller's.
@@ -225,7 +230,7 @@ impl<'m> Part<'m> {
             self.slots[used].heap_pos = used as u32;
             used
         } else {
-            let victim = self.heap[0] as usize;
+            let victim = self.earliest_full_at();
             if self.slots[victim].full_at <= now_ms {
                 self.header.evicted_full += 1;
             } else {
@@ -238,8 +243,24 @@ impl<'m> Part<'m> {
         self.slots[slot].hash = *hash;
         self.slots[slot].database = database;
         self.index_add(hash, slot);
+        self.slots[slot].heap_key = row.full_at;
         self.write(slot, row);
+        let pos = self.slots[slot].heap_pos as usize;
+        self.sift(pos);
         true
+    }
+
+    /// The slot with the earliest `full_at`: the heap's root once its key is current.
+    fn earliest_full_at(&mut self) -> usize {
+        loop {
+            let root = self.heap[0] as usize;
+            let s = &mut self.slots[root];
+            if s.heap_key >= s.full_at {
+                return root;
+            }
+            s.heap_key = s.full_at;
+            self.sift_down(0);
+        }
     }
 
     /// Removes the bucket of `hash`; returns whether there was one.
@@ -270,13 +291,17 @@ impl<'m> Part<'m> {
         removed
     }
 
+    /// Stores a row; the heap only moves when `full_at` went earlier than its key.
     fn write(&mut self, slot: usize, row: &BucketState) {
         let s = &mut self.slots[slot];
         s.level = row.level;
         s.refilled_at = row.refilled_at;
         s.full_at = row.full_at;
-        let pos = s.heap_pos as usize;
-        self.sift(pos);
+        if row.full_at < s.heap_key {
+            s.heap_key = row.full_at;
+            let pos = s.heap_pos as usize;
+            self.sift_up(pos);
+        }
     }
 
     fn remove_slot(&mut self, slot: usize) {
@@ -335,7 +360,7 @@ impl<'m> Part<'m> {
     }
 
     fn key_at(&self, pos: usize) -> i64 {
-        self.slots[self.heap[pos] as usize].full_at
+        self.slots[self.heap[pos] as usize].heap_key
     }
 
     fn heap_swap(&mut self, a: usize, b: usize) {
@@ -389,6 +414,8 @@ impl<'m> Part<'m> {
             if pos > 0 {
                 assert!(self.key_at((pos - 1) / 2) <= self.key_at(pos), "heap order at {pos}");
             }
+            let s = &self.slots[slot as usize];
+            assert!(s.heap_key <= s.full_at, "a heap key is a lower bound");
         }
         for s in 0..used {
             assert_eq!(find(self.slots, self.index, &self.slots[s].hash).map(|(_, x)| x), Some(s));
@@ -557,6 +584,27 @@ mod tests {
         }
     }
 
+    /// A bucket whose full_at moved later keeps its old heap key until a replacement
+    /// looks: it must still go after the bucket that is truly earliest.
+    #[test]
+    fn a_later_full_at_is_honoured_though_the_heap_is_lazy() {
+        let mut words = part(4);
+        let mut p = Part::new(bytemuck::cast_slice_mut(&mut words));
+        for (i, f) in [10, 20, 30, 40].iter().enumerate() {
+            p.insert(&h(i as u64), 1, &row(*f), 0);
+        }
+        p.put(&h(0), 1, &row(100), 0); // taken again: full at 100 now
+        p.check_invariants();
+        assert!(p.insert(&h(9), 1, &row(50), 25));
+        assert_eq!(p.get(&h(1)), None, "20 was the earliest, not the stale 10");
+        assert!(p.get(&h(0)).is_some());
+        assert_eq!((p.header.evicted_full, p.header.evicted_early), (1, 0));
+        p.put(&h(3), 1, &row(5), 0); // full_at earlier: the heap moves at once
+        assert!(p.insert(&h(10), 1, &row(60), 1));
+        assert_eq!(p.get(&h(3)), None);
+        p.check_invariants();
+    }
+
     #[test]
     fn sweep_takes_only_buckets_full_by_the_cutoff() {
         let mut words = part(16);
@@ -620,8 +668,16 @@ mod tests {
     #[test]
     fn save_file_round_trips_and_rejects_damage() {
         let slots = [
-            Slot { hash: [1, 2], level: 2.5, refilled_at: 7, full_at: 9, heap_pos: 0, database: 5 },
-            Slot { hash: [3, 4], level: 0.0, refilled_at: -1, full_at: i64::MAX, heap_pos: 1, database: 6 },
+            Slot { hash: [1, 2], level: 2.5, refilled_at: 7, full_at: 9, heap_key: 9, heap_pos: 0, database: 5 },
+            Slot {
+                hash: [3, 4],
+                level: 0.0,
+                refilled_at: -1,
+                full_at: i64::MAX,
+                heap_key: 0,
+                heap_pos: 1,
+                database: 6,
+            },
         ];
         let (bytes, count) = save_file::encode([5, 6], slots.iter());
         assert_eq!(count, 2);
@@ -640,9 +696,9 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(SLOT_BYTES, 48);
+        assert_eq!(SLOT_BYTES, 56);
         assert_eq!(part_bytes(1) % ALIGN, 0);
         // The default capacity fits well inside 128 MB.
-        assert!(table_bytes(1_000_000) < 64 << 20, "{}", table_bytes(1_000_000));
+        assert!(table_bytes(1_000_000) < 96 << 20, "{}", table_bytes(1_000_000));
     }
 }

@@ -1,6 +1,6 @@
-//! Results as JSON text, written straight into one string at the edge: whole numbers
-//! print as integers (3.0 as 3), other numbers in their shortest exact form, keys in the
-//! order of each function's `result_keys` ([`crate::functions`]).
+//! Results as JSON values ([`Json`]) that each engine writes its own way: whole numbers
+//! as integers (3.0 as 3), other numbers in their shortest exact form, keys in the order
+//! of each function's `result_keys` ([`crate::functions`]).
 
 use std::fmt::Write;
 
@@ -12,11 +12,11 @@ use crate::units::{ceil_seconds, MICROS_PER_UNIT};
 
 /// A result that SQL callers receive as a JSON object.
 pub trait ToJson {
-    fn to_json(&self) -> String;
+    fn to_json(&self) -> Json;
 }
 
 impl ToJson for TakeDecision {
-    fn to_json(&self) -> String {
+    fn to_json(&self) -> Json {
         JsonObject::new()
             .bool("admitted", self.admitted)
             .int("remaining", self.remaining)
@@ -29,7 +29,7 @@ impl ToJson for TakeDecision {
 }
 
 impl ToJson for MemoryStats {
-    fn to_json(&self) -> String {
+    fn to_json(&self) -> Json {
         JsonObject::new()
             .int("capacity", self.capacity as i64)
             .int("in_use", self.in_use as i64)
@@ -43,7 +43,7 @@ impl ToJson for MemoryStats {
 }
 
 impl ToJson for RefundDecision {
-    fn to_json(&self) -> String {
+    fn to_json(&self) -> Json {
         JsonObject::new()
             .int("remaining", self.remaining)
             .number("limit", self.limit)
@@ -53,7 +53,7 @@ impl ToJson for RefundDecision {
 }
 
 impl ToJson for SpendDecision {
-    fn to_json(&self) -> String {
+    fn to_json(&self) -> Json {
         JsonObject::new()
             .bool("admitted", self.admitted)
             .micros("used", self.used)
@@ -66,16 +66,16 @@ impl ToJson for SpendDecision {
 }
 
 impl ToJson for BudgetRefund {
-    fn to_json(&self) -> String {
+    fn to_json(&self) -> Json {
         JsonObject::new().micros("used", self.used).int("resets_at", self.resets_at_ms / 1000).finish()
     }
 }
 
 impl ToJson for TakeAllDecision<'_, '_> {
-    fn to_json(&self) -> String {
+    fn to_json(&self) -> Json {
         let mut in_given_order: Vec<&ItemAnswer> = self.items.iter().collect();
         in_given_order.sort_by_key(|i| i.position());
-        let items: Vec<String> = in_given_order
+        let items: Vec<Json> = in_given_order
             .iter()
             .map(|i| match i {
                 ItemAnswer::Bucket { answer, .. } => answer.to_json(),
@@ -86,90 +86,141 @@ impl ToJson for TakeAllDecision<'_, '_> {
             .bool("admitted", self.admitted)
             .int("retry_after_ms", self.retry_after_ms)
             .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
-            .raw("items", &format!("[{}]", items.join(",")))
+            .field("items", Json::Array(items))
             .finish()
+    }
+}
+
+/// A result as the core answers it. Each engine writes it its own way: SQLite as text
+/// ([`Json::to_text`]), PostgreSQL straight into `jsonb`, so no text is printed to be
+/// parsed again.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Json {
+    Bool(bool),
+    Int(i64),
+    /// A limit, level or amount: written as [`number_form`] says.
+    Number(f64),
+    Array(Vec<Json>),
+    /// Keys are the contract's own names: plain ASCII that needs no escaping.
+    Object(Vec<(&'static str, Json)>),
+    /// Already JSON text (rl_headers builds its object as text).
+    Text(String),
+}
+
+/// How a number is written: whole numbers as integers (3.0 as 3), others in their shortest
+/// exact decimal form, a non-finite one as null.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NumberForm {
+    Int(i64),
+    Decimal(String),
+    Null,
+}
+
+pub fn number_form(v: f64) -> NumberForm {
+    if !v.is_finite() {
+        NumberForm::Null
+    } else if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        NumberForm::Int(v as i64)
+    } else {
+        NumberForm::Decimal(ryu::Buffer::new().format_finite(v).to_owned())
+    }
+}
+
+impl Json {
+    /// An exact budget amount kept in millionths: 1000000 is 1, 300000 is 0.3.
+    fn micros(micros: i64) -> Json {
+        if micros % MICROS_PER_UNIT == 0 {
+            Json::Int(micros / MICROS_PER_UNIT)
+        } else {
+            // Amounts stay below 2^53 millionths, so the shortest f64 form is the exact decimal.
+            Json::Number(micros as f64 / MICROS_PER_UNIT as f64)
+        }
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut out = String::with_capacity(192);
+        self.write(&mut out);
+        out
+    }
+
+    fn write(&self, out: &mut String) {
+        match self {
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Int(n) => {
+                let _ = write!(out, "{n}");
+            }
+            Json::Number(v) => match number_form(*v) {
+                NumberForm::Int(n) => {
+                    let _ = write!(out, "{n}");
+                }
+                NumberForm::Decimal(d) => out.push_str(&d),
+                NumberForm::Null => out.push_str("null"),
+            },
+            Json::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    item.write(out);
+                }
+                out.push(']');
+            }
+            Json::Object(fields) => {
+                out.push('{');
+                for (i, (key, value)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push('"');
+                    out.push_str(key);
+                    out.push_str("\":");
+                    value.write(out);
+                }
+                out.push('}');
+            }
+            Json::Text(t) => out.push_str(t),
+        }
     }
 }
 
 /// A JSON object under construction.
 struct JsonObject {
-    out: String,
+    fields: Vec<(&'static str, Json)>,
 }
 
 impl JsonObject {
     fn new() -> Self {
-        let mut out = String::with_capacity(192);
-        out.push('{');
-        JsonObject { out }
+        JsonObject { fields: Vec::with_capacity(7) }
     }
 
-    /// Keys are the contract's own names: plain ASCII that needs no escaping.
-    fn key(&mut self, key: &str) {
-        if self.out.len() > 1 {
-            self.out.push(',');
-        }
-        self.out.push('"');
-        self.out.push_str(key);
-        self.out.push_str("\":");
-    }
-
-    fn bool(mut self, key: &str, v: bool) -> Self {
-        self.key(key);
-        self.out.push_str(if v { "true" } else { "false" });
+    fn field(mut self, key: &'static str, value: Json) -> Self {
+        self.fields.push((key, value));
         self
     }
 
-    fn int(mut self, key: &str, v: i64) -> Self {
-        self.key(key);
-        let _ = write!(self.out, "{v}");
-        self
+    fn bool(self, key: &'static str, v: bool) -> Self {
+        self.field(key, Json::Bool(v))
     }
 
-    /// A limit or level: 3.0 prints as 3, 0.1 as 0.1.
-    fn number(mut self, key: &str, v: f64) -> Self {
-        self.key(key);
-        write_number(&mut self.out, v);
-        self
+    fn int(self, key: &'static str, v: i64) -> Self {
+        self.field(key, Json::Int(v))
     }
 
-    /// An exact budget amount kept in millionths: 1000000 prints as 1, 300000 as 0.3.
-    fn micros(mut self, key: &str, micros: i64) -> Self {
-        self.key(key);
-        if micros % MICROS_PER_UNIT == 0 {
-            let _ = write!(self.out, "{}", micros / MICROS_PER_UNIT);
-        } else {
-            // Amounts stay below 2^53 millionths, so the shortest f64 form is the exact decimal.
-            write_number(&mut self.out, micros as f64 / MICROS_PER_UNIT as f64);
-        }
-        self
+    fn number(self, key: &'static str, v: f64) -> Self {
+        self.field(key, Json::Number(v))
     }
 
-    /// A value that already is JSON text.
-    fn raw(mut self, key: &str, json: &str) -> Self {
-        self.key(key);
-        self.out.push_str(json);
-        self
+    fn micros(self, key: &'static str, micros: i64) -> Self {
+        self.field(key, Json::micros(micros))
     }
 
-    fn finish(mut self) -> String {
-        self.out.push('}');
-        self.out
-    }
-}
-
-fn write_number(out: &mut String, v: f64) {
-    if !v.is_finite() {
-        out.push_str("null");
-    } else if v.fract() == 0.0 && v.abs() < 9.0e15 {
-        let _ = write!(out, "{}", v as i64);
-    } else {
-        out.push_str(ryu::Buffer::new().format_finite(v));
+    fn finish(self) -> Json {
+        Json::Object(self.fields)
     }
 }
 
 /// A number as JSON text (for header values).
 pub fn number_text(v: f64) -> String {
-    let mut out = String::new();
-    write_number(&mut out, v);
-    out
+    Json::Number(v).to_text()
 }

@@ -75,7 +75,8 @@ fn args_of<'a>(ctx: &'a Context<'_>) -> Vec<Arg<'a>> {
 fn output(answer: Answer) -> ToSqlOutput<'static> {
     use rusqlite::types::Value as V;
     ToSqlOutput::Owned(match answer {
-        Answer::Json(t) | Answer::Text(t) => V::Text(t),
+        Answer::Json(j) => V::Text(j.to_text()),
+        Answer::Text(t) => V::Text(t),
         Answer::Int(n) => V::Integer(n),
         Answer::Real(r) => V::Real(r),
         Answer::Bool(b) => V::Integer(b.into()),
