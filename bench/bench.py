@@ -63,14 +63,15 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
 
 
-def pgbench(script, clients, keys, sync):
+def pgbench(script, clients, keys, sync, buckets="table", transactions=None):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "script.sql")
         with open(path, "w") as f:
             f.write(f"\\set k random(1, {keys})\n{script}\n")
-        env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'}")
+        env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'} -c pg_ratelimit.buckets={buckets}")
+        length = ["-t", str(transactions)] if transactions else ["-T", str(max(1, round(SECONDS)))]
         cmd = ["pgbench", "-n", "-M", "prepared", "-f", path, "-c", str(clients), "-j", str(min(clients, 2)),
-               "-T", str(max(1, round(SECONDS))), "--log", "--sampling-rate=0.2", "--log-prefix", os.path.join(tmp, "log"), DB]
+               *length, "--log", "--sampling-rate=0.2", "--log-prefix", os.path.join(tmp, "log"), DB]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tmp).stdout
         tps = float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out).group(1))
         latencies = []
@@ -134,8 +135,75 @@ def run_matrix(cells):
     return {name: median_cell(r) for name, r in runs.items()}
 
 
+MEMORY_KEYS = 1_000_000
+
+
+def wal_bytes_per_call(script, buckets, calls=100_000, clients=8):
+    """WAL written per call, from pg_current_wal_insert_lsn() around `calls` calls."""
+    before = psql_value("SELECT pg_current_wal_insert_lsn()")
+    pgbench(script, clients, KEYS, False, buckets, transactions=calls // clients)
+    return float(psql_value(f"SELECT (pg_current_wal_insert_lsn() - '{before}'::pg_lsn) / {calls}"))
+
+
+def backend_wal_bytes_per_call(buckets, calls=100_000):
+    """WAL written by the calling backend alone (EXPLAIN (ANALYZE, WAL) counts only its own
+    records, not the server's background ones) over `calls` takes in one statement."""
+    out = subprocess.run(["psql", "-X", "-At", "-d", DB, "-c", f"SET pg_ratelimit.buckets = '{buckets}'", "-c",
+                          "EXPLAIN (ANALYZE, WAL, FORMAT JSON) SELECT count(rl_take('k' || (g % 100000 + 1), "
+                          f"{BIG})) FROM generate_series(1, {calls}) g"], check=True, capture_output=True, text=True).stdout
+    plan = json.loads(out[out.index("["):])[0]["Plan"]
+    return plan["WAL Bytes"] / calls
+
+
+def memory_store_section():
+    """The memory store (pg_ratelimit.buckets = 'memory') beside Redis, the table store,
+    a bare UPDATE and SELECT 1, in one interleaved run; WAL bytes per call of both stores."""
+    print("memory store: setup", file=sys.stderr)
+    setup_postgres(KEYS)
+    # every key of the largest working set already has a bucket, as in steady state
+    subprocess.run(["psql", "-X", "-q", "-d", DB, "-c", "SET pg_ratelimit.buckets = 'memory'", "-c",
+                    f"SELECT count(rl_take('k' || g, {BIG})) FROM generate_series(1, {MEMORY_KEYS}) g", "-c",
+                    "SELECT rl_take('flood', 1, 0.000001)"], check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(ROOT, "bench", "redis_bucket.lua")) as f:
+        sha = redis("SCRIPT", "LOAD", f.read())
+    redis("FLUSHALL")
+    redis("EVALSHA", sha, "1", "flood", "1", "0.000001", "1")
+    take = PG_SCRIPTS["rl_take"]
+    matrix = {
+        ("memory store", 8, "rl_take memory", False): lambda: pgbench(take, 8, KEYS, False, "memory"),
+        ("memory store", 8, "rl_take table", False): lambda: pgbench(take, 8, KEYS, False),
+        ("memory store", 8, "bare UPDATE", False): lambda: pgbench(PG_SCRIPTS["bare UPDATE"], 8, KEYS, False),
+        ("memory store", 8, "SELECT 1", False): lambda: pgbench("SELECT 1;", 8, KEYS, False),
+        ("memory store", 8, "rl_key (no statement)", False): lambda: pgbench("SELECT rl_key('u', :k::text);", 8, KEYS, False),
+        ("memory store", 8, "Redis Lua", None): lambda: redis_bench(sha, 8, KEYS),
+        ("memory store", 32, "rl_take memory", False): lambda: pgbench(take, 32, KEYS, False, "memory"),
+        ("memory store", 32, "SELECT 1", False): lambda: pgbench("SELECT 1;", 32, KEYS, False),
+        ("memory hot key", 8, "rl_take memory", False): lambda: pgbench(take, 8, 1, False, "memory"),
+        ("memory refusal flood", 8, "rl_take memory", False):
+            lambda: pgbench(FLOOD_SCRIPTS["rl_take"], 8, 1, False, "memory"),
+        ("memory 1,000,000 keys", 8, "rl_take memory", False): lambda: pgbench(take, 8, MEMORY_KEYS, False, "memory"),
+    }
+    print(f"memory store: {len(matrix)} cells x {REPS} runs", file=sys.stderr)
+    cells = run_matrix(matrix)
+    wal = {"memory": wal_bytes_per_call(take, "memory"), "table": wal_bytes_per_call(take, "table"),
+           "bare UPDATE": wal_bytes_per_call(PG_SCRIPTS["bare UPDATE"], "table"),
+           "memory, calling backend": backend_wal_bytes_per_call("memory"),
+           "table, calling backend": backend_wal_bytes_per_call("table")}
+    stats = json.loads(psql_value("SELECT rl_memory_stats()"))
+    return cells, wal, stats
+
+
 def main():
     os.makedirs(RESULTS, exist_ok=True)
+    import report  # noqa: E402  (bench/report.py)
+
+    memory_cells, wal, stats = memory_store_section()
+    report.write_memory_store(memory_cells, wal, stats)
+    with open(os.path.join(RESULTS, "memory_store.json"), "w") as f:
+        json.dump({"cells": [[list(k), v] for k, v in memory_cells.items()], "wal_bytes_per_call": wal,
+                   "rl_memory_stats": stats}, f, indent=1)
+    if os.environ.get("RL_BENCH_ONLY") == "memory":
+        return
     cells = {}
     print("PostgreSQL setup", file=sys.stderr)
     setup_postgres(KEYS)
@@ -202,8 +270,6 @@ def main():
 
     with open(os.path.join(RESULTS, "results.json"), "w") as f:
         json.dump({"cells": [[list(k), v] for k, v in cells.items()], "sizes": sizes}, f, indent=1)
-    import report  # noqa: E402  (bench/report.py)
-
     report.write(cells, sizes)
 
 

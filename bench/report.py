@@ -1,5 +1,6 @@
 """Turns benchmark cells into bench/results/results.md (tables, ratios, targets) and
 bench/results/chart.png."""
+import json
 import os
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results")
@@ -89,3 +90,49 @@ def chart(cells):
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(RESULTS, "chart.png"), dpi=110)
+
+
+def memory_targets(cells, wal):
+    """(description, measured, target) for each target of the memory store (issue 11)."""
+    take = rate(cells, "memory store", 8, "rl_take memory", False)
+    return [
+        ("8 clients, 100,000 keys: rl_take (memory) / Redis Lua", ratio(take, rate(cells, "memory store", 8, "Redis Lua", None)), 1.5),
+        ("8 clients, 100,000 keys: rl_take (memory) / SELECT 1", ratio(take, rate(cells, "memory store", 8, "SELECT 1", False)), 0.7),
+        ("one hot key / 100,000 keys", ratio(rate(cells, "memory hot key", 8, "rl_take memory", False), take), 0.8),
+        ("refusal flood / admitted takes", ratio(rate(cells, "memory refusal flood", 8, "rl_take memory", False), take), 1.0),
+        ("32 clients / 8 clients", ratio(rate(cells, "memory store", 32, "rl_take memory", False), take), 1.0),
+        ("1,000,000 keys / 100,000 keys", ratio(rate(cells, "memory 1,000,000 keys", 8, "rl_take memory", False), take), 0.8),
+    ]
+
+
+def write_memory_store(cells, wal, stats):
+    lines = ["# The memory store beside Redis, the table store, a bare UPDATE and SELECT 1", "",
+             "One interleaved run (`RL_BENCH_ONLY=memory bash scripts/bench.sh`), medians of the runs; 2 cores, "
+             "pgbench with prepared statements and synchronous_commit off, redis-benchmark with the Lua bucket "
+             "(bench/redis_bucket.lua), no persistence. Every rl_take admits (a burst no run drains) except in the "
+             "refusal flood, where every call is refused.", "",
+             "## Targets", "", "| target | measured | wanted | |", "|---|---|---|---|"]
+    for text, measured, wanted in memory_targets(cells, wal):
+        lines.append(f"| {text} | {measured:.2f}x | >= {wanted}x | {'met' if measured >= wanted else 'missed'} |")
+    met = wal["memory, calling backend"] == 0
+    lines.append(f"| WAL bytes per memory-store call, written by the calling backend (100,000 calls) | "
+                 f"{wal['memory, calling backend']:g} | 0 | {'met' if met else 'missed'} |")
+    lines += ["", "## Every cell", "", "| workload | clients | system | calls/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+    for key in sorted(cells, key=lambda k: (k[0], k[1], k[2])):
+        workload, clients, system, _ = key
+        c = cells[key]
+        lines.append(f"| {workload} | {clients} | {system} | {c['calls_per_s']:,.0f} | {c['p50_ms']:.3f} | {c['p99_ms']:.3f} |")
+    lines += ["", "## WAL bytes per call", "",
+              "Whole server: `pg_current_wal_insert_lsn()` before and after 100,000 calls from pgbench (8 clients, "
+              "100,000 keys), so it includes the server's own background records (a running-transactions record "
+              "every 15 s and the like). Calling backend: `EXPLAIN (ANALYZE, WAL)` of one statement making 100,000 "
+              "calls, which counts only the records that backend wrote.", "",
+              "| system | whole server | calling backend |", "|---|---|---|",
+              f"| rl_take, memory store | {wal['memory']:.4f} | {wal['memory, calling backend']:g} |",
+              f"| rl_take, table store | {wal['table']:.1f} | {wal['table, calling backend']:.1f} |",
+              f"| bare UPDATE | {wal['bare UPDATE']:.1f} | |"]
+    lines += ["", "With 2 cores, 32 clients mostly measure the scheduler: `SELECT 1` is in the table at 32 "
+              f"clients too ({ratio(rate(cells, 'memory store', 32, 'SELECT 1', False), rate(cells, 'memory store', 8, 'SELECT 1', False)):.2f}x its 8-client rate).",
+              "", f"rl_memory_stats() after the run: `{json.dumps(stats, sort_keys=True)}`", ""]
+    with open(os.path.join(RESULTS, "memory_store.md"), "w") as f:
+        f.write("\n".join(lines))

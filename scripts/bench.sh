@@ -2,7 +2,8 @@
 # Benchmarks (a longer run, ~20 minutes): rl_take / rl_spend against a hand-written SQL
 # bucket, a bare UPDATE, SELECT 1, a Redis Lua bucket, and a bare SQLite UPSERT.
 # Installs and starts everything it needs; writes bench/results/results.md and chart.png.
-#   RL_BENCH_SECONDS (3), RL_BENCH_REPS (3), RL_BENCH_SCALES (1000000,10000000) tune it.
+#   RL_BENCH_SECONDS (3), RL_BENCH_REPS (3), RL_BENCH_SCALES (1000000,10000000) tune it;
+#   RL_BENCH_ONLY=memory runs only the memory store section (a few minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --bench
@@ -27,6 +28,7 @@ shared_buffers = 2GB
 max_connections = 120
 checkpoint_timeout = 30min
 max_wal_size = 8GB
+pg_ratelimit.memory_buckets = 2000000
 CONF
 runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$RL_PG_DIR/data" -w restart -m fast >/dev/null
 psql -X -At -c "SELECT 'PostgreSQL settings: ' || string_agg(name || '=' || setting, ', ') FROM pg_settings WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync', 'max_wal_size', 'wal_level')" postgres

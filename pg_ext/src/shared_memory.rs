@@ -68,7 +68,7 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"pg_ratelimit.memory_buckets",
         c"Buckets the memory store holds (set at server start).",
-        c"Each takes about 68 bytes of shared memory; rounded up to a multiple of 16.",
+        c"Each takes about 76 bytes of shared memory; rounded up to a multiple of 16.",
         &MEMORY_BUCKETS,
         1_000,
         200_000_000,
