@@ -106,8 +106,10 @@ def memory_targets(cells, wal):
 
 
 def write_memory_store(cells, wal, stats):
+    reps, seconds = os.environ.get("RL_BENCH_REPS", "3"), os.environ.get("RL_BENCH_SECONDS", "3")
     lines = ["# The memory store beside Redis, the table store, a bare UPDATE and SELECT 1", "",
-             "One interleaved run (`RL_BENCH_ONLY=memory bash scripts/bench.sh`), medians of the runs; 2 cores, "
+             f"One interleaved run (`RL_BENCH_REPS={reps} RL_BENCH_SECONDS={seconds} RL_BENCH_ONLY=memory bash "
+             f"scripts/bench.sh`), medians of {reps} runs of {seconds} s per cell; 2 cores, "
              "pgbench with prepared statements and synchronous_commit off, redis-benchmark with the Lua bucket "
              "(bench/redis_bucket.lua), no persistence. Every rl_take admits (a burst no run drains) except in the "
              "refusal flood, where every call is refused.", "",

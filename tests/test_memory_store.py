@@ -227,6 +227,16 @@ def test_without_preload_memory_bucket_calls_fail_clearly_and_the_rest_works():
             assert message.startswith(f"{function}: the memory store is not loaded") and \
                 "shared_preload_libraries" in message, message
         assert one(conn, "SELECT rl_spend('k', 'day', 3) ->> 'admitted'") == "true", "budgets need no shared memory"
+        # an application role that sets the store before the library is loaded in its session
+        # (a placeholder then) does not escape: the value is dropped when the library loads
+        c.sql("CREATE ROLE app LOGIN")
+        app = psycopg2.connect(host=c.folder, port=c.port, user="app", dbname="app")
+        app.autocommit = True
+        app.cursor().execute("SET pg_ratelimit.buckets = 'table'")
+        with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState):
+            one(app, "SELECT rl_take('k', 3, 60)")
+        assert one(app, "SELECT current_setting('pg_ratelimit.buckets')") == "memory"
+        app.close()
         with conn.cursor() as cur:
             cur.execute("SET pg_ratelimit.buckets = 'table'")
         assert one(conn, "SELECT rl_take('k', 3, 60) ->> 'remaining'") == "2"

@@ -143,3 +143,10 @@ pub fn transaction_is_read_only() -> bool {
     // SAFETY: a backend-global flag, read on the backend's only thread.
     unsafe { pg_sys::XactReadOnly }
 }
+
+/// Makes every other `pg_ratelimit.*` name an error instead of a silent placeholder (a
+/// misspelt `pg_ratelimit.bukets` would otherwise do nothing), once all are defined.
+pub fn reserve_setting_prefix() {
+    // SAFETY: called from _PG_init with a static NUL-terminated name, as PostgreSQL expects.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_ratelimit".as_ptr()) }
+}

@@ -59,6 +59,7 @@ pub extern "C-unwind" fn _PG_init() {
         GucFlags::default(),
     );
     shared_memory::init();
+    ffi::reserve_setting_prefix();
 }
 
 /// Raises a core error as a PostgreSQL ERROR with the SQLSTATE its kind calls for.
