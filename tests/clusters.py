@@ -87,14 +87,14 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(port, **settings):
-    """A new, started cluster with `settings` in its configuration; stopped and removed after."""
-    folder = tempfile.mkdtemp(prefix="rl_cluster_")
+def running(prefix, port, settings, create):
+    """A cluster in a new folder, made by `create(cluster)` and started; stopped and removed after."""
+    folder = tempfile.mkdtemp(prefix=prefix)
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres", "postgres")
     c = Cluster(folder, port, settings)
     try:
-        c.initdb()
+        create(c)
         c.start()
         yield c
     finally:
@@ -103,20 +103,17 @@ def cluster(port, **settings):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@contextlib.contextmanager
+def cluster(port, **settings):
+    """A new, started cluster with `settings` in its configuration."""
+    return running("rl_cluster_", port, settings, Cluster.initdb)
+
+
 def standby_of(primary, port):
     """A hot standby streaming from `primary` (pg_basebackup -R), with the same settings."""
-    folder = tempfile.mkdtemp(prefix="rl_standby_")
-    if os.geteuid() == 0:
-        shutil.chown(folder, "postgres", "postgres")
-    s = Cluster(folder, port, primary.settings)
-    try:
+
+    def base_backup(s):
         s.run(f"{BIN}/pg_basebackup", "-h", primary.folder, "-p", str(primary.port), "-U", "postgres",
               "-D", s.data, "-R", "-X", "stream", "-c", "fast")
         s.write_settings()
-        s.start()
-        yield s
-    finally:
-        with contextlib.suppress(Exception):
-            s.stop("immediate")
-        shutil.rmtree(folder, ignore_errors=True)
+
+    return running("rl_standby_", port, primary.settings, base_backup)
