@@ -7,13 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --bench
+export RL_PG_DIR=/tmp/pg_ratelimit_bench RL_PG_PORT=54333
+# The cluster preloads the library: never overwrite the file under a running server.
+bash scripts/pg_cluster.sh stop
 bash scripts/build.sh
 export RL_SQLITE_DRIVER=/tmp/rl_sqlite_driver RL_REDIS_PORT=56379
 gcc -O2 -o "$RL_SQLITE_DRIVER" bench/sqlite_driver.c -lsqlite3
 
 # PostgreSQL: a throwaway cluster with stated settings (fsync and synchronous_commit on;
 # each run sets synchronous_commit for its own sessions).
-export RL_PG_DIR=/tmp/pg_ratelimit_bench RL_PG_PORT=54333
 redis_dir=$(mktemp -d /tmp/rl_redis.XXXXXX)
 cleanup() {
   redis-cli -p "$RL_REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true

@@ -55,6 +55,8 @@ cargo pgrx test --release pg15 -p pg_ratelimit --runas postgres --pgdata "$pgrx_
 
 step "build: SQLite extension and installed PostgreSQL extension"
 cargo build --release -p sqlite_ratelimit
+# The test cluster preloads the library: never overwrite the file under a running server.
+bash scripts/pg_cluster.sh stop
 cargo pgrx install -p pg_ratelimit --release --pg-config "$PG_CONFIG"
 installed_release=1
 
