@@ -21,6 +21,9 @@ CREATE TABLE ratelimit.rl_budget (
     PRIMARY KEY (key, period)
 );
 REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget FROM PUBLIC;
+-- State is data: pg_dump saves the rows, so a restored backup keeps every level and spend.
+SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_bucket', '');
+SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_budget', '');
 
 COMMENT ON SCHEMA ratelimit IS 'pg_ratelimit state; change it only through the rl_* functions';
 COMMENT ON TABLE ratelimit.rl_bucket IS 'token buckets: level tokens at refilled_at (epoch ms), full again at full_at';

@@ -186,8 +186,30 @@ def test_a_hot_standby_takes_from_buckets_of_its_own():
                 one(replica, "SELECT rl_spend('user', 'day', 5, 1)")
             assert e.value.diag.message_primary.startswith("rl_spend: cannot change rate-limit state")
             assert one(replica, "SELECT rl_memory_stats() ->> 'in_use'") == "1"
+            # with buckets in the table, peeks answer from the replicated state on the standby
+            with conn.cursor() as cur:
+                cur.execute("SET pg_ratelimit.buckets = 'table'")
+            one(conn, "SELECT rl_take('tbl', 3, 0.000001, 2)")
+            caught_up(conn, replica)
+            with replica.cursor() as cur:
+                cur.execute("SET pg_ratelimit.buckets = 'table'")
+            assert one(replica, "SELECT rl_peek('tbl', 3, 0.000001) ->> 'remaining'") == "0"
+            assert one(replica, "SELECT rl_budget('user', 'day', 5, 1) ->> 'used'") == "3"
+            with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction) as e:
+                one(replica, "SELECT rl_take('tbl', 3, 0.000001)")
+            assert e.value.diag.message_primary.startswith("rl_take: cannot change rate-limit state")
             replica.close()
         conn.close()
+
+
+def caught_up(primary, replica):
+    """Waits until the standby has replayed everything the primary wrote so far."""
+    lsn = one(primary, "SELECT pg_current_wal_lsn()")
+    for _ in range(300):
+        if one(replica, f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the standby did not catch up")
 
 
 def test_a_flood_of_keys_evicts_full_buckets_first_and_never_fails():

@@ -127,7 +127,10 @@ def catalog(cur):
                obj_description(c.oid, 'pg_class')
         FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
         WHERE c.relnamespace = 'ratelimit'::regnamespace ORDER BY 1, a.attnum""")
-    return functions, cur.fetchall()
+    tables = cur.fetchall()
+    # the tables pg_dump saves the rows of
+    cur.execute("SELECT extconfig::regclass[]::text, extcondition FROM pg_extension WHERE extname = 'pg_ratelimit'")
+    return functions, tables, cur.fetchall()
 
 
 RELEASED = os.path.join(os.path.dirname(__file__), "..", "pg_ext", "released")
@@ -185,13 +188,19 @@ def test_rollback_undoes_a_take(pg_db):
     tx.close()
 
 
-def test_read_only_transaction_is_a_clear_error(pg_db):
+def test_read_only_transaction_refuses_changes_and_answers_peeks(pg_db):
     conn, _ = pg_db
     with conn.cursor() as cur:
+        cur.execute("SELECT rl_take('k', 3, 0.001, 2, 0), rl_spend('k', 'day', 5, 2, 0)")
         cur.execute("BEGIN READ ONLY")
-        with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction) as e:
-            cur.execute("SELECT rl_take('k', 3, 60)")
-        assert e.value.diag.message_primary.startswith("rl_take: cannot change rate-limit state")
+        for sql, function in (("SELECT rl_take('k', 3, 60)", "rl_take"), ("SELECT rl_spend('k', 'day', 5)", "rl_spend")):
+            cur.execute("SAVEPOINT s")
+            with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction) as e:
+                cur.execute(sql)
+            assert e.value.diag.message_primary.startswith(f"{function}: cannot change rate-limit state")
+            cur.execute("ROLLBACK TO SAVEPOINT s")
+        cur.execute("SELECT rl_peek('k', 3, 0.001, 1, 0) ->> 'remaining', rl_budget('k', 'day', 5, 1, 0) ->> 'used'")
+        assert cur.fetchone() == ("0", "3")
         cur.execute("ROLLBACK")
 
 

@@ -48,15 +48,37 @@ def test_tables_are_created_on_first_use(sqlite_db):
     assert tables() == {"rl_bucket", "rl_budget"}
 
 
-def test_read_only_database_gets_a_clear_error(tmp_path):
-    path = tmp_path / "ro.db"
-    sqlite_connect(str(path)).execute("CREATE TABLE t(x)")
+def read_only(path):
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     conn.enable_load_extension(True)
     conn.load_extension(SQLITE_EXT)
-    with pytest.raises(sqlite3.Error, match="^rl_take: cannot change rate-limit state in a read-only database"):
-        conn.execute("SELECT rl_take('k', 3, 60)").fetchone()
+    return conn
+
+
+def test_read_only_database_refuses_changes_and_answers_peeks(tmp_path):
+    path = tmp_path / "ro.db"
+    writer = sqlite_connect(str(path))
+    writer.execute("SELECT rl_take('k', 3, 0.001, 2, 0), rl_spend('k', 'day', 5, 2, 0)")
+    writer.close()
+    conn = read_only(path)
+    for sql, function in (("SELECT rl_take('k', 3, 60)", "rl_take"), ("SELECT rl_spend('k', 'day', 5)", "rl_spend"),
+                          ("SELECT rl_refund('k', 3, 60, 1)", "rl_refund"), ("SELECT rl_reset('k')", "rl_reset")):
+        with pytest.raises(sqlite3.Error, match=f"^{function}: cannot change rate-limit state in a read-only database"):
+            conn.execute(sql).fetchone()
+    # the reads answer from the stored state (as datasette's read-only endpoint would ask)
+    peek = json.loads(conn.execute("SELECT rl_peek('k', 3, 0.001, 1, 0)").fetchone()[0])
+    assert (peek["admitted"], peek["remaining"]) == (True, 0)
+    budget = json.loads(conn.execute("SELECT rl_budget('k', 'day', 5, 1, 0)").fetchone()[0])
+    assert (budget["used"], budget["remaining"]) == (3, 2)
     assert conn.execute("SELECT rl_key('a')").fetchone()[0] == '["a"]'
+
+
+def test_read_only_database_without_state_peeks_a_full_bucket(tmp_path):
+    path = tmp_path / "empty.db"
+    sqlite_connect(str(path)).execute("CREATE TABLE t(x)")
+    conn = read_only(path)
+    assert json.loads(conn.execute("SELECT rl_peek('k', 3, 60, 1, 0)").fetchone()[0])["remaining"] == 2
+    assert json.loads(conn.execute("SELECT rl_budget('k', 'day', 5, 1, 0)").fetchone()[0])["used"] == 1
 
 
 @pytest.mark.parametrize("ddl, use", [

@@ -1,7 +1,11 @@
--- pg_ratelimit 0.2.0 -> 0.3.0: the memory store.
+-- pg_ratelimit 0.2.0 -> 0.3.0: the memory store, and state that survives pg_dump.
 -- pg_ratelimit.buckets = 'memory' keeps token buckets in shared memory (the library in
--- shared_preload_libraries); rl_memory_stats() reports on that table. No stored object
--- changes: buckets and budgets in the tables are kept as they are.
+-- shared_preload_libraries); rl_memory_stats() reports on that table. The state tables
+-- are marked for pg_dump, which left their rows out before (a restored backup had lost
+-- every level and spend). Buckets and budgets in the tables are kept as they are.
+
+SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_bucket', '');
+SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_budget', '');
 
 CREATE FUNCTION "rl_memory_stats"() RETURNS jsonb
 STRICT VOLATILE PARALLEL SAFE

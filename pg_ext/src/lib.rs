@@ -372,7 +372,11 @@ fn run_statement<T>(
                 Value::Int(i) => i.into(),
             })
             .collect();
-        client.update(plan, None, &args).and_then(read).map_err(spi_error)
+        // select, not update: pgrx's update first forces a transaction id on the caller
+        // (GetCurrentTransactionId), which a standby refuses and which would make every
+        // refusal and peek commit a transaction. A plan prepared with prepare_mut still runs
+        // read-write (a fresh snapshot each time); the UPDATE takes an id when it writes.
+        client.select(plan, None, &args).and_then(read).map_err(spi_error)
     })
 }
 

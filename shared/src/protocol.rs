@@ -147,16 +147,15 @@ pub fn refund_budget<S: RowStore>(store: &mut S, function: &'static str, a: &Ref
     change_budget(store, function, a.key, period, move |row| budget::refund(row, period, amount, now))
 }
 
-/// rl_peek: what rl_take would answer, changing nothing.
+/// rl_peek: what rl_take would answer, changing nothing (so it answers read-only too,
+/// from the stored state: on a standby, the replicated one).
 pub fn peek<S: RowStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
-    writable(store, function, Rows::Buckets)?;
     let row = store.read_bucket(a.key).map_err(|e| e.in_call(function))?;
     Ok(bucket::take(row.as_ref(), &a.limits, a.cost, a.now_ms))
 }
 
-/// rl_budget: what rl_spend would answer, spending nothing.
+/// rl_budget: what rl_spend would answer, spending nothing (read-only too, like rl_peek).
 pub fn peek_budget<S: RowStore>(store: &mut S, function: &'static str, a: &SpendArgs) -> Result<SpendDecision> {
-    writable(store, function, Rows::Budgets)?;
     let row = store.read_budget(a.key, a.period).map_err(|e| e.in_call(function))?;
     Ok(budget::spend(row.as_ref(), a.period, a.quota, a.cost, a.now_ms))
 }

@@ -151,6 +151,13 @@ impl SqliteEngine<'_> {
     }
 }
 
+impl SqliteEngine<'_> {
+    fn has_state_tables(&self) -> StoreResult<bool> {
+        let query = "SELECT count(*) = 2 FROM main.sqlite_schema WHERE type = 'table' AND name IN ('rl_bucket', 'rl_budget')";
+        self.conn.query_row(query, [], |r| r.get(0)).map_err(|e| self.fail(e))
+    }
+}
+
 fn bound<'a>(params: &'a [Value<'a>]) -> impl rusqlite::Params + 'a {
     rusqlite::params_from_iter(params.iter().map(Bind))
 }
@@ -168,6 +175,10 @@ impl SqlEngine for SqliteEngine<'_> {
 
     fn query_row(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Option<Vec<Value<'static>>>> {
         let columns = statement.columns();
+        // A read-only database that never had state has no tables to create: no row.
+        if self.read_only()? && !self.has_state_tables()? {
+            return Ok(None);
+        }
         self.run(&SQLITE_TEXT[statement as usize], |stmt| {
             stmt.query_row(bound(params), |r| {
                 (0..columns.len())
