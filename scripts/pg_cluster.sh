@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL 15 cluster for client tests on a private port and socket folder,
+# A throwaway PostgreSQL cluster (15 unless RL_PG_BIN names another bin folder) for client
+# tests on a private port and socket folder,
 # with pg_ratelimit preloaded (its memory store exists; the table store stays the default),
 # run as the postgres user when called as root (initdb and postgres refuse to run as
 # root), else as the calling user.
@@ -8,7 +9,7 @@
 #   scripts/pg_cluster.sh crash   kill -9 the postmaster and every backend (tests only)
 #   scripts/pg_cluster.sh stop    stop and delete the cluster
 set -euo pipefail
-BIN=/usr/lib/postgresql/15/bin
+BIN=${RL_PG_BIN:-/usr/lib/postgresql/15/bin}
 DIR=${RL_PG_DIR:-/tmp/pg_ratelimit_cluster}
 PORT=${RL_PG_PORT:-54329}
 if [ "$(id -u)" = 0 ]; then

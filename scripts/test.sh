@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The test suite.
 #   bash scripts/test.sh          everything, as root on a fresh Debian 12 machine: installs what it
-#                                 needs (apt packages, cargo-pgrx, a throwaway PostgreSQL 15 cluster),
-#                                 runs the core's tests, the in-server pgrx tests and the client tests
-#                                 of both built extensions. CI runs this.
+#                                 needs (apt packages, cargo-pgrx, PostgreSQL 15 and 18), runs the
+#                                 core's tests, then for PostgreSQL 15 and 18 in turn the in-server
+#                                 pgrx tests and the client tests of both built extensions against a
+#                                 throwaway cluster of that version. CI runs this.
 #   bash scripts/test.sh --fast   the core's tests and the SQLite client tests: no root, no apt, no
 #                                 PostgreSQL; under a minute once built. Needs cargo, sqlite3 and
 #                                 Debian's python3 with pytest (scripts/setup.sh installs them once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 PYTEST=(/usr/bin/python3 -m pytest -p no:cacheprovider)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -33,33 +33,43 @@ bash scripts/setup.sh --pg
 step "core: unit and property tests"
 cargo test -p ratelimit_core
 
-# One release build of pg_ratelimit's dependencies serves both the pgrx tests (which install
-# a build with the in-server tests compiled in) and the install the client tests use. Until
-# that install has run, the installed extension is the test build: put the release back
-# whatever happens.
-installed_release=0
-restore_release() {
-  [ "$installed_release" = 1 ] || cargo pgrx install -p pg_ratelimit --release --pg-config "$PG_CONFIG" >/dev/null
-}
+step "build: SQLite extension"
+cargo build --release -p sqlite_ratelimit
+
+source scripts/pg_versions.sh
+# Each PostgreSQL version's cluster and pgrx data folder, stopped and removed whatever happens;
+# if the in-server tests stopped the run, their test build is still installed: put the
+# release build back.
+pending_release=
 cleanup() {
-  restore_release
-  bash scripts/pg_cluster.sh stop
-  [ -z "${pgrx_data:-}" ] || rm -rf "$pgrx_data"
+  [ -z "$pending_release" ] || CC=clang cargo pgrx install -p pg_ratelimit --release --no-default-features \
+    --features "pg$pending_release" --pg-config "$(pg_config_of "$pending_release")" >/dev/null
+  for v in "${PG_VERSIONS[@]}"; do
+    RL_PG_BIN=$(dirname "$(pg_config_of "$v")") RL_PG_DIR=/tmp/pg_ratelimit_cluster$v bash scripts/pg_cluster.sh stop
+  done
+  rm -rf /tmp/pg_ratelimit_pgrx.*
 }
 trap cleanup EXIT
 
-step "postgres: in-server tests (cargo pgrx test --release)"
-pgrx_data=$(mktemp -d /tmp/pg_ratelimit_pgrx.XXXXXX)
-chown postgres:postgres "$pgrx_data"
-cargo pgrx test --release pg15 -p pg_ratelimit --runas postgres --pgdata "$pgrx_data"
+# For each version: the in-server tests, then the release build installed (replacing the
+# test build the pgrx tests install) and the whole client suite against a cluster of that
+# version (the SQLite tests, which do not depend on it, run each time too).
+for v in "${PG_VERSIONS[@]}"; do
+  pg_config=$(pg_config_of "$v")
+  export RL_PG_BIN RL_PG_DIR=/tmp/pg_ratelimit_cluster$v RL_PG_PORT=$((54300 + v)) PG_CONFIG=$pg_config
+  RL_PG_BIN=$(dirname "$pg_config")
+  step "postgres $v: in-server tests (cargo pgrx test --release)"
+  pgrx_data=$(mktemp -d /tmp/pg_ratelimit_pgrx.XXXXXX)
+  chown postgres:postgres "$pgrx_data"
+  # The cluster preloads the library: never overwrite the file under a running server.
+  bash scripts/pg_cluster.sh stop
+  pending_release=$v
+  CC=clang cargo pgrx test --release "pg$v" -p pg_ratelimit --runas postgres --pgdata "$pgrx_data"
+  CC=clang cargo pgrx install -p pg_ratelimit --release --pg-config "$pg_config" --no-default-features --features "pg$v"
+  pending_release=
 
-step "build: SQLite extension and installed PostgreSQL extension"
-cargo build --release -p sqlite_ratelimit
-# The test cluster preloads the library: never overwrite the file under a running server.
-bash scripts/pg_cluster.sh stop
-cargo pgrx install -p pg_ratelimit --release --pg-config "$PG_CONFIG"
-installed_release=1
-
-step "client tests against both engines"
-eval "$(bash scripts/pg_cluster.sh start)"
-RL_REQUIRE_PG=1 "${PYTEST[@]}" -v tests
+  step "postgres $v: client tests (with SQLite's)"
+  eval "$(bash scripts/pg_cluster.sh start)"
+  RL_REQUIRE_PG=1 "${PYTEST[@]}" -v tests
+  bash scripts/pg_cluster.sh stop
+done
