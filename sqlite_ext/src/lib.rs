@@ -153,7 +153,8 @@ impl SqliteEngine<'_> {
 
 impl SqliteEngine<'_> {
     fn has_state_tables(&self) -> StoreResult<bool> {
-        let query = "SELECT count(*) = 2 FROM main.sqlite_schema WHERE type = 'table' AND name IN ('rl_bucket', 'rl_budget')";
+        let query =
+            "SELECT count(*) = 2 FROM main.sqlite_schema WHERE type = 'table' AND name IN ('rl_bucket', 'rl_budget')";
         self.conn.query_row(query, [], |r| r.get(0)).map_err(|e| self.fail(e))
     }
 }
