@@ -22,6 +22,8 @@ COMMENT ON FUNCTION rl_take_all(jsonb, double precision) IS
   'take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb';
 COMMENT ON FUNCTION rl_headers(jsonb) IS
   'HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result';
+COMMENT ON FUNCTION rl_version() IS
+  'the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)';
 COMMENT ON FUNCTION rl_memory_stats() IS
   'the memory store (pg_ratelimit.buckets = memory): buckets it can hold and holds, new keys that replaced a bucket full again or early, buckets saved at the last clean shutdown and loaded at start; returns jsonb';
 

@@ -9,6 +9,7 @@ tests are skipped when PGHOST is not set, unless RL_REQUIRE_PG=1 makes that a fa
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import uuid
 
@@ -27,6 +28,8 @@ SQLITE_PUBLIC = [name for name in PUBLIC if name not in SERVER]
 STATEFUL = [f["name"] for f in FUNCTIONS if f["kind"] == "state"]
 INTERNAL = {f["name"]: len(f["params"]) for f in FUNCTIONS if f["kind"] == "internal"}
 RESULT_KEYS = {f["name"]: f["result_keys"] for f in FUNCTIONS}
+with open(os.path.join(ROOT, "Cargo.toml")) as f:
+    CARGO_VERSION = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
 
 
 def sqlite_connect(path, timeout=30.0):

@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from conftest import PUBLIC, RESULT_KEYS, SQLITE_PUBLIC, PgEngine, pg_test_database
+from conftest import CARGO_VERSION, PUBLIC, RESULT_KEYS, SQLITE_PUBLIC, PgEngine, pg_test_database
 
 CALLS = int(os.environ.get("RL_FUZZ_CALLS", "100000"))
 I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
@@ -54,7 +54,7 @@ def json_text(rng):
 
 def random_call(rng, functions):
     function = rng.choice(functions)
-    if function == "rl_memory_stats":
+    if function in ("rl_memory_stats", "rl_version"):
         args = []
     elif function == "rl_sweep":
         args = [rng.choice(CLOCKS) for _ in range(rng.choice([0, 1, 1, 2]))]
@@ -102,6 +102,9 @@ def check_answer(function, value):
     assert value is not None, f"{function} returned NULL"
     if function == "rl_key":
         assert isinstance(value, str) and isinstance(json.loads(value), list)
+        return
+    if function == "rl_version":
+        assert value == CARGO_VERSION
         return
     if function == "rl_memory_stats":
         r = value

@@ -45,7 +45,7 @@ def test_tables_are_created_on_first_use(sqlite_db):
     tables = lambda: {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
     assert tables() == set()
     take(conn)
-    assert tables() == {"rl_bucket", "rl_budget"}
+    assert tables() == {"rl_bucket", "rl_budget", "rl_meta"}
 
 
 def read_only(path):
@@ -229,3 +229,31 @@ def test_processes_sharing_a_file_never_over_admit(tmp_path, function, journal, 
     else:
         used = check.execute("SELECT used FROM rl_budget WHERE key = 'hot'").fetchone()[0]
         assert used == admitted * 1_000_000
+
+
+def test_version_and_schema_version(sqlite_db):
+    from conftest import CARGO_VERSION
+
+    conn, _ = sqlite_db
+    assert conn.execute("SELECT rl_version()").fetchone()[0] == CARGO_VERSION
+    conn.execute("SELECT rl_take('k', 1, 1)")
+    assert conn.execute("SELECT value FROM rl_meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+
+
+def test_a_database_written_by_0_2_0_keeps_working(tmp_path):
+    """tests/fixtures/state-0.2.0.db was written by the 0.2.0 extension at now_ms = 1000:
+    rl_take('fixture:bucket', 10, 1, 4), rl_take('fixture:empty', 3, 0.001, 3),
+    rl_spend('fixture:budget', 'month', 100, 12.5), rl_spend('fixture:budget', 'day', 10, 0.25)."""
+    import shutil
+
+    path = tmp_path / "old.db"
+    shutil.copy(os.path.join(os.path.dirname(__file__), "fixtures", "state-0.2.0.db"), path)
+    conn = sqlite_connect(str(path))
+    call = lambda sql: json.loads(conn.execute(sql).fetchone()[0])  # noqa: E731
+    assert call("SELECT rl_peek('fixture:bucket', 10, 1, 1, 1000)")["remaining"] == 5
+    assert call("SELECT rl_peek('fixture:bucket', 10, 1, 1, 61000)")["remaining"] == 6  # one token refilled
+    assert call("SELECT rl_take('fixture:empty', 3, 0.001, 1, 2000)")["admitted"] is False
+    assert call("SELECT rl_budget('fixture:budget', 'month', 100, 0.5, 1000)")["used"] == 13
+    assert call("SELECT rl_spend('fixture:budget', 'day', 10, 0.75, 1000)")["used"] == 1
+    assert call("SELECT rl_take('fixture:bucket', 10, 1, 5, 1000)")["remaining"] == 1
+    assert conn.execute("SELECT rl_reset('fixture:budget')").fetchone()[0] == 2

@@ -198,6 +198,11 @@ fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> 
     run(&f::RL_TAKE_ALL, &[text(limits.as_deref()), real(now_ms)])
 }
 
+#[pg_extern(immutable, parallel_safe)]
+fn rl_version() -> String {
+    run(&f::RL_VERSION, &[])
+}
+
 #[pg_extern(volatile, parallel_safe)]
 fn rl_memory_stats() -> JsonbResult {
     match shared_memory::stats() {

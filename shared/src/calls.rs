@@ -96,6 +96,11 @@ pub fn rl_key(f: &Function, parts: &[Arg]) -> Result<Answer> {
     key::encode_key(f.name, parts).map(Answer::Text)
 }
 
+/// `rl_version()`.
+pub fn rl_version(_f: &Function, _args: &[Arg]) -> Result<Answer> {
+    Ok(Answer::Text(env!("CARGO_PKG_VERSION").to_owned()))
+}
+
 /// `rl_headers(result)`.
 pub fn rl_headers(f: &Function, args: &[Arg]) -> Result<Answer> {
     match args::nth(args, 0) {

@@ -197,6 +197,8 @@ mod table {
     pub const RL_TAKE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
         ..state("rl_take_all", StateCall::TakeAll, &[required("limits", Jsonb), NOW_MS],
         "take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb") };
+    pub const RL_VERSION: Function = function("rl_version", Entry::Pure(calls::rl_version), &[], Text, NOT_AN_OBJECT,
+        "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
         result_keys: &["capacity", "in_use", "evicted_full", "evicted_early", "saved", "loaded", "bytes_per_bucket"],
         ..function("rl_memory_stats", Entry::Server, &[], Jsonb, NOT_AN_OBJECT,
@@ -245,6 +247,7 @@ pub const ALL: &[Function] = &[
     RL_RESET,
     RL_TAKE_ALL,
     RL_HEADERS,
+    RL_VERSION,
     RL_MEMORY_STATS,
     RL_BUCKET_GUARD,
     RL_BUCKET_NEW_LEVEL,
