@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
 # The main job: build the SQLite extension and show rate limiting on SQLite.
+#   bash scripts/demo.sh             the walk on SQLite (examples/demo.sql)
+#   bash scripts/demo.sh --postgres  the same walk on PostgreSQL 15 (examples/demo_pg.sql), as
+#                                    root: installs PostgreSQL and the extension, runs a throwaway
+#                                    cluster as the postgres user on a private port and socket
+#                                    folder, and stops and removes it afterwards
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--postgres" ]; then
+  bash scripts/setup.sh --pg
+  export RL_PG_DIR=/tmp/pg_ratelimit_demo RL_PG_PORT=54330
+  trap 'bash scripts/pg_cluster.sh stop' EXIT
+  # The cluster preloads the library: never overwrite the file under a running server.
+  bash scripts/pg_cluster.sh stop
+  cargo pgrx install -p pg_ratelimit --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
+  eval "$(bash scripts/pg_cluster.sh start)"
+  psql -X -q -d postgres -c "CREATE DATABASE demo"
+  psql -X -q -d demo -c "CREATE EXTENSION pg_ratelimit" -c "ALTER DATABASE demo SET pg_ratelimit.allow_explicit_clock = on"
+  psql -X -q -d demo < examples/demo_pg.sql
+  exit 0
+fi
 bash scripts/setup.sh
 cargo build --quiet --release -p sqlite_ratelimit
 sqlite3 :memory: -cmd ".load target/release/libratelimit" < examples/demo.sql

@@ -32,8 +32,9 @@ fi
 if [ "${#missing[@]}" -gt 0 ]; then
   log "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Wait for an apt lock another process holds (unattended upgrades) instead of failing.
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   log "Debian packages already installed"
 fi
@@ -44,8 +45,8 @@ if [ "$want_pg" = 1 ]; then
   if cargo pgrx --version 2>/dev/null | grep -q " ${PGRX_VERSION}\$"; then
     log "cargo-pgrx ${PGRX_VERSION} already installed"
   else
-    log "installing cargo-pgrx ${PGRX_VERSION} (takes several minutes)"
-    cargo install cargo-pgrx --version "${PGRX_VERSION}" --locked --quiet
+    log "installing cargo-pgrx ${PGRX_VERSION} (6 to 14 minutes; cargo shows its progress)"
+    cargo install cargo-pgrx --version "${PGRX_VERSION}" --locked
   fi
   if [ -x "$(pg_config_of 18)" ]; then
     log "PostgreSQL 18 already in $PG18_VENV"

@@ -93,3 +93,18 @@ def test_demo_prints_the_same_walk_on_any_date():
     with open(os.path.join(ROOT, "examples", "demo.out")) as f:
         assert out.stdout == f.read()
     assert "│ true " in out.stdout and "│ false " in out.stdout, "booleans read true/false"
+
+
+def test_postgres_demo_prints_the_same_walk():
+    """examples/demo_pg.sql (scripts/demo.sh --postgres) prints examples/demo_pg.out: the
+    same answers as the SQLite walk."""
+    if not pg_available():
+        pytest.skip("PGHOST not set: no PostgreSQL cluster for client tests")
+    with pg_database("rl_demo") as name:
+        conn = pg_connect(name)
+        conn.cursor().execute(f"ALTER DATABASE {name} SET pg_ratelimit.allow_explicit_clock = on")
+        conn.close()
+        out = subprocess.run(["psql", "-X", "-q", "-d", name], stdin=open(os.path.join(ROOT, "examples", "demo_pg.sql")),
+                             capture_output=True, text=True, check=True)
+    with open(os.path.join(ROOT, "examples", "demo_pg.out")) as f:
+        assert out.stdout == f.read()
