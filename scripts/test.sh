@@ -33,8 +33,9 @@ bash scripts/setup.sh --pg
 step "core: unit and property tests"
 cargo test -p ratelimit_core
 
-step "build: SQLite extension"
+step "build: SQLite extension; packages (bash scripts/package.sh)"
 cargo build --release -p sqlite_ratelimit
+bash scripts/package.sh
 
 source scripts/pg_versions.sh
 # Each PostgreSQL version's cluster and pgrx data folder, stopped and removed whatever happens;
@@ -70,6 +71,9 @@ for v in "${PG_VERSIONS[@]}"; do
 
   step "postgres $v: client tests (with SQLite's)"
   eval "$(bash scripts/pg_cluster.sh start)"
-  RL_REQUIRE_PG=1 "${PYTEST[@]}" -v tests
+  RL_REQUIRE_PG=1 RL_REQUIRE_PACKAGES=1 "${PYTEST[@]}" -v tests
   bash scripts/pg_cluster.sh stop
 done
+
+step "postgres 15: the Debian package, installed, tested and removed"
+bash scripts/test_deb.sh

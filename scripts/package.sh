@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds the packages users install, into dist/ (publishes nothing):
+#   dist/sqlite_ratelimit-<version>-py3-none-linux_x86_64.whl   the SQLite extension for Python (pip)
+#   dist/postgresql-15-pg-ratelimit_<version>_amd64.deb        the PostgreSQL 15 extension for Debian
+# Expects scripts/setup.sh --pg to have run; builds what it packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+mkdir -p dist
+
+cargo build --quiet --release -p sqlite_ratelimit
+# Python: the library next to the package's __init__.py, built in a throwaway copy.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -r bindings/python "$work/python"
+cp target/release/libratelimit.so "$work/python/sqlite_ratelimit/"
+/usr/bin/python3 -m venv "$work/venv"
+"$work/venv/bin/pip" install --quiet --disable-pip-version-check setuptools wheel
+(cd "$work/python" && SQLITE_RATELIMIT_VERSION=$version "$work/venv/bin/pip" wheel --quiet --no-deps \
+  --no-build-isolation --wheel-dir "$OLDPWD/dist" .)
+
+# Debian: what cargo pgrx package lays out for PostgreSQL 15, with a control file.
+package_root=target/release/pg_ratelimit-pg15
+rm -rf "$package_root"
+cargo pgrx package -p pg_ratelimit --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
+deb_root="$work/deb"
+cp -r "$package_root" "$deb_root"
+mkdir "$deb_root/DEBIAN"
+cat > "$deb_root/DEBIAN/control" <<CONTROL
+Package: postgresql-15-pg-ratelimit
+Version: $version
+Architecture: amd64
+Maintainer: pg_ratelimit developers <noreply@pg-ratelimit.invalid>
+Depends: postgresql-15, libc6 (>= 2.34)
+Section: database
+Priority: optional
+Description: rate limits and spending budgets inside PostgreSQL 15
+ pg_ratelimit keeps token buckets and calendar spending budgets in the database:
+ SELECT rl_take(...) from any language, atomic inside the server. CREATE EXTENSION
+ pg_ratelimit in each database; for the memory store add pg_ratelimit to
+ shared_preload_libraries. Restart the server after an upgrade if it preloads it.
+CONTROL
+dpkg-deb --build --root-owner-group "$deb_root" "dist/postgresql-15-pg-ratelimit_${version}_amd64.deb" >/dev/null
+ls dist
