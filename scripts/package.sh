@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the packages users install, into dist/ (publishes nothing):
 #   dist/sqlite_ratelimit-<version>-py3-none-linux_x86_64.whl   the SQLite extension for Python (pip)
+#   dist/sqlite-ratelimit-<version>.tgz                         the SQLite extension for Node (npm)
 #   dist/postgresql-15-pg-ratelimit_<version>_amd64.deb        the PostgreSQL 15 extension for Debian
 # Expects scripts/setup.sh --pg to have run; builds what it packages.
 set -euo pipefail
@@ -18,6 +19,11 @@ cp target/release/libratelimit.so "$work/python/sqlite_ratelimit/"
 "$work/venv/bin/pip" install --quiet --disable-pip-version-check setuptools wheel
 (cd "$work/python" && SQLITE_RATELIMIT_VERSION=$version "$work/venv/bin/pip" wheel --quiet --no-deps \
   --no-build-isolation --wheel-dir "$OLDPWD/dist" .)
+
+# Node: the library next to index.js; npm pack writes the tarball npm install takes.
+cp -r bindings/node "$work/node"
+cp target/release/libratelimit.so "$work/node/"
+(cd "$work/node" && npm pkg set version="$version" >/dev/null && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
 
 # Debian: what cargo pgrx package lays out for PostgreSQL 15, with a control file.
 package_root=target/release/pg_ratelimit-pg15

@@ -29,6 +29,11 @@ fi
 if [ "$want_bench" = 1 ]; then
   for p in redis-server redis-tools python3-matplotlib; do need_pkg "$p"; done
 fi
+# npm packs the Node package and its test builds better-sqlite3 (Debian's Node when the
+# machine has none of its own).
+if [ "$want_pg" = 1 ] && ! command -v npm >/dev/null; then
+  for p in nodejs npm libnode-dev; do need_pkg "$p"; done
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   log "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -11,6 +11,14 @@ from conftest import CARGO_VERSION, ROOT
 DIST = os.path.join(ROOT, "dist")
 
 
+@pytest.fixture(autouse=True)
+def once_per_run():
+    # The packages do not depend on the PostgreSQL version the suite runs against: the test
+    # command checks them in its first pass only.
+    if os.environ.get("RL_SKIP_PACKAGES") == "1":
+        pytest.skip("packages are tested in the first pass of the test command")
+
+
 def test_the_python_wheel_installs_and_loads(tmp_path):
     wheels = glob.glob(os.path.join(DIST, f"sqlite_ratelimit-{CARGO_VERSION}-py3-none-*.whl"))
     if not wheels:
@@ -37,4 +45,41 @@ except sqlite3.OperationalError:
 print("ok")
 """ % (CARGO_VERSION, CARGO_VERSION)
     out = subprocess.run([str(venv / "bin" / "python"), "-c", program], capture_output=True, text=True, cwd=tmp_path)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_npm_package_installs_and_loads_into_better_sqlite3(tmp_path):
+    tarballs = glob.glob(os.path.join(DIST, f"sqlite-ratelimit-{CARGO_VERSION}.tgz"))
+    if not tarballs:
+        if os.environ.get("RL_REQUIRE_PACKAGES") == "1":
+            pytest.fail("no npm tarball in dist/: run bash scripts/package.sh")
+        pytest.skip("no npm tarball in dist/ (bash scripts/package.sh builds it)")
+    env = dict(os.environ)
+    if os.path.isdir("/usr/include/node"):
+        env["npm_config_nodedir"] = "/usr"  # build better-sqlite3 against the local headers
+    app = tmp_path / "app"
+    app.mkdir()
+    subprocess.run(["npm", "init", "-y"], cwd=app, check=True, capture_output=True)
+    subprocess.run(["npm", "install", "--no-audit", "--no-fund", tarballs[0], "better-sqlite3@12"], cwd=app, env=env,
+                   check=True, capture_output=True)
+    program = """
+const assert = require("assert");
+const Database = require("better-sqlite3");
+const ratelimit = require("sqlite-ratelimit");
+assert.ok(require("fs").existsSync(ratelimit.getLoadablePath() + ".so"));
+const db = new Database(":memory:");
+ratelimit.load(db);
+const r = JSON.parse(db.prepare("SELECT rl_take('user:42', 3, 60, 1, 0) AS r").get().r);
+assert.deepStrictEqual([r.admitted, r.remaining], [true, 2]);
+assert.strictEqual(db.prepare("SELECT rl_version() AS v").get().v, %r);
+let sqlite;
+try { sqlite = require("node:sqlite"); } catch (e) { sqlite = null; }
+if (sqlite) {  // Node 22.13 and later
+  const d = new sqlite.DatabaseSync(":memory:", { allowExtension: true });
+  ratelimit.load(d);
+  assert.strictEqual(d.prepare("SELECT rl_version() AS v").get().v, %r);
+}
+console.log("ok");
+""" % (CARGO_VERSION, CARGO_VERSION)
+    out = subprocess.run(["node", "-e", program], cwd=app, capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
