@@ -3,9 +3,13 @@
 #   dist/sqlite_ratelimit-<version>-py3-none-linux_x86_64.whl   the SQLite extension for Python (pip)
 #   dist/sqlite-ratelimit-<version>.tgz                         the SQLite extension for Node (npm)
 #   dist/postgresql-15-pg-ratelimit_<version>_amd64.deb        the PostgreSQL 15 extension for Debian
+#   dist/pg_ratelimit-<version>-pg18-linux-x86_64.tar.gz       the PostgreSQL 18 extension (no Debian
+#                                                               package of 18 to depend on): lib/ and
+#                                                               share/extension/ of that server's tree
 # Expects scripts/setup.sh --pg to have run; builds what it packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/pg_versions.sh
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 mkdir -p dist
 
@@ -47,4 +51,24 @@ Description: rate limits and spending budgets inside PostgreSQL 15
  shared_preload_libraries. Restart the server after an upgrade if it preloads it.
 CONTROL
 dpkg-deb --build --root-owner-group "$deb_root" "dist/postgresql-15-pg-ratelimit_${version}_amd64.deb" >/dev/null
+
+# PostgreSQL 18: the same files laid out as the server's tree names them (pg_config
+# --pkglibdir is lib/, --sharedir is share/), with how to install them.
+pg18=$(pg_config_of 18)
+package_root=target/release/pg_ratelimit-pg18
+rm -rf "$package_root"
+CC=clang cargo pgrx package -p pg_ratelimit --pg-config "$pg18" --no-default-features --features pg18 >/dev/null
+tree="$work/pg18/pg_ratelimit-$version-pg18"
+mkdir -p "$tree/lib" "$tree/share/extension"
+cp "$package_root$("$pg18" --pkglibdir)/pg_ratelimit.so" "$tree/lib/"
+cp "$package_root$("$pg18" --sharedir)"/extension/pg_ratelimit* "$tree/share/extension/"
+cat > "$tree/INSTALL" <<INSTALL
+pg_ratelimit $version for PostgreSQL 18 (Linux x86_64). As the owner of the server's files,
+with the server stopped if it preloads pg_ratelimit (never overwrite a library in use):
+  cp lib/pg_ratelimit.so "\$(pg_config --pkglibdir)/"
+  cp share/extension/* "\$(pg_config --sharedir)/extension/"
+then CREATE EXTENSION pg_ratelimit in each database (ALTER EXTENSION pg_ratelimit UPDATE
+after an upgrade; restart the server first if it preloads pg_ratelimit).
+INSTALL
+tar -czf "dist/pg_ratelimit-$version-pg18-linux-x86_64.tar.gz" -C "$work/pg18" "pg_ratelimit-$version-pg18"
 ls dist

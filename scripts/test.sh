@@ -76,5 +76,5 @@ for v in "${PG_VERSIONS[@]}"; do
   bash scripts/pg_cluster.sh stop
 done
 
-step "postgres 15: the Debian package, installed, tested and removed"
-bash scripts/test_deb.sh
+step "postgres packages: the .deb (15) and the tarball (18), installed and tested"
+bash scripts/test_system_packages.sh
