@@ -11,3 +11,5 @@ for crate in ratelimit_core sqlite_ratelimit pg_ratelimit; do
   step "lint: clippy -p $crate"
   cargo clippy -q -p "$crate" --all-targets -- -D warnings
 done
+step "lint: clippy -p sqlite_ratelimit --no-default-features (register(&conn))"
+cargo clippy -q -p sqlite_ratelimit --no-default-features --all-targets -- -D warnings

@@ -33,6 +33,9 @@ bash scripts/setup.sh --pg
 step "core: unit and property tests"
 cargo test -p ratelimit_core
 
+step "Rust: register(&conn) on an application's own rusqlite connection (its own build)"
+cargo test -p sqlite_ratelimit --no-default-features
+
 step "build: SQLite extension; packages (bash scripts/package.sh)"
 cargo build --release -p sqlite_ratelimit
 bash scripts/package.sh

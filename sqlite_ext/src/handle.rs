@@ -14,7 +14,7 @@
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_int, CStr};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::vtab::{
     sqlite3_vtab, sqlite3_vtab_cursor, Context, Filters, IndexInfo, Module, VTab, VTabConnection, VTabCursor,
 };
-use rusqlite::{ffi, Connection};
+use rusqlite::Connection;
 
 const ANCHOR_TABLE: &CStr = c"rl_statement_cache";
 
@@ -30,13 +30,23 @@ const ANCHOR_TABLE: &CStr = c"rl_statement_cache";
 ///
 /// # Safety
 /// Called by SQLite with a valid connection and API table.
+#[cfg(feature = "loadable")]
 #[no_mangle]
 pub unsafe extern "C" fn sqlite3_ratelimit_init(
-    db: *mut ffi::sqlite3,
-    pz_err_msg: *mut *mut c_char,
-    p_api: *mut ffi::sqlite3_api_routines,
+    db: *mut rusqlite::ffi::sqlite3,
+    pz_err_msg: *mut *mut std::ffi::c_char,
+    p_api: *mut rusqlite::ffi::sqlite3_api_routines,
 ) -> c_int {
-    Connection::extension_init2(db, pz_err_msg, p_api, crate::register)
+    Connection::extension_init2(db, pz_err_msg, p_api, crate::register_all)
+}
+
+/// The extension's own `Connection` over an application's connection (without the
+/// loadable feature: SQLite linked into the application).
+#[cfg(not(feature = "loadable"))]
+pub fn alongside(conn: &Connection) -> rusqlite::Result<Connection> {
+    // SAFETY: the handle is valid while `conn` is open; the functions registered on it are
+    // dropped when that connection closes, and from_handle does not take ownership.
+    unsafe { Connection::from_handle(conn.handle()) }
 }
 
 /// Shared by every function registered on one connection.

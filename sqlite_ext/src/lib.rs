@@ -23,10 +23,19 @@ const STATEFUL: FunctionFlags = FunctionFlags::SQLITE_UTF8.union(FunctionFlags::
 const PURE: FunctionFlags =
     FunctionFlags::SQLITE_UTF8.union(FunctionFlags::SQLITE_DETERMINISTIC).union(FunctionFlags::SQLITE_INNOCUOUS);
 
+#[cfg(feature = "loadable")]
 pub use handle::sqlite3_ratelimit_init;
 
+/// Registers every function on an application's own connection (SQLite linked into the
+/// application; this crate built with `default-features = false`): the same functions,
+/// answers and errors as the loadable extension, no `.load` needed.
+#[cfg(not(feature = "loadable"))]
+pub fn register(conn: &Connection) -> rusqlite::Result<()> {
+    register_all(handle::alongside(conn)?).map(|_| ())
+}
+
 /// Registers every function on the connection that loads the extension.
-fn register(db: Connection) -> rusqlite::Result<bool> {
+fn register_all(db: Connection) -> rusqlite::Result<bool> {
     let h = Handle::new(db)?;
     for f in functions::ALL {
         match f.entry {
