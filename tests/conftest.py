@@ -153,6 +153,18 @@ def pg_database(prefix="rl_test", extension=True):
         admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def assert_refused_read_only(cur, sql, function):
+    """In the cursor's open read-only transaction, `sql` fails with 25006 and a message that
+    names `function`; the transaction goes on (a savepoint takes the failure)."""
+    import psycopg2
+
+    cur.execute("SAVEPOINT refused")
+    with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction) as e:
+        cur.execute(sql)
+    assert e.value.diag.message_primary.startswith(f"{function}: cannot change rate-limit state")
+    cur.execute("ROLLBACK TO SAVEPOINT refused")
+
+
 def admin(sql):
     """Runs one statement on the postgres database, on a connection of its own."""
     conn = pg_connect("postgres")

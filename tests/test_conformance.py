@@ -5,7 +5,7 @@ import datetime
 
 import pytest
 
-from conftest import PgEngine, SqliteEngine, pg_available
+from conftest import CARGO_VERSION, PgEngine, SqliteEngine, pg_available
 
 
 def ms(*ymd_hms):
@@ -102,6 +102,8 @@ STEPS = [
     ("rl_key", ("share1", "caller:2"), '["share1","caller:2"]'),
     ("rl_key", ('a","b',), '["a\\",\\"b"]'),
     ("rl_key", ("a", "b"), '["a","b"]'),
+    # the library's version, from Cargo.toml
+    ("rl_version", (), CARGO_VERSION),
     ("rl_key", ("ünï", "\n"), '["ünï","\\n"]'),
     # every bad input: a clear error naming the function, the argument and the value
     ("rl_take", (None, 3, 60), ("error", "rl_take: key must be text, got NULL")),
@@ -134,6 +136,8 @@ STEPS = [
     ("rl_take", ("k", 3, 60, 1, "noon"), ("error", "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 'noon'"), "sqlite"),
     ("rl_take", ("k", 3), ("error", "rl_take: expected 3 to 5 arguments, got 2"), "sqlite"),
     ("rl_sweep", (1, 2, 3), ("error", "rl_sweep: expected 0 to 2 arguments, got 3"), "sqlite"),
+    ("rl_version", ("x",), ("error", "rl_version: expected 0 arguments, got 1"), "sqlite"),
+    ("rl_version", ("x",), ("error", "function rl_version(unknown) does not exist", "42883"), "postgres"),
     # nothing was written by the failed calls: "k" is still a full bucket
     ("rl_take", ("k", 3, 60, 1, 0), take(True, 2, 3, 0, 1)),
     # sweeping in batches

@@ -19,15 +19,22 @@ def once_per_run():
         pytest.skip("packages are tested in the first pass of the test command")
 
 
-def test_the_python_wheel_installs_and_loads(tmp_path):
-    wheels = glob.glob(os.path.join(DIST, f"sqlite_ratelimit-{CARGO_VERSION}-py3-none-*.whl"))
-    if not wheels:
+def built(pattern, what):
+    """The package of this version in dist/: a failure when the test command requires it,
+    else a skip."""
+    found = glob.glob(os.path.join(DIST, pattern))
+    if not found:
         if os.environ.get("RL_REQUIRE_PACKAGES") == "1":
-            pytest.fail("no wheel in dist/: run bash scripts/package.sh")
-        pytest.skip("no wheel in dist/ (bash scripts/package.sh builds it)")
+            pytest.fail(f"no {what} in dist/: run bash scripts/package.sh")
+        pytest.skip(f"no {what} in dist/ (bash scripts/package.sh builds it)")
+    return found[0]
+
+
+def test_the_python_wheel_installs_and_loads(tmp_path):
+    wheel = built(f"sqlite_ratelimit-{CARGO_VERSION}-py3-none-*.whl", "wheel")
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", wheels[0]], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", wheel], check=True)
     program = """
 import json, os, sqlite3, sqlite_ratelimit
 assert sqlite_ratelimit.__version__ == %r
@@ -49,18 +56,14 @@ print("ok")
 
 
 def test_the_npm_package_installs_and_loads_into_better_sqlite3(tmp_path):
-    tarballs = glob.glob(os.path.join(DIST, f"sqlite-ratelimit-{CARGO_VERSION}.tgz"))
-    if not tarballs:
-        if os.environ.get("RL_REQUIRE_PACKAGES") == "1":
-            pytest.fail("no npm tarball in dist/: run bash scripts/package.sh")
-        pytest.skip("no npm tarball in dist/ (bash scripts/package.sh builds it)")
+    tarball = built(f"sqlite-ratelimit-{CARGO_VERSION}.tgz", "npm tarball")
     env = dict(os.environ)
     if os.path.isdir("/usr/include/node"):
         env["npm_config_nodedir"] = "/usr"  # build better-sqlite3 against the local headers
     app = tmp_path / "app"
     app.mkdir()
     subprocess.run(["npm", "init", "-y"], cwd=app, check=True, capture_output=True)
-    subprocess.run(["npm", "install", "--no-audit", "--no-fund", tarballs[0], "better-sqlite3@12"], cwd=app, env=env,
+    subprocess.run(["npm", "install", "--no-audit", "--no-fund", tarball, "better-sqlite3@12"], cwd=app, env=env,
                    check=True, capture_output=True)
     program = """
 const assert = require("assert");

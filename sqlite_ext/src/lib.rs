@@ -142,29 +142,29 @@ impl SqliteEngine<'_> {
 
     /// Runs one statement, prepared once per connection. When the state tables are missing
     /// (never created, dropped, or created in a transaction that rolled back) it creates
-    /// them and runs the statement once more.
+    /// them and runs the statement once more; but a read-only database, which cannot have
+    /// them created, answers `read_only_without_tables` instead when there is one (a read
+    /// of a database that never had state: no row).
     fn run<T>(
         &self,
         text: &str,
+        read_only_without_tables: Option<T>,
         f: impl Fn(&mut rusqlite::CachedStatement<'_>) -> rusqlite::Result<T>,
     ) -> StoreResult<T> {
         let attempt = || self.conn.prepare_cached(text).and_then(|mut stmt| f(&mut stmt));
         match attempt() {
             Err(e) if e.to_string().contains("no such table") => {
+                if let Some(answer) = read_only_without_tables {
+                    if self.conn.is_readonly(MAIN_DB).map_err(|e| self.fail(e))? {
+                        return Ok(answer);
+                    }
+                }
                 self.conn.flush_prepared_statement_cache();
                 self.conn.execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))?;
                 attempt().map_err(|e| self.fail(e))
             }
             other => other.map_err(|e| self.fail(e)),
         }
-    }
-}
-
-impl SqliteEngine<'_> {
-    fn has_state_tables(&self) -> StoreResult<bool> {
-        let query =
-            "SELECT count(*) = 2 FROM main.sqlite_schema WHERE type = 'table' AND name IN ('rl_bucket', 'rl_budget')";
-        self.conn.query_row(query, [], |r| r.get(0)).map_err(|e| self.fail(e))
     }
 }
 
@@ -180,16 +180,12 @@ impl SqlEngine for SqliteEngine<'_> {
     }
 
     fn execute(&mut self, statement: Statement, params: &[Value]) -> StoreResult<u64> {
-        self.run(&SQLITE_TEXT[statement as usize], |stmt| stmt.execute(bound(params))).map(|n| n as u64)
+        self.run(&SQLITE_TEXT[statement as usize], None, |stmt| stmt.execute(bound(params))).map(|n| n as u64)
     }
 
     fn query_row(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Option<Vec<Value<'static>>>> {
         let columns = statement.columns();
-        // A read-only database that never had state has no tables to create: no row.
-        if self.read_only()? && !self.has_state_tables()? {
-            return Ok(None);
-        }
-        self.run(&SQLITE_TEXT[statement as usize], |stmt| {
+        self.run(&SQLITE_TEXT[statement as usize], Some(None), |stmt| {
             stmt.query_row(bound(params), |r| {
                 (0..columns.len())
                     .map(|i| match columns[i] {
@@ -209,13 +205,13 @@ impl SqlEngine for SqliteEngine<'_> {
         if !self.conn.is_autocommit() {
             return Ok(false);
         }
-        self.run("BEGIN IMMEDIATE", |stmt| stmt.execute([]))?;
+        self.run("BEGIN IMMEDIATE", None, |stmt| stmt.execute([]))?;
         Ok(true)
     }
 
     fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()> {
         if owned {
-            self.run(if commit { "COMMIT" } else { "ROLLBACK" }, |stmt| stmt.execute([]))?;
+            self.run(if commit { "COMMIT" } else { "ROLLBACK" }, None, |stmt| stmt.execute([]))?;
         }
         Ok(())
     }
