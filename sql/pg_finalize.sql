@@ -20,6 +20,22 @@ COMMENT ON FUNCTION rl_reset(text) IS
   'forget every bucket and budget under key; returns the number of rows removed';
 COMMENT ON FUNCTION rl_take_all(jsonb, double precision) IS
   'take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb';
+COMMENT ON FUNCTION rl_window(text, double precision, double precision, double precision, double precision) IS
+  'exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb';
+COMMENT ON FUNCTION rl_window_peek(text, double precision, double precision, double precision, double precision) IS
+  'what rl_window with the same arguments would return, recording nothing';
+COMMENT ON FUNCTION rl_acquire(text, bigint, double precision, double precision) IS
+  'concurrency cap: hold a lease on key if fewer than max_in_flight unexpired leases are held; it counts until rl_release or until lease_seconds pass; returns jsonb';
+COMMENT ON FUNCTION rl_release(text, text, double precision) IS
+  'give back a lease of rl_acquire: true once, false for a lease expired, released already or never held';
+COMMENT ON FUNCTION rl_renew(text, text, double precision, double precision) IS
+  'make a held lease expire lease_seconds from now; returns jsonb (renewed false for a lease no longer held)';
+COMMENT ON FUNCTION rl_in_flight(text, double precision) IS
+  'the unexpired leases held on key';
+COMMENT ON FUNCTION rl_charge(text, double precision, double precision, double precision, double precision) IS
+  'take amount tokens from a bucket whatever its level, into debt if need be (a cost known after the work); returns jsonb';
+COMMENT ON FUNCTION rl_charge_budget(text, text, double precision, double precision) IS
+  'add amount to the current period of a budget, past its quota if need be (a cost known after the work); returns jsonb';
 COMMENT ON FUNCTION rl_headers(jsonb) IS
   'HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result';
 COMMENT ON FUNCTION rl_version() IS

@@ -1,9 +1,12 @@
 -- State of the SQLite extension, created in the main database on first use.
 -- rl_bucket: a token bucket holds `level` tokens at `refilled_at` (epoch ms) and is full
 -- again at `full_at`. rl_budget: `used` millionths of a unit in the period ending at
--- `resets_at` (epoch ms). No row means a full bucket / nothing spent. rl_meta records the
--- layout of these tables (schema_version); PRAGMA user_version is the application's. A
--- database without rl_meta was written by 0.1.0 or 0.2.0, in schema_version 1.
+-- `resets_at` (epoch ms). No row means a full bucket / nothing spent. rl_entries: a list
+-- per key and kind ('window': admissions per millisecond; 'lease': leases held), encoded
+-- as text by the library, with no entry counting from `empty_at` (epoch ms). rl_meta
+-- records the layout of these tables (schema_version); PRAGMA user_version is the
+-- application's. A database without rl_meta was written by 0.1.0 or 0.2.0, in
+-- schema_version 1; schema_version 2 adds rl_entries (0.3.0), created on first use.
 CREATE TABLE IF NOT EXISTS main.rl_bucket (
     key         TEXT    NOT NULL PRIMARY KEY,
     level       REAL    NOT NULL,
@@ -17,8 +20,15 @@ CREATE TABLE IF NOT EXISTS main.rl_budget (
     resets_at INTEGER NOT NULL,
     PRIMARY KEY (key, period)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS main.rl_entries (
+    key      TEXT    NOT NULL,
+    kind     TEXT    NOT NULL,
+    entries  TEXT    NOT NULL,
+    empty_at INTEGER NOT NULL,
+    PRIMARY KEY (key, kind)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS main.rl_meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL
 ) WITHOUT ROWID;
-INSERT OR IGNORE INTO main.rl_meta (key, value) VALUES ('schema_version', '1');
+INSERT OR REPLACE INTO main.rl_meta (key, value) VALUES ('schema_version', '2');

@@ -227,3 +227,13 @@ def pg_engine(pg_db):
 @pytest.fixture
 def pg_memory_engine(pg_memory_db):
     return PgEngine(pg_memory_db[0], "postgres-memory")
+
+
+@pytest.fixture(params=["sqlite", "postgres", "postgres-memory"])
+def engine(request):
+    """One engine and store per parameter, each on a fresh database."""
+    if request.param == "sqlite":
+        return SqliteEngine(request.getfixturevalue("sqlite_db")[0])
+    if request.param == "postgres":
+        return PgEngine(request.getfixturevalue("pg_db")[0])
+    return PgEngine(request.getfixturevalue("pg_memory_db")[0], request.param)

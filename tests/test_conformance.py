@@ -34,6 +34,20 @@ def spend(admitted, used, limit, resets_at_ms, retry_s):
     }
 
 
+def window(admitted, remaining, limit, retry_ms, reset_s, window_s):
+    return {**take(admitted, remaining, limit, retry_ms, reset_s), "window_seconds": window_s}
+
+
+def acquired(lease, in_flight, limit, expires_at):
+    return {"admitted": True, "lease": lease, "in_flight": in_flight, "limit": limit, "expires_at": expires_at,
+            "retry_after_ms": 0, "retry_after_seconds": 0}
+
+
+def refused_lease(in_flight, limit, retry_ms):
+    return {"admitted": False, "lease": None, "in_flight": in_flight, "limit": limit, "expires_at": None,
+            "retry_after_ms": retry_ms, "retry_after_seconds": -(-retry_ms // 1000)}
+
+
 NOV_29 = ms(2026, 11, 29, 12, 0, 0)
 DEC_1 = ms(2026, 12, 1)
 MAX_NOW = "253402300799999"
@@ -185,7 +199,105 @@ STEPS = [
     ("rl_headers", ('{"admitted":true,"used":0.5,"limit":1,"remaining":0.5,"resets_at":86400,"retry_after_seconds":0}',),
      {"RateLimit-Policy": '"budget";q=1', "RateLimit": '"budget";r=0', "X-RateLimit-Limit": "1",
       "X-RateLimit-Remaining": "0.5", "X-RateLimit-Reset": "86400"}),
-    ("rl_headers", ('{"used":1}',), ("error", "rl_headers: result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all")),
+    ("rl_headers", ('{"used":1}',), ("error", "rl_headers: result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all")),
+    # sliding window: at most 3 in any 10 s; entries of one millisecond merge
+    ("rl_window", ("win", 3, 10, 1, 0), window(True, 2, 3, 0, 10, 10)),
+    ("rl_window", ("win", 3, 10, 1, 0), window(True, 1, 3, 0, 10, 10)),
+    ("rl_window", ("win", 3, 10, 1, 4000), window(True, 0, 3, 0, 10, 10)),
+    # the two units of 0 ms leave at exactly 10 000 ms: 1 ms before, still refused
+    ("rl_window", ("win", 3, 10, 1, 9999), window(False, 0, 3, 1, 5, 10)),
+    ("rl_window", ("win", 3, 10, 2, 10_000), window(True, 0, 3, 0, 10, 10)),
+    # a cost above the limit: the time until the window is empty
+    ("rl_window", ("win", 3, 10, 4, 10_000), window(False, 0, 3, 10_000, 10, 10)),
+    ("rl_window_peek", ("win", 3, 10, 1, 14_000), window(True, 0, 3, 0, 10, 10)),
+    ("rl_window", ("win", 3, 10, 1, 13_999), window(False, 0, 3, 1, 7, 10)),
+    ("rl_window_peek", ("win", 3, 10, 1, 13_999), window(False, 0, 3, 1, 7, 10)),  # the refusal recorded nothing
+    ("rl_window", ("wf", 1.5, 0.5, 1, 0), window(True, 0, 1.5, 0, 1, 0.5)),
+    ("rl_window", ("wf", 1.5, 0.5, 0.5, 499), window(True, 0, 1.5, 0, 1, 0.5)),
+    ("rl_window", ("wf", 1.5, 0.5, 0.5, 500), window(True, 0, 1.5, 0, 1, 0.5)),  # 0 ms left at 500 ms
+    ("rl_window", (None, 3, 10), ("error", "rl_window: key must be text, got NULL")),
+    ("rl_window", ("k", 0, 10), ("error", "rl_window: limit must be a finite number greater than 0, got 0")),
+    ("rl_window", ("k", 3, 0), ("error", "rl_window: window_seconds must be a finite number greater than 0, got 0")),
+    ("rl_window", ("k", 3, 31_536_001), ("error", "rl_window: window_seconds must be at most 31536000 (one year), got 31536001")),
+    ("rl_window", ("k", 3, 10, 0), ("error", "rl_window: cost must be a finite number greater than 0, got 0")),
+    ("rl_window_peek", ("k", 3, None), ("error", "rl_window_peek: window_seconds must be a finite number greater than 0, got NULL")),
+    # leases: at most 2 in flight, each for 30 s unless released or renewed
+    ("rl_acquire", ("job", 2, 30, 0), acquired("0-1", 1, 2, 30_000)),
+    ("rl_acquire", ("job", 2, 30, 1000), acquired("1000-2", 2, 2, 31_000)),
+    ("rl_acquire", ("job", 2, 30, 2000), refused_lease(2, 2, 28_000)),
+    ("rl_in_flight", ("job", 2000), 2),
+    ("rl_acquire", ("job", 2, 30, 29_999), refused_lease(2, 2, 1)),
+    ("rl_acquire", ("job", 2, 30, 30_000), acquired("30000-3", 2, 2, 60_000)),  # the first expired at exactly 30 s
+    ("rl_release", ("job", "0-1", 30_000), False),  # expired
+    ("rl_release", ("job", "1000-2", 30_000), True),
+    ("rl_release", ("job", "1000-2", 30_000), False),  # true once
+    ("rl_release", ("job", "no-such-lease", 30_000), False),
+    ("rl_in_flight", ("job", 30_000), 1),
+    ("rl_renew", ("job", "30000-3", 60, 40_000), {"renewed": True, "expires_at": 100_000}),
+    ("rl_in_flight", ("job", 99_999), 1),
+    ("rl_in_flight", ("job", 100_000), 0),
+    ("rl_renew", ("job", "30000-3", 60, 100_000), {"renewed": False, "expires_at": None}),
+    ("rl_acquire", ("job", 1, 30, 100_000), acquired("100000-4", 1, 1, 130_000)),
+    # a cap lowered below what is held waits for enough leases to expire
+    *[("rl_acquire", ("cap2", 3, 10, t), acquired(f"{t}-{i + 1}", i + 1, 3, t + 10_000)) for i, t in enumerate((0, 1000, 2000))],
+    ("rl_acquire", ("cap2", 1, 10, 3000), refused_lease(3, 1, 9000)),
+    ("rl_acquire", ("job", 0, 30), ("error", "rl_acquire: max_in_flight must be an integer from 1 to 10000, got 0")),
+    ("rl_acquire", ("job", 10_001, 30), ("error", "rl_acquire: max_in_flight must be an integer from 1 to 10000, got 10001")),
+    ("rl_acquire", ("job", 2.5, 30), ("error", "rl_acquire: max_in_flight must be an integer from 1 to 10000, got 2.5"), "sqlite"),
+    ("rl_acquire", ("job", 2, 0), ("error", "rl_acquire: lease_seconds must be a finite number greater than 0, got 0")),
+    ("rl_acquire", ("", 2, 1), ("error", "rl_acquire: key must not be empty")),
+    ("rl_release", ("job", None), ("error", "rl_release: lease must be text, got NULL")),
+    ("rl_renew", ("job", "x", -1), ("error", "rl_renew: lease_seconds must be a finite number greater than 0, got -1")),
+    ("rl_in_flight", (None,), ("error", "rl_in_flight: key must be text, got NULL")),
+    # one key, four kinds of state that never meet
+    ("rl_window", ("job", 1, 10, 1, 0), window(True, 0, 1, 0, 10, 10)),
+    ("rl_take", ("job", 1, 60, 1, 0), take(True, 0, 1, 0, 1)),
+    ("rl_reset", ("job",), 3),
+    ("rl_in_flight", ("job", 100_000), 0),
+    # charging after the fact: into debt, repaid by refill to the millisecond
+    ("rl_charge", ("ch", 10, 60, 25, 0), take(True, -15, 10, 0, 25)),
+    ("rl_take", ("ch", 10, 60, 1, 0), take(False, -15, 10, 16_000, 25)),
+    ("rl_take", ("ch", 10, 60, 1, 15_999), take(False, 0, 10, 1, 10)),
+    ("rl_take", ("ch", 10, 60, 1, 16_000), take(True, 0, 10, 0, 10)),
+    ("rl_charge", ("ch", 10, 60, 0), ("error", "rl_charge: amount must be a finite number greater than 0, got 0")),
+    ("rl_spend", ("chb", "day", 10, 4, 0), spend(True, 4, 10, ms(1970, 1, 2), 0)),
+    ("rl_charge_budget", ("chb", "day", 8, 0), {"admitted": True, "used": 12, "resets_at": 86400}),
+    ("rl_spend", ("chb", "day", 10, 0.5, 0), spend(False, 12, 10, ms(1970, 1, 2), 86400)),
+    ("rl_refund_budget", ("chb", "day", 3, 0), {"used": 9, "resets_at": 86400}),
+    ("rl_spend", ("chb", "day", 10, 1, 0), spend(True, 10, 10, ms(1970, 1, 2), 0)),
+    ("rl_charge_budget", ("chb", "week", 1), ("error", "rl_charge_budget: period must be 'day' or 'month', got 'week'")),
+    # rl_take_all takes window items; all or nothing across kinds
+    ("rl_take_all", ('[{"key":"tw","limit":2,"window_seconds":60},{"key":"tw","burst":5,"refill_per_minute":60}]', 0),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
+      "items": [window(True, 1, 2, 0, 60, 60), take(True, 4, 5, 0, 1)]}),
+    ("rl_take_all", ('[{"key":"tw","limit":2,"window_seconds":60},{"key":"tw","burst":5,"refill_per_minute":60}]', 0),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
+      "items": [window(True, 0, 2, 0, 60, 60), take(True, 3, 5, 0, 2)]}),
+    ("rl_take_all", ('[{"key":"tw","limit":2,"window_seconds":60},{"key":"tw","burst":5,"refill_per_minute":60}]', 0),
+     {"admitted": False, "retry_after_ms": 60_000, "retry_after_seconds": 60,
+      "items": [window(False, 0, 2, 60_000, 60, 60), take(True, 2, 5, 0, 3)]}),
+    ("rl_take", ("tw", 5, 60, 1, 0), take(True, 2, 5, 0, 3)),  # the refused call charged nothing
+    ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":0}]', 0),
+     ("error", "rl_take_all: item 1: window_seconds must be a finite number greater than 0, got 0")),
+    ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":1},{"key":"x","limit":2,"window_seconds":1}]', 0),
+     ("error", "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)")),
+    ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":1,"burst":1}]', 0),
+     ("error", 'rl_take_all: item 1: unknown field "burst" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost; a window key, limit, window_seconds, cost)')),
+    # headers for windows and leases (the draft's concurrent-requests quota unit)
+    ("rl_headers", ('{"admitted":false,"remaining":0,"limit":3,"retry_after_ms":1,"retry_after_seconds":1,"reset_after_seconds":7,"window_seconds":10}',),
+     {"RateLimit-Policy": '"window";q=3', "RateLimit": '"window";r=0;t=7', "X-RateLimit-Limit": "3",
+      "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "7", "Retry-After": "1"}),
+    ("rl_headers", ('{"admitted":false,"lease":null,"in_flight":2,"limit":2,"expires_at":null,"retry_after_ms":28000,"retry_after_seconds":28}',),
+     {"RateLimit-Policy": '"concurrency";q=2;qu="concurrent-requests"', "RateLimit": '"concurrency";r=0;t=28',
+      "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0", "Retry-After": "28"}),
+    ("rl_headers", ('{"admitted":true,"lease":"0-1","in_flight":1,"limit":2,"expires_at":30000,"retry_after_ms":0,"retry_after_seconds":0}',),
+     {"RateLimit-Policy": '"concurrency";q=2;qu="concurrent-requests"', "RateLimit": '"concurrency";r=1',
+      "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1"}),
+    # a bucket in debt shows no negative remaining in headers
+    ("rl_headers", ('{"admitted":false,"remaining":-15,"limit":10,"retry_after_ms":16000,"retry_after_seconds":16,"reset_after_seconds":25}',),
+     {"RateLimit-Policy": '"bucket";q=10', "RateLimit": '"bucket";r=0;t=25', "X-RateLimit-Limit": "10",
+      "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "25", "Retry-After": "16"}),
+    ("rl_sweep", (), None),
 ]
 
 
@@ -231,15 +343,6 @@ def test_engines_and_stores_agree(sqlite_db, pg_db, pg_memory_db):
         for i in shared:
             assert sqlite_results[i] == pg_results[i], \
                 f"{engine.name} differs on {STEPS[i][0]}{STEPS[i][1]}: sqlite {sqlite_results[i]} {engine.name} {pg_results[i]}"
-
-
-@pytest.fixture(params=["sqlite", "postgres", "postgres-memory"])
-def engine(request):
-    if request.param == "sqlite":
-        return SqliteEngine(request.getfixturevalue("sqlite_db")[0])
-    if request.param == "postgres":
-        return PgEngine(request.getfixturevalue("pg_db")[0])
-    return PgEngine(request.getfixturevalue("pg_memory_db")[0], request.param)
 
 
 def test_sweep_with_any_clock_keeps_a_refilling_bucket(engine):

@@ -21,6 +21,7 @@ NUMBERS = [None, float("nan"), float("inf"), float("-inf"), 0, -1, -0.5, 1, 2, 3
            1e308, 1e-300, 5e-7, 1e9, 1e9 + 1, I64_MAX, I64_MIN, "3", "0.25", "abc", "", " 1 ", "1e3", "-2"]
 CLOCKS = [None, 0, 1, 999, 1000, 86_399_999, MAX_NOW, MAX_NOW + 1, -1, 1.5, I64_MAX, I64_MIN, float("nan"), "5", "x"]
 PERIODS = [None, "day", "month", "week", "DAY", "", "month ", 1]
+LEASES = [None, "", "x", "0-1", "1-1", "-1", "1-", 5, 2.5, b"\xff"]
 
 
 def keys(rng):
@@ -35,7 +36,8 @@ def random_json(rng, depth=0):
     if rng.random() < 0.5:
         return [random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     fields = ["key", "burst", "refill_per_minute", "cost", "period", "quota", "admitted", "remaining",
-              "limit", "reset_after_seconds", "resets_at", "items", "retry_after_seconds", "x"]
+              "limit", "reset_after_seconds", "resets_at", "items", "retry_after_seconds", "window_seconds",
+              "in_flight", "lease", "x"]
     def text_key():
         k = keys(rng)
         return k.decode("latin-1") if isinstance(k, bytes) else k
@@ -64,26 +66,37 @@ def random_call(rng, functions):
         args = [keys(rng)]
     elif function == "rl_take_all":
         if rng.random() < 0.5:
-            items = [{"key": rng.choice(["a", "b", "c"]), "burst": rng.choice([1, 3, 2.5, 1e308]),
-                      "refill_per_minute": rng.choice([1, 60, 1e-300])} if rng.random() < 0.5 else
-                     {"key": rng.choice(["a", "b"]), "period": rng.choice(["day", "month"]), "quota": rng.choice([1, 2.5, 1e9]),
-                      "cost": rng.choice([1, 0.5, 3])} for _ in range(rng.randint(1, 3))]
+            items = [rng.choice([
+                {"key": rng.choice(["a", "b", "c"]), "burst": rng.choice([1, 3, 2.5, 1e308]),
+                 "refill_per_minute": rng.choice([1, 60, 1e-300])},
+                {"key": rng.choice(["a", "b"]), "period": rng.choice(["day", "month"]), "quota": rng.choice([1, 2.5, 1e9]),
+                 "cost": rng.choice([1, 0.5, 3])},
+                {"key": rng.choice(["a", "b"]), "limit": rng.choice([1, 2.5, 1e9]), "window_seconds": rng.choice([0.001, 1, 60]),
+                 "cost": rng.choice([1, 0.5, 3])}]) for _ in range(rng.randint(1, 3))]
             limits = json.dumps(items)
         else:
             limits = json_text(rng)
         args = [limits] + ([rng.choice(CLOCKS)] if rng.random() < 0.5 else [])
     elif function == "rl_headers":
         args = [json_text(rng)]
-    elif function == "rl_refund":
+    elif function in ("rl_refund", "rl_charge"):
         args = [keys(rng), rng.choice(NUMBERS), rng.choice(NUMBERS), rng.choice(NUMBERS)]
         if rng.random() < 0.7:
             args.append(rng.choice(CLOCKS))
-    elif function == "rl_refund_budget":
+    elif function in ("rl_acquire", "rl_renew", "rl_release", "rl_in_flight"):
+        lease = rng.choice(LEASES + [f"{rng.choice([0, 1, 999])}-{rng.randint(1, 3)}"] * 4)
+        args = {"rl_acquire": [keys(rng), rng.choice(NUMBERS), rng.choice(NUMBERS)],
+                "rl_renew": [keys(rng), lease, rng.choice(NUMBERS)],
+                "rl_release": [keys(rng), lease],
+                "rl_in_flight": [keys(rng)]}[function]
+        if rng.random() < 0.7:
+            args.append(rng.choice(CLOCKS))
+    elif function in ("rl_refund_budget", "rl_charge_budget"):
         args = [keys(rng), rng.choice(PERIODS), rng.choice(NUMBERS)]
         if rng.random() < 0.7:
             args.append(rng.choice(CLOCKS))
-    elif function in ("rl_take", "rl_peek", "rl_spend", "rl_budget"):
-        second = rng.choice(NUMBERS) if function in ("rl_take", "rl_peek") else rng.choice(PERIODS)
+    elif function in ("rl_take", "rl_peek", "rl_spend", "rl_budget", "rl_window", "rl_window_peek"):
+        second = rng.choice(PERIODS) if function in ("rl_spend", "rl_budget") else rng.choice(NUMBERS)
         args = [keys(rng), second, rng.choice(NUMBERS)]
         if rng.random() < 0.7:
             args.append(rng.choice(NUMBERS))
@@ -110,8 +123,11 @@ def check_answer(function, value):
         r = value
         assert sorted(r) == sorted(RESULT_KEYS[function]) and 0 <= r["in_use"] <= r["capacity"]
         return
-    if function in ("rl_sweep", "rl_reset"):
+    if function in ("rl_sweep", "rl_reset", "rl_in_flight"):
         assert isinstance(value, int) and value >= 0
+        return
+    if function == "rl_release":
+        assert value in (0, 1)  # SQLite answers 0 or 1, PostgreSQL a boolean
         return
     r = json.loads(value) if isinstance(value, str) else value
     if function == "rl_headers":
@@ -119,22 +135,41 @@ def check_answer(function, value):
         assert int(r.get("Retry-After", "1")) >= 1
         return
     if function == "rl_refund":
-        assert sorted(r) == sorted(RESULT_KEYS[function]) and 0 <= r["remaining"] <= r["limit"]
+        # a refund into a bucket in debt (rl_charge) may leave it below 0
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and r["remaining"] <= r["limit"]
         return
-    if function == "rl_refund_budget":
+    if function in ("rl_refund_budget", "rl_charge_budget"):
         assert sorted(r) == sorted(RESULT_KEYS[function]) and r["used"] >= 0
+        return
+    if function == "rl_renew":
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and r["renewed"] == (r["expires_at"] is not None)
+        return
+    if function == "rl_acquire":
+        assert sorted(r) == sorted(RESULT_KEYS[function]), r
+        assert 0 <= r["in_flight"] and 1 <= r["limit"] <= 10_000
+        assert r["admitted"] == isinstance(r["lease"], str) == (r["expires_at"] is not None)
+        if r["admitted"]:
+            assert r["in_flight"] <= r["limit"] and r["retry_after_ms"] == 0
+        else:
+            assert r["retry_after_ms"] >= 1 and r["retry_after_seconds"] == -(-r["retry_after_ms"] // 1000)
+        return
+    if function == "rl_charge":
+        assert sorted(r) == sorted(TAKE_KEYS) and r["admitted"] is True and r["remaining"] <= r["limit"]
         return
     if function == "rl_take_all":
         assert sorted(r) == sorted(RESULT_KEYS[function])
         assert r["admitted"] == all(i["admitted"] for i in r["items"])
         assert (r["retry_after_ms"] == 0) == r["admitted"]
         for item in r["items"]:
-            check_answer("rl_take" if "reset_after_seconds" in item else "rl_spend", item)
+            kind = "rl_window" if "window_seconds" in item else "rl_take" if "reset_after_seconds" in item else "rl_spend"
+            check_answer(kind, item)
         return
-    if function in ("rl_take", "rl_peek"):
-        assert sorted(r) == sorted(TAKE_KEYS), r
+    if function in ("rl_take", "rl_peek", "rl_window", "rl_window_peek"):
+        window = function.startswith("rl_window")
+        assert sorted(r) == sorted(RESULT_KEYS["rl_window"] if window else TAKE_KEYS), r
         assert isinstance(r["admitted"], bool)
-        assert r["remaining"] >= 0 and r["remaining"] <= r["limit"]
+        # a bucket in debt (rl_charge) reports a negative remaining, but never admits then
+        assert r["remaining"] <= r["limit"] and (r["remaining"] >= 0 or not r["admitted"])
         if r["admitted"]:
             assert r["retry_after_ms"] == 0 and r["retry_after_seconds"] == 0
         else:
@@ -212,7 +247,7 @@ def postgres_survives_hostile_input(conn):
         check_answer(function, value)
     # the backend is alive and the state is consistent
     with conn.cursor() as cur:
-        cur.execute("SELECT count(*) FROM ratelimit.rl_bucket WHERE NOT (level >= 0)")
+        cur.execute("SELECT count(*) FROM ratelimit.rl_bucket WHERE NOT (level > '-Infinity' AND level < 'Infinity')")
         assert cur.fetchone()[0] == 0
     print(f"\npostgres: {CALLS} tuples, {answers} answers, {errors} errors")
     assert answers > CALLS // 10 and errors > CALLS // 10

@@ -92,6 +92,14 @@ unsafe fn push(
         }
         let in_object = key.is_some();
         let mut item = match value {
+            Json::Null => scalar(pg_sys::jbvType::jbvNull),
+            // The string stays alive (in `value`) until JsonbValueToJsonb has copied it.
+            Json::Str(s) => {
+                let mut v = scalar(pg_sys::jbvType::jbvString);
+                v.val.string.len = s.len() as i32;
+                v.val.string.val = s.as_ptr().cast_mut().cast();
+                v
+            }
             Json::Bool(b) => {
                 let mut v = scalar(pg_sys::jbvType::jbvBool);
                 v.val.boolean = *b;

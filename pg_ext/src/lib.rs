@@ -71,6 +71,7 @@ fn raise(e: ratelimit_core::Error) -> ! {
         ErrorKind::NotInStatement | ErrorKind::MemoryStoreNotLoaded => {
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
         }
+        ErrorKind::LimitExceeded => PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
         ErrorKind::Storage => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
     };
     ereport!(ERROR, code, e.to_string());
@@ -133,6 +134,10 @@ fn real(v: Option<f64>) -> Arg<'static> {
     v.map_or(Arg::Null, Arg::Real)
 }
 
+fn int(v: Option<i64>) -> Arg<'static> {
+    v.map_or(Arg::Null, Arg::Integer)
+}
+
 /// Wrappers of functions that share a signature: rl_take and rl_peek (a bucket), rl_spend
 /// and rl_budget (a budget).
 macro_rules! wrappers {
@@ -155,6 +160,32 @@ wrappers! {
     rl_peek(key, burst: f64, refill_per_minute) => RL_PEEK, real;
     rl_spend(key, period: &str, quota) => RL_SPEND, text;
     rl_budget(key, period: &str, quota) => RL_BUDGET, text;
+    rl_window(key, limit: f64, window_seconds) => RL_WINDOW, real;
+    rl_window_peek(key, limit: f64, window_seconds) => RL_WINDOW_PEEK, real;
+}
+
+/// Wrappers of functions whose arguments are all required but a trailing now_ms; each
+/// argument converted to a core value by `text`, `real` or `int`.
+macro_rules! now_last_wrappers {
+    ($($name:ident($($arg:ident: $t:ty => $to_arg:ident),*) -> $returns:ty = $descriptor:ident;)*) => {$(
+        #[pg_extern(volatile, parallel_unsafe, security_definer)]
+        fn $name($($arg: Option<$t>,)* now_ms: default!(Option<f64>, "NULL")) -> $returns {
+            run(&f::$descriptor, &[$($to_arg($arg),)* real(now_ms)])
+        }
+    )*};
+}
+
+now_last_wrappers! {
+    rl_refund(key: &str => text, burst: f64 => real, refill_per_minute: f64 => real, amount: f64 => real)
+        -> JsonbResult = RL_REFUND;
+    rl_charge(key: &str => text, burst: f64 => real, refill_per_minute: f64 => real, amount: f64 => real)
+        -> JsonbResult = RL_CHARGE;
+    rl_refund_budget(key: &str => text, period: &str => text, amount: f64 => real) -> JsonbResult = RL_REFUND_BUDGET;
+    rl_charge_budget(key: &str => text, period: &str => text, amount: f64 => real) -> JsonbResult = RL_CHARGE_BUDGET;
+    rl_acquire(key: &str => text, max_in_flight: i64 => int, lease_seconds: f64 => real) -> JsonbResult = RL_ACQUIRE;
+    rl_release(key: &str => text, lease: &str => text) -> bool = RL_RELEASE;
+    rl_renew(key: &str => text, lease: &str => text, lease_seconds: f64 => real) -> JsonbResult = RL_RENEW;
+    rl_in_flight(key: &str => text) -> i64 = RL_IN_FLIGHT;
 }
 
 // Only rl_sweep pins its search_path: its statements use IN, whose `=` is found through
@@ -163,28 +194,7 @@ wrappers! {
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, ratelimit, pg_temp)]
 fn rl_sweep(now_ms: default!(Option<f64>, "NULL"), max_rows: default!(Option<i64>, "NULL")) -> i64 {
-    run::<i64>(&f::RL_SWEEP, &[real(now_ms), max_rows.map_or(Arg::Null, Arg::Integer)])
-}
-
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn rl_refund(
-    key: Option<&str>,
-    burst: Option<f64>,
-    refill_per_minute: Option<f64>,
-    amount: Option<f64>,
-    now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbResult {
-    run(&f::RL_REFUND, &[text(key), real(burst), real(refill_per_minute), real(amount), real(now_ms)])
-}
-
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn rl_refund_budget(
-    key: Option<&str>,
-    period: Option<&str>,
-    amount: Option<f64>,
-    now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbResult {
-    run(&f::RL_REFUND_BUDGET, &[text(key), text(period), real(amount), real(now_ms)])
+    run::<i64>(&f::RL_SWEEP, &[real(now_ms), int(max_rows)])
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -371,10 +381,11 @@ fn run_statement<T>(
         let plan = cell.get().expect("prepared above");
         let args: Vec<pgrx::datum::DatumWithOid> = params
             .iter()
-            .map(|v| match *v {
-                Value::Text(t) => t.into(),
-                Value::Float(f) => f.into(),
-                Value::Int(i) => i.into(),
+            .map(|v| match v {
+                Value::Text(t) => (*t).into(),
+                Value::String(t) => t.as_str().into(),
+                Value::Float(f) => (*f).into(),
+                Value::Int(i) => (*i).into(),
             })
             .collect();
         // select, not update: pgrx's update first forces a transaction id on the caller
@@ -406,6 +417,7 @@ impl SqlEngine for PgEngine<'_, '_> {
             (0..columns.len())
                 .map(|i| match columns[i] {
                     SqlType::Float8 => row.get::<f64>(i + 1).map(|v| Value::Float(v.unwrap_or(0.0))),
+                    SqlType::Text => row.get::<String>(i + 1).map(|v| Value::String(v.unwrap_or_default())),
                     _ => row.get::<i64>(i + 1).map(|v| Value::Int(v.unwrap_or(0))),
                 })
                 .collect::<pgrx::spi::Result<Vec<_>>>()

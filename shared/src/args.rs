@@ -8,8 +8,10 @@ use serde_json::{Map, Value};
 
 use crate::bucket::BucketLimits;
 use crate::error::{Error, ErrorKind, Result};
-use crate::multi::{BucketItem, BudgetItem, Limit, MAX_ITEMS};
-use crate::units::{Period, MAX_AMOUNT, MAX_KEY_BYTES, MAX_NOW_MS, MICROS_PER_UNIT};
+use crate::lease::MAX_IN_FLIGHT;
+use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem, MAX_ITEMS};
+use crate::units::{Period, MAX_AMOUNT, MAX_DURATION_SECONDS, MAX_KEY_BYTES, MAX_NOW_MS, MICROS_PER_UNIT};
+use crate::window::WindowLimits;
 
 /// One SQL argument value, borrowed from the engine.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -153,6 +155,29 @@ pub fn key<'a>(function: &'static str, arg: &Arg<'a>) -> Result<&'a str> {
         }
         Arg::Text(t) => Ok(t),
         _ => Err(Error::invalid(function, format!("key must be text, got {}", arg.describe()))),
+    }
+}
+
+/// A length of time in seconds (window_seconds, lease_seconds): a finite number greater
+/// than 0 and at most a year, as whole milliseconds (rounded, at least 1).
+pub fn duration_ms(function: &'static str, name: &str, arg: &Arg) -> Result<i64> {
+    let seconds = positive_number(function, name, arg)?;
+    if seconds > MAX_DURATION_SECONDS {
+        return Err(Error::invalid(
+            function,
+            format!("{name} must be at most {MAX_DURATION_SECONDS} (one year), got {}", arg.describe()),
+        ));
+    }
+    Ok(((seconds * 1000.0).round() as i64).max(1))
+}
+
+/// An integer from 1 to `max`.
+fn whole_number(function: &'static str, name: &str, arg: &Arg, max: i64) -> Result<i64> {
+    match as_integer(arg) {
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        _ => {
+            Err(Error::invalid(function, format!("{name} must be an integer from 1 to {max}, got {}", arg.describe())))
+        }
     }
 }
 
@@ -306,6 +331,80 @@ impl<'a> RefundBudgetArgs<'a> {
     }
 }
 
+/// `(key, limit, window_seconds [, cost = 1 [, now_ms]])` of rl_window and rl_window_peek.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowArgs<'a> {
+    pub key: &'a str,
+    pub limits: WindowLimits,
+    /// Millionths.
+    pub cost: i64,
+    pub now_ms: i64,
+}
+
+impl<'a> WindowArgs<'a> {
+    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Ok(WindowArgs {
+            key: key(function, &nth(args, 0))?,
+            limits: WindowLimits {
+                limit: amount_micros(function, "limit", &nth(args, 1))?,
+                window_ms: duration_ms(function, "window_seconds", &nth(args, 2))?,
+            },
+            cost: match args.get(3) {
+                None => MICROS_PER_UNIT,
+                Some(a) => amount_micros(function, "cost", a)?,
+            },
+            now_ms: now_ms(function, &nth(args, 4), clock)?,
+        })
+    }
+}
+
+/// `(key, max_in_flight, lease_seconds [, now_ms])` of rl_acquire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcquireArgs<'a> {
+    pub key: &'a str,
+    pub max_in_flight: i64,
+    pub lease_ms: i64,
+    pub now_ms: i64,
+}
+
+impl<'a> AcquireArgs<'a> {
+    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Ok(AcquireArgs {
+            key: key(function, &nth(args, 0))?,
+            max_in_flight: whole_number(function, "max_in_flight", &nth(args, 1), MAX_IN_FLIGHT)?,
+            lease_ms: duration_ms(function, "lease_seconds", &nth(args, 2))?,
+            now_ms: now_ms(function, &nth(args, 3), clock)?,
+        })
+    }
+}
+
+/// `(key, lease [, now_ms])` of rl_release, and `(key, lease, lease_seconds [, now_ms])`
+/// of rl_renew (lease_ms None for rl_release).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseArgs<'a> {
+    pub key: &'a str,
+    pub lease: &'a str,
+    pub lease_ms: Option<i64>,
+    pub now_ms: i64,
+}
+
+impl<'a> LeaseArgs<'a> {
+    pub fn parse(function: &'static str, args: &[Arg<'a>], renew: bool, clock: &Clock) -> Result<Self> {
+        let key = key(function, &nth(args, 0))?;
+        let lease = match nth(args, 1) {
+            Arg::Text(t) => t,
+            other => return Err(Error::invalid(function, format!("lease must be text, got {}", other.describe()))),
+        };
+        let lease_ms = if renew { Some(duration_ms(function, "lease_seconds", &nth(args, 2))?) } else { None };
+        Ok(LeaseArgs { key, lease, lease_ms, now_ms: now_ms(function, &nth(args, if renew { 3 } else { 2 }), clock)? })
+    }
+}
+
+/// `(key [, now_ms])` of rl_in_flight.
+pub fn key_at<'a>(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<(&'a str, i64)> {
+    Ok((key(function, &nth(args, 0))?, now_ms(function, &nth(args, 1), clock)?))
+}
+
 /// `([now_ms [, max_rows]])` of rl_sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SweepArgs {
@@ -386,19 +485,36 @@ fn json_arg(v: &Value) -> Arg<'_> {
 fn limit<'a>(function: &'static str, position: usize, v: &'a Value) -> Result<Limit<'a>> {
     let o: &Map<String, Value> = v.as_object().ok_or_else(|| Error::invalid(function, "must be a JSON object"))?;
     let is_budget = o.contains_key("period");
-    let allowed: &[&str] =
-        if is_budget { &["key", "period", "quota", "cost"] } else { &["key", "burst", "refill_per_minute", "cost"] };
+    let is_window = !is_budget && o.contains_key("window_seconds");
+    let allowed: &[&str] = if is_budget {
+        &["key", "period", "quota", "cost"]
+    } else if is_window {
+        &["key", "limit", "window_seconds", "cost"]
+    } else {
+        &["key", "burst", "refill_per_minute", "cost"]
+    };
     if let Some(extra) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(Error::invalid(
             function,
             format!(
-                "unknown field \"{extra}\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost)"
+                "unknown field \"{extra}\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost; a window key, limit, window_seconds, cost)"
             ),
         ));
     }
     let field = |name: &str| o.get(name).map_or(Arg::Null, json_arg);
     let key = key(function, &field("key"))?;
     let cost = o.get("cost").map(json_arg);
+    if is_window {
+        return Ok(Limit::Window(WindowItem {
+            position,
+            key,
+            limits: WindowLimits {
+                limit: amount_micros(function, "limit", &field("limit"))?,
+                window_ms: duration_ms(function, "window_seconds", &field("window_seconds"))?,
+            },
+            cost: cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros(function, "cost", &c))?,
+        }));
+    }
     if is_budget {
         Ok(Limit::Budget(BudgetItem {
             position,

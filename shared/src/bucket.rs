@@ -37,12 +37,13 @@ pub struct TakeDecision {
 }
 
 /// Tokens in the bucket at time `t`. No row is a full bucket; a clock behind the row's
-/// refill time gets no refill; the level never exceeds the current burst.
+/// refill time gets no refill; the level never exceeds the current burst. A level below 0
+/// is a debt ([`charge`]) that refill pays back before anything can be taken.
 pub fn level_at(state: Option<&BucketState>, limits: &BucketLimits, t: i64) -> f64 {
     match state {
         None => limits.burst,
         Some(s) => {
-            let stored = if s.level.is_finite() { s.level.max(0.0) } else { 0.0 };
+            let stored = if s.level.is_finite() { s.level } else { 0.0 };
             let elapsed = t.saturating_sub(s.refilled_at).max(0) as f64;
             (stored + elapsed * limits.refill_per_minute / MS_PER_MINUTE).min(limits.burst)
         }
@@ -90,18 +91,7 @@ pub fn wait_for(state: Option<&BucketState>, limits: &BucketLimits, now: i64, ta
 pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: i64) -> TakeDecision {
     let level = level_at(state, limits, now);
     if cost <= level {
-        let refilled_at = state.map_or(now, |s| s.refilled_at.max(now));
-        let mut new_state = BucketState { level: level - cost, refilled_at, full_at: refilled_at };
-        let reset_after_ms = wait_for(Some(&new_state), limits, now, limits.burst);
-        new_state.full_at = now + reset_after_ms;
-        TakeDecision {
-            admitted: true,
-            remaining: new_state.level.floor() as i64,
-            limit: limits.burst,
-            retry_after_ms: 0,
-            reset_after_ms,
-            new_state: Some(new_state),
-        }
+        charge(state, limits, cost, now)
     } else {
         let retry_after_ms = if cost > limits.burst {
             // Never admitted: report the time to refill a whole bucket.
@@ -122,6 +112,24 @@ pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: 
             reset_after_ms: wait_for(state, limits, now, limits.burst),
             new_state: None,
         }
+    }
+}
+
+/// Takes `amount` tokens whatever the level: the cost of work already done, which may
+/// leave the bucket in debt. Answers like an admitted take.
+pub fn charge(state: Option<&BucketState>, limits: &BucketLimits, amount: f64, now: i64) -> TakeDecision {
+    let level = level_at(state, limits, now);
+    let refilled_at = state.map_or(now, |s| s.refilled_at.max(now));
+    let mut new_state = BucketState { level: level - amount, refilled_at, full_at: refilled_at };
+    let reset_after_ms = wait_for(Some(&new_state), limits, now, limits.burst);
+    new_state.full_at = now + reset_after_ms;
+    TakeDecision {
+        admitted: true,
+        remaining: new_state.level.floor() as i64,
+        limit: limits.burst,
+        retry_after_ms: 0,
+        reset_after_ms,
+        new_state: Some(new_state),
     }
 }
 

@@ -68,3 +68,21 @@ pub fn refund(state: Option<&BudgetState>, period: Period, amount: i64, now: i64
         new_state: (new_used != used).then_some(BudgetState { used: new_used, resets_at }),
     }
 }
+
+/// What a charge after the fact answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetCharge {
+    pub used: i64,
+    pub resets_at_ms: i64,
+    pub new_state: Option<BudgetState>,
+}
+
+/// Adds `amount` to the current period's use, past its quota if need be: later spends in
+/// the period are refused.
+pub fn charge(state: Option<&BudgetState>, period: Period, amount: i64, now: i64) -> BudgetCharge {
+    let current = state.filter(|s| s.resets_at > now);
+    let resets_at = current.map_or_else(|| period.end_ms(now), |s| s.resets_at);
+    // Capped where millionths stop being exact in JSON: 9 billion units past any quota.
+    let used = current.map_or(0, |s| s.used.max(0)).saturating_add(amount).min(crate::units::MAX_WAIT_MS);
+    BudgetCharge { used, resets_at_ms: resets_at, new_state: Some(BudgetState { used, resets_at }) }
+}

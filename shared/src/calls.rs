@@ -1,7 +1,9 @@
 //! What each SQL function does, reached from its descriptor ([`crate::functions`]):
 //! parse the arguments into typed values, run the protocol, render the answer.
 
-use crate::args::{self, Arg, Clock, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs, TakeArgs};
+use crate::args::{
+    self, AcquireArgs, Arg, Clock, LeaseArgs, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs, TakeArgs, WindowArgs,
+};
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::decision_slot::{self, NotInStatement};
@@ -34,13 +36,33 @@ pub enum StateCall {
     RefundBudget,
     Reset,
     TakeAll,
+    Window,
+    WindowPeek,
+    Acquire,
+    Release,
+    Renew,
+    InFlight,
+    Charge,
+    ChargeBudget,
 }
 
 impl StateCall {
     /// Whether the call reads or writes buckets (and so needs the memory store when
     /// buckets live there).
     pub fn touches_buckets(self) -> bool {
-        !matches!(self, StateCall::Spend | StateCall::Budget | StateCall::RefundBudget)
+        !matches!(
+            self,
+            StateCall::Spend
+                | StateCall::Budget
+                | StateCall::RefundBudget
+                | StateCall::ChargeBudget
+                | StateCall::Window
+                | StateCall::WindowPeek
+                | StateCall::Acquire
+                | StateCall::Release
+                | StateCall::Renew
+                | StateCall::InFlight
+        )
     }
 }
 
@@ -87,6 +109,21 @@ fn state<S: LockingStore>(
             let limits = args::limits_json(name, &args::nth(args, 0))?;
             let parsed = TakeAllArgs::parse(name, &limits, &args::nth(args, 1), clock)?;
             json(&protocol::take_all(store, name, &parsed)?)
+        }
+        StateCall::Window => json(&protocol::window(store, name, &WindowArgs::parse(name, args, clock)?)?),
+        StateCall::WindowPeek => json(&protocol::window_peek(store, name, &WindowArgs::parse(name, args, clock)?)?),
+        StateCall::Acquire => json(&protocol::acquire(store, name, &AcquireArgs::parse(name, args, clock)?)?),
+        StateCall::Release => {
+            Answer::Bool(protocol::release(store, name, &LeaseArgs::parse(name, args, false, clock)?)?)
+        }
+        StateCall::Renew => json(&protocol::renew(store, name, &LeaseArgs::parse(name, args, true, clock)?)?),
+        StateCall::InFlight => {
+            let (key, now_ms) = args::key_at(name, args, clock)?;
+            Answer::Int(protocol::in_flight(store, name, key, now_ms)?)
+        }
+        StateCall::Charge => json(&protocol::charge(store, name, &TakeArgs::parse(name, "amount", args, clock)?)?),
+        StateCall::ChargeBudget => {
+            json(&protocol::charge_budget(store, name, &RefundBudgetArgs::parse(name, args, clock)?)?)
         }
     })
 }

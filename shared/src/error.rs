@@ -15,6 +15,8 @@ pub enum ErrorKind {
     Storage,
     /// An internal function called outside the extension's own statements: PostgreSQL 55000.
     NotInStatement,
+    /// A call would store more than a key may hold: PostgreSQL 54000 program_limit_exceeded.
+    LimitExceeded,
     /// The memory store is chosen but the server did not load it at start: PostgreSQL 55000.
     MemoryStoreNotLoaded,
 }

@@ -43,6 +43,17 @@ pub struct Param {
     pub variadic: bool,
 }
 
+impl Param {
+    /// The name as PostgreSQL writes it: quoted when it is a reserved word.
+    pub fn pg_name(&self) -> String {
+        if self.name == "limit" {
+            format!("\"{}\"", self.name)
+        } else {
+            self.name.to_owned()
+        }
+    }
+}
+
 const fn required(name: &'static str, sql_type: SqlType) -> Param {
     Param { name, sql_type, default: None, variadic: false }
 }
@@ -113,9 +124,9 @@ impl Function {
                 let t = p.sql_type.pg_name();
                 match (p.variadic, p.default) {
                     (true, _) => format!("VARIADIC {} {t}[]", p.name),
-                    (false, None) => format!("{} {t}", p.name),
-                    (false, Some("NULL")) => format!("{} {t} DEFAULT NULL::{t}", p.name),
-                    (false, Some(d)) => format!("{} {t} DEFAULT {d}", p.name),
+                    (false, None) => format!("{} {t}", p.pg_name()),
+                    (false, Some("NULL")) => format!("{} {t} DEFAULT NULL::{t}", p.pg_name()),
+                    (false, Some(d)) => format!("{} {t} DEFAULT {d}", p.pg_name()),
                 }
             })
             .collect();
@@ -144,11 +155,24 @@ const AMOUNT: Param = required("amount", SqlType::Float8);
 const COST: Param = optional("cost", SqlType::Float8, "1");
 const NOW_MS: Param = optional("now_ms", SqlType::Float8, "NULL");
 const TAKE_ARGS: &[Param] = &[KEY, BURST, REFILL, COST, NOW_MS];
+const WINDOW_ARGS: &[Param] =
+    &[KEY, required("limit", SqlType::Float8), required("window_seconds", SqlType::Float8), COST, NOW_MS];
+const LEASE: Param = required("lease", SqlType::Text);
+const LEASE_SECONDS: Param = required("lease_seconds", SqlType::Float8);
 const SPEND_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, COST, NOW_MS];
 
 const TAKE_KEYS: &[&str] =
     &["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds"];
 const SPEND_KEYS: &[&str] = &["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds"];
+const WINDOW_KEYS: &[&str] = &[
+    "admitted",
+    "remaining",
+    "limit",
+    "retry_after_ms",
+    "retry_after_seconds",
+    "reset_after_seconds",
+    "window_seconds",
+];
 const NOT_AN_OBJECT: &[&str] = &[];
 
 use SqlType::{Bool, Float8, Int8, Jsonb, Text};
@@ -197,6 +221,27 @@ mod table {
     pub const RL_TAKE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
         ..state("rl_take_all", StateCall::TakeAll, &[required("limits", Jsonb), NOW_MS],
         "take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb") };
+    pub const RL_WINDOW: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window", StateCall::Window, WINDOW_ARGS,
+        "exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb") };
+    pub const RL_WINDOW_PEEK: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window_peek", StateCall::WindowPeek, WINDOW_ARGS,
+        "what rl_window with the same arguments would return, recording nothing") };
+    pub const RL_ACQUIRE: Function = Function {
+        result_keys: &["admitted", "lease", "in_flight", "limit", "expires_at", "retry_after_ms", "retry_after_seconds"],
+        ..state("rl_acquire", StateCall::Acquire, &[KEY, required("max_in_flight", Int8), LEASE_SECONDS, NOW_MS],
+        "concurrency cap: hold a lease on key if fewer than max_in_flight unexpired leases are held; it counts until rl_release or until lease_seconds pass; returns jsonb") };
+    pub const RL_RELEASE: Function = Function { returns: Bool, ..state("rl_release", StateCall::Release, &[KEY, LEASE, NOW_MS],
+        "give back a lease of rl_acquire: true once, false for a lease expired, released already or never held") };
+    pub const RL_RENEW: Function = Function { result_keys: &["renewed", "expires_at"],
+        ..state("rl_renew", StateCall::Renew, &[KEY, LEASE, LEASE_SECONDS, NOW_MS],
+        "make a held lease expire lease_seconds from now; returns jsonb (renewed false for a lease no longer held)") };
+    pub const RL_IN_FLIGHT: Function = Function { returns: Int8, ..state("rl_in_flight", StateCall::InFlight, &[KEY, NOW_MS],
+        "the unexpired leases held on key") };
+    pub const RL_CHARGE: Function = Function { result_keys: TAKE_KEYS,
+        ..state("rl_charge", StateCall::Charge, &[KEY, BURST, REFILL, AMOUNT, NOW_MS],
+        "take amount tokens from a bucket whatever its level, into debt if need be (a cost known after the work); returns jsonb") };
+    pub const RL_CHARGE_BUDGET: Function = Function { result_keys: &["admitted", "used", "resets_at"],
+        ..state("rl_charge_budget", StateCall::ChargeBudget, &[KEY, PERIOD, AMOUNT, NOW_MS],
+        "add amount to the current period of a budget, past its quota if need be (a cost known after the work); returns jsonb") };
     pub const RL_VERSION: Function = function("rl_version", Entry::Pure(calls::rl_version), &[], Text, NOT_AN_OBJECT,
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
@@ -246,6 +291,14 @@ pub const ALL: &[Function] = &[
     RL_REFUND_BUDGET,
     RL_RESET,
     RL_TAKE_ALL,
+    RL_WINDOW,
+    RL_WINDOW_PEEK,
+    RL_ACQUIRE,
+    RL_RELEASE,
+    RL_RENEW,
+    RL_IN_FLIGHT,
+    RL_CHARGE,
+    RL_CHARGE_BUDGET,
     RL_HEADERS,
     RL_VERSION,
     RL_MEMORY_STATS,

@@ -19,6 +19,8 @@ struct Limit {
     /// for budgets, which is all a result without a clock can tell.
     x_reset: Option<i64>,
     retry_seconds: Option<i64>,
+    /// The draft's quota unit (`qu`) when it is not requests.
+    unit: Option<&'static str>,
 }
 
 fn num(o: &Map<String, Value>, key: &str) -> Option<f64> {
@@ -31,20 +33,36 @@ fn int(o: &Map<String, Value>, key: &str) -> Option<i64> {
 
 fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
     let limit = num(o, "limit")?;
-    let remaining = num(o, "remaining")?;
     let refused = o.get("admitted").and_then(Value::as_bool) == Some(false);
     let retry_seconds = if refused { int(o, "retry_after_seconds") } else { None };
-    if let Some(reset) = int(o, "reset_after_seconds") {
-        Some(Limit { name, limit, remaining, reset_seconds: Some(reset), x_reset: Some(reset), retry_seconds })
-    } else {
-        let resets_at = int(o, "resets_at")?;
-        Some(Limit { name, limit, remaining, reset_seconds: retry_seconds, x_reset: Some(resets_at), retry_seconds })
+    if let Some(in_flight) = num(o, "in_flight") {
+        // A lease cap (rl_acquire): what is left is the leases not held. A slot comes back
+        // when a lease is released or expires, which only a refusal's retry time bounds.
+        return Some(Limit {
+            name,
+            limit,
+            remaining: limit - in_flight,
+            reset_seconds: retry_seconds,
+            x_reset: None,
+            retry_seconds,
+            unit: Some("concurrent-requests"),
+        });
     }
+    let remaining = num(o, "remaining")?;
+    let (reset_seconds, x_reset) = match int(o, "reset_after_seconds") {
+        Some(reset) => (Some(reset), Some(reset)),
+        None => (retry_seconds, Some(int(o, "resets_at")?)),
+    };
+    Some(Limit { name, limit, remaining, reset_seconds, x_reset, retry_seconds, unit: None })
 }
 
 fn kind(o: &Map<String, Value>) -> &'static str {
     if o.contains_key("resets_at") {
         "budget"
+    } else if o.contains_key("window_seconds") {
+        "window"
+    } else if o.contains_key("in_flight") {
+        "concurrency"
     } else {
         "bucket"
     }
@@ -63,7 +81,7 @@ pub fn headers(function: &'static str, result: &str) -> Result<String> {
     let bad = || {
         Error::invalid(
             function,
-            "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_spend, rl_budget or rl_take_all",
+            "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all",
         )
     };
     let value: Value = serde_json::from_str(result).map_err(|_| bad())?;
@@ -95,7 +113,13 @@ pub fn headers(function: &'static str, result: &str) -> Result<String> {
             key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal)
         })
         .expect("at least one limit");
-    let policy: Vec<String> = limits.iter().map(|l| format!("\"{}\";q={}", l.name, whole(l.limit))).collect();
+    let policy: Vec<String> = limits
+        .iter()
+        .map(|l| match l.unit {
+            Some(unit) => format!("\"{}\";q={};qu=\"{unit}\"", l.name, whole(l.limit)),
+            None => format!("\"{}\";q={}", l.name, whole(l.limit)),
+        })
+        .collect();
     let state: Vec<String> = limits
         .iter()
         .map(|l| match l.reset_seconds {

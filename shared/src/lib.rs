@@ -3,7 +3,8 @@
 //! Every rule lives here; the engine crates only convert values, run statements and
 //! return answers. Modules, leaves first:
 //! - [`units`]: units, ranges and calendar periods.
-//! - [`bucket`], [`budget`], [`multi`]: the arithmetic of each kind of limit, pure.
+//! - [`bucket`], [`budget`], [`window`], [`lease`], [`multi`]: the arithmetic of each
+//!   kind of limit, pure.
 //! - [`args`]: engine values parsed into typed arguments, with every validation rule and
 //!   its error text; [`render`]: answers as JSON; [`headers`], [`key`]: pure functions.
 //! - [`store`]: the seam an engine implements; [`protocol`]: the flows that make each call
@@ -23,6 +24,7 @@ pub mod error;
 pub mod functions;
 pub mod headers;
 pub mod key;
+pub mod lease;
 pub mod memory;
 pub mod memory_store;
 pub mod multi;
@@ -32,6 +34,7 @@ pub mod sql;
 pub mod sql_store;
 pub mod store;
 pub mod units;
+pub mod window;
 
 pub use args::{Arg, Clock};
 pub use calls::Answer;

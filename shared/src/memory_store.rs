@@ -1,13 +1,13 @@
-//! The memory store: buckets in the engine's shared table ([`crate::memory`]), budgets
-//! where they always are, in the SQL store. Same protocol, same answers; bucket calls need
-//! no statement and no writable transaction.
+//! The memory store: buckets in the engine's shared table ([`crate::memory`]); budgets,
+//! windows and leases where they always are, in the SQL store. Same protocol, same
+//! answers; bucket calls need no statement and no writable transaction.
 
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::decision_slot::Decide;
 use crate::memory::{part_of, Hash, Part, PartRef, PARTS};
 use crate::multi::BucketItem;
-use crate::store::{ChangeResult, LockingStore, RowStore, Rows, StoreResult};
+use crate::store::{ChangeResult, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreResult};
 use crate::units::Period;
 
 /// What the engine provides: the table's parts under its locks. Work done under a lock is
@@ -41,7 +41,7 @@ impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
     fn read_only(&mut self, rows: Rows) -> StoreResult<bool> {
         match rows {
             Rows::Buckets => Ok(false),
-            Rows::Budgets => self.table.read_only(rows),
+            Rows::Budgets | Rows::Entries => self.table.read_only(rows),
         }
     }
 
@@ -90,6 +90,18 @@ impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         self.table.sweep_budgets(cutoff_ms, limit)
     }
+
+    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        self.table.read_entries(kind, key)
+    }
+
+    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
+        self.table.insert_entries(kind, key, row)
+    }
+
+    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        self.table.sweep_entries(cutoff_ms, limit)
+    }
 }
 
 impl<M: SharedTable, T: LockingStore> LockingStore for MemoryStore<M, T> {
@@ -133,6 +145,14 @@ impl<M: SharedTable, T: LockingStore> LockingStore for MemoryStore<M, T> {
 
     fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
         self.table.replace_budget(key, period, old, new)
+    }
+
+    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        self.table.hold_entries(kind, key)
+    }
+
+    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool> {
+        self.table.replace_entries(kind, key, old, new)
     }
 
     /// The key's bucket in memory, and whatever the table holds under it.

@@ -1,9 +1,11 @@
-//! rl_take_all: several buckets and budgets decided together, all or nothing. Pure: the
-//! limits arrive parsed ([`crate::args::TakeAllArgs`]), the rows arrive read.
+//! rl_take_all: several buckets, budgets and sliding windows decided together, all or
+//! nothing. Pure: the limits arrive parsed ([`crate::args::TakeAllArgs`]), the rows
+//! arrive read.
 
 use crate::bucket::{self, BucketLimits, BucketState, TakeDecision};
 use crate::budget::{self, BudgetState, SpendDecision};
 use crate::units::Period;
+use crate::window::{self, WindowDecision, WindowLimits};
 
 /// Most items one call may hold.
 pub const MAX_ITEMS: usize = 64;
@@ -26,11 +28,21 @@ pub struct BudgetItem<'a> {
     pub cost: i64,
 }
 
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowItem<'a> {
+    pub position: usize,
+    pub key: &'a str,
+    pub limits: WindowLimits,
+    /// Millionths.
+    pub cost: i64,
+}
+
 /// One limit of a call.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Limit<'a> {
     Bucket(BucketItem<'a>),
     Budget(BudgetItem<'a>),
+    Window(WindowItem<'a>),
 }
 
 impl<'a> Limit<'a> {
@@ -38,6 +50,7 @@ impl<'a> Limit<'a> {
         match self {
             Limit::Bucket(b) => b.position,
             Limit::Budget(b) => b.position,
+            Limit::Window(w) => w.position,
         }
     }
 
@@ -46,17 +59,19 @@ impl<'a> Limit<'a> {
         match self {
             Limit::Bucket(_) => crate::store::Rows::Buckets,
             Limit::Budget(_) => crate::store::Rows::Budgets,
+            Limit::Window(_) => crate::store::Rows::Entries,
         }
     }
 
     /// Which state row the limit touches. Limits are kept in this order (buckets, then
-    /// budgets, each by key and period) and rows locked in it, budgets first then buckets,
-    /// the same for every call, so that concurrent calls never wait in a cycle; two limits
-    /// on one row are one limit given twice.
+    /// budgets, then windows, each by key and period) and rows locked in it, budgets
+    /// first, then windows, then buckets, the same for every call, so that concurrent
+    /// calls never wait in a cycle; two limits on one row are one limit given twice.
     pub fn row(&self) -> (u8, &'a str, Option<Period>) {
         match self {
             Limit::Bucket(b) => (0, b.key, None),
             Limit::Budget(b) => (1, b.key, Some(b.period)),
+            Limit::Window(w) => (2, w.key, None),
         }
     }
 }
@@ -66,6 +81,8 @@ impl<'a> Limit<'a> {
 pub enum ItemRow<'i, 'a> {
     Bucket(&'i BucketItem<'a>, Option<BucketState>),
     Budget(&'i BudgetItem<'a>, Option<BudgetState>),
+    /// The window's entries, decoded (none when there is no row).
+    Window(&'i WindowItem<'a>, Vec<window::Entry>),
 }
 
 /// A limit, the row it was decided on, and what that limit alone answers.
@@ -73,6 +90,7 @@ pub enum ItemRow<'i, 'a> {
 pub enum ItemAnswer<'i, 'a> {
     Bucket { item: &'i BucketItem<'a>, row: Option<BucketState>, answer: TakeDecision },
     Budget { item: &'i BudgetItem<'a>, row: Option<BudgetState>, answer: SpendDecision },
+    Window { item: &'i WindowItem<'a>, answer: WindowDecision },
 }
 
 impl ItemAnswer<'_, '_> {
@@ -80,6 +98,7 @@ impl ItemAnswer<'_, '_> {
         match self {
             ItemAnswer::Bucket { answer, .. } => answer.admitted,
             ItemAnswer::Budget { answer, .. } => answer.admitted,
+            ItemAnswer::Window { answer, .. } => answer.admitted,
         }
     }
 
@@ -87,6 +106,7 @@ impl ItemAnswer<'_, '_> {
         match self {
             ItemAnswer::Bucket { item, .. } => item.position,
             ItemAnswer::Budget { item, .. } => item.position,
+            ItemAnswer::Window { item, .. } => item.position,
         }
     }
 
@@ -94,6 +114,7 @@ impl ItemAnswer<'_, '_> {
     fn wait_ms(&self, now_ms: i64) -> i64 {
         match self {
             ItemAnswer::Bucket { answer, .. } => answer.retry_after_ms,
+            ItemAnswer::Window { answer, .. } => answer.retry_after_ms,
             ItemAnswer::Budget { answer, .. } if !answer.admitted => answer.resets_at_ms - now_ms,
             ItemAnswer::Budget { .. } => 0,
         }
@@ -121,6 +142,9 @@ pub fn decide<'i, 'a>(rows: Vec<ItemRow<'i, 'a>>, now_ms: i64) -> TakeAllDecisio
             ItemRow::Budget(item, row) => {
                 let answer = budget::spend(row.as_ref(), item.period, item.quota, item.cost, now_ms);
                 ItemAnswer::Budget { item, row, answer }
+            }
+            ItemRow::Window(item, entries) => {
+                ItemAnswer::Window { item, answer: window::take(&entries, &item.limits, item.cost, now_ms) }
             }
         })
         .collect();

@@ -3,13 +3,15 @@
 
 use std::rc::Rc;
 
-use crate::args::{RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs, TakeArgs};
+use crate::args::{AcquireArgs, LeaseArgs, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs, TakeArgs, WindowArgs};
 use crate::bucket::{self, BucketState, RefundDecision, TakeDecision};
-use crate::budget::{self, BudgetRefund, BudgetState, SpendDecision};
+use crate::budget::{self, BudgetCharge, BudgetRefund, BudgetState, SpendDecision};
 use crate::decision_slot::Decide;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
 use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
-use crate::store::{Changed, LockingStore, RowStore, Rows, StoreError, StoreResult};
+use crate::store::{Changed, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreError, StoreResult};
+use crate::window::{self, WindowDecision};
 
 /// Attempts before a call gives up on a row that keeps appearing and disappearing under it
 /// (a first insert racing another, a sweep deleting the row between decision and write).
@@ -46,7 +48,7 @@ macro_rules! row_decisions {
 }
 
 row_decisions!(TakeDecision => BucketState, RefundDecision => BucketState, SpendDecision => BudgetState,
-               BudgetRefund => BudgetState);
+               BudgetRefund => BudgetState, BudgetCharge => BudgetState);
 
 /// The one path every single-row change takes: a guarded write that decides on the row
 /// the engine is about to change; without a row, decide on none and insert. `decide` is
@@ -147,6 +149,18 @@ pub fn refund_budget<S: RowStore>(store: &mut S, function: &'static str, a: &Ref
     change_budget(store, function, a.key, period, move |row| budget::refund(row, period, amount, now))
 }
 
+/// rl_charge: take tokens whatever the level, into debt if need be.
+pub fn charge<S: RowStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
+    let (limits, amount, now) = (a.limits, a.cost, a.now_ms);
+    change_bucket(store, function, a.key, move |row| bucket::charge(row, &limits, amount, now))
+}
+
+/// rl_charge_budget: add to the period's use, past its quota if need be.
+pub fn charge_budget<S: RowStore>(store: &mut S, function: &'static str, a: &RefundBudgetArgs) -> Result<BudgetCharge> {
+    let (period, amount, now) = (a.period, a.amount, a.now_ms);
+    change_budget(store, function, a.key, period, move |row| budget::charge(row, period, amount, now))
+}
+
 /// rl_peek: what rl_take would answer, changing nothing (so it answers read-only too,
 /// from the stored state: on a standby, the replicated one).
 pub fn peek<S: RowStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
@@ -162,15 +176,23 @@ pub fn peek_budget<S: RowStore>(store: &mut S, function: &'static str, a: &Spend
 
 /// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
 pub fn sweep<S: RowStore>(store: &mut S, function: &'static str, a: &SweepArgs) -> Result<i64> {
-    writable(store, function, Rows::Buckets)?;
-    writable(store, function, Rows::Budgets)?;
+    writable_everywhere(store, function)?;
     let in_call = |e: StoreError| e.in_call(function);
-    let buckets = store.sweep_buckets(a.cutoff_ms, a.max_rows).map_err(in_call)?;
-    if buckets >= a.max_rows {
-        return Ok(buckets);
+    let mut removed = store.sweep_buckets(a.cutoff_ms, a.max_rows).map_err(in_call)?;
+    if removed < a.max_rows {
+        removed += store.sweep_budgets(a.cutoff_ms, a.max_rows - removed).map_err(in_call)?;
     }
-    let budgets = store.sweep_budgets(a.cutoff_ms, a.max_rows - buckets).map_err(in_call)?;
-    Ok(buckets + budgets)
+    if removed < a.max_rows {
+        removed += store.sweep_entries(a.cutoff_ms, a.max_rows - removed).map_err(in_call)?;
+    }
+    Ok(removed)
+}
+
+fn writable_everywhere<S: RowStore>(store: &mut S, function: &'static str) -> Result<()> {
+    for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
+        writable(store, function, rows)?;
+    }
+    Ok(())
 }
 
 /// Runs `work` as one unit (see [`LockingStore::begin_unit`]); a failure rolls it back.
@@ -187,10 +209,9 @@ fn in_one_unit<S: LockingStore, R>(
     Ok(answer)
 }
 
-/// rl_reset: forget every bucket and budget under a key.
+/// rl_reset: forget every bucket, budget, window and lease under a key.
 pub fn reset<S: LockingStore>(store: &mut S, function: &'static str, key: &str) -> Result<i64> {
-    writable(store, function, Rows::Buckets)?;
-    writable(store, function, Rows::Budgets)?;
+    writable_everywhere(store, function)?;
     in_one_unit(store, function, |store| store.delete_key(key).map_err(|e| e.in_call(function)))
 }
 
@@ -203,12 +224,12 @@ pub fn take_all<'i, 'a, S: LockingStore>(
     function: &'static str,
     a: &'i TakeAllArgs<'a>,
 ) -> Result<TakeAllDecision<'i, 'a>> {
-    for rows in [Rows::Buckets, Rows::Budgets] {
+    for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
         if a.limits.iter().any(|l| l.rows() == rows) {
             writable(store, function, rows)?;
         }
     }
-    let first = multi::decide(read_rows(store, a).map_err(|e| e.in_call(function))?, a.now_ms);
+    let first = multi::decide(read_rows(store, function, a)?, a.now_ms);
     if !first.admitted {
         return Ok(first);
     }
@@ -222,7 +243,9 @@ fn take_all_held<'i, 'a, S: LockingStore>(
 ) -> Result<TakeAllDecision<'i, 'a>> {
     let in_call = |e: StoreError| e.in_call(function);
     let mut budgets = Vec::new();
+    let mut windows = Vec::new();
     let mut buckets = Vec::new();
+    // Limits are sorted buckets, budgets, windows: hold budgets, then windows, then buckets.
     for limit in &a.limits {
         match limit {
             Limit::Bucket(b) => buckets.push(b),
@@ -233,17 +256,29 @@ fn take_all_held<'i, 'a, S: LockingStore>(
                 }
                 budgets.push(store.hold_budget(b.key, b.period).map_err(in_call)?);
             }
+            Limit::Window(w) => {
+                if S::LOCKS_ROWS {
+                    store.insert_entries(EntryKind::Window, w.key, &empty_row(EntryKind::Window)).map_err(in_call)?;
+                }
+                let row = store.hold_entries(EntryKind::Window, w.key).map_err(in_call)?;
+                let entries = window_entries(function, row.as_ref())?;
+                windows.push((row, entries));
+            }
         }
     }
     let decision = store
         .decide_buckets(&buckets, |bucket_rows| {
             let (mut bucket_rows, mut budget_rows) = (bucket_rows.iter(), budgets.iter());
+            let mut window_rows = windows.iter();
             let rows = a
                 .limits
                 .iter()
                 .map(|limit| match limit {
                     Limit::Bucket(b) => ItemRow::Bucket(b, bucket_rows.next().copied().flatten()),
                     Limit::Budget(b) => ItemRow::Budget(b, budget_rows.next().copied().flatten()),
+                    Limit::Window(w) => {
+                        ItemRow::Window(w, window_rows.next().map(|(_, e)| e.clone()).unwrap_or_default())
+                    }
                 })
                 .collect();
             let decision = multi::decide(rows, a.now_ms);
@@ -252,19 +287,35 @@ fn take_all_held<'i, 'a, S: LockingStore>(
                 .iter()
                 .filter_map(|item| match item {
                     ItemAnswer::Bucket { answer, .. } => Some(answer.new_state.filter(|_| decision.admitted)),
-                    ItemAnswer::Budget { .. } => None,
+                    ItemAnswer::Budget { .. } | ItemAnswer::Window { .. } => None,
                 })
                 .collect();
             (writes, decision)
         })
         .map_err(in_call)?;
     if decision.admitted {
+        let mut held_windows = windows.iter();
         for item in &decision.items {
-            let ItemAnswer::Budget { item, row, answer } = item else { continue };
-            let written = match (row, &answer.new_state) {
-                (_, None) => true,
-                (None, Some(new)) => store.insert_budget(item.key, item.period, new).map_err(in_call)?,
-                (Some(old), Some(new)) => store.replace_budget(item.key, item.period, old, new).map_err(in_call)?,
+            let written = match item {
+                ItemAnswer::Bucket { .. } => true,
+                ItemAnswer::Budget { item, row, answer } => match (row, &answer.new_state) {
+                    (_, None) => true,
+                    (None, Some(new)) => store.insert_budget(item.key, item.period, new).map_err(in_call)?,
+                    (Some(old), Some(new)) => store.replace_budget(item.key, item.period, old, new).map_err(in_call)?,
+                },
+                ItemAnswer::Window { item, answer } => {
+                    let (old, _) = held_windows.next().expect("one held row per window");
+                    let new = window_row(function, answer, item.limits.window_ms)?;
+                    match (old, new) {
+                        (_, None) => true,
+                        (None, Some(new)) => {
+                            store.insert_entries(EntryKind::Window, item.key, &new).map_err(in_call)?
+                        }
+                        (Some(old), Some(new)) => {
+                            store.replace_entries(EntryKind::Window, item.key, old, &new).map_err(in_call)?
+                        }
+                    }
+                }
             };
             if !written {
                 return Err(Error::storage(function, "a row changed while this call held it; nothing was charged"));
@@ -275,14 +326,155 @@ fn take_all_held<'i, 'a, S: LockingStore>(
 }
 
 /// Every limit with its row as it stands, in the order of `a.limits`.
-fn read_rows<'i, 'a, S: LockingStore>(store: &mut S, a: &'i TakeAllArgs<'a>) -> StoreResult<Vec<ItemRow<'i, 'a>>> {
+fn read_rows<'i, 'a, S: LockingStore>(
+    store: &mut S,
+    function: &'static str,
+    a: &'i TakeAllArgs<'a>,
+) -> Result<Vec<ItemRow<'i, 'a>>> {
+    let in_call = |e: StoreError| e.in_call(function);
     a.limits
         .iter()
         .map(|limit| {
             Ok(match limit {
-                Limit::Bucket(b) => ItemRow::Bucket(b, store.read_bucket(b.key)?),
-                Limit::Budget(b) => ItemRow::Budget(b, store.read_budget(b.key, b.period)?),
+                Limit::Bucket(b) => ItemRow::Bucket(b, store.read_bucket(b.key).map_err(in_call)?),
+                Limit::Budget(b) => ItemRow::Budget(b, store.read_budget(b.key, b.period).map_err(in_call)?),
+                Limit::Window(w) => {
+                    let row = store.read_entries(EntryKind::Window, w.key).map_err(in_call)?;
+                    ItemRow::Window(w, window_entries(function, row.as_ref())?)
+                }
             })
         })
         .collect()
+}
+
+fn damaged(function: &'static str, kind: EntryKind) -> Error {
+    Error::storage(function, format!("a stored {} row is damaged; rl_reset its key", kind.as_str()))
+}
+
+/// The entries of a window row (none without a row).
+fn window_entries(function: &'static str, row: Option<&EntriesRow>) -> Result<Vec<window::Entry>> {
+    row.map_or(Some(Vec::new()), |r| window::decode(&r.entries)).ok_or_else(|| damaged(function, EntryKind::Window))
+}
+
+/// The leases of a lease row (none without a row).
+fn leases_of(function: &'static str, row: Option<&EntriesRow>) -> Result<Leases> {
+    row.map_or(Some(Leases::default()), |r| Leases::decode(&r.entries))
+        .ok_or_else(|| damaged(function, EntryKind::Lease))
+}
+
+/// The row an admitted window decision stores, within the bound on entries per key.
+fn window_row(function: &'static str, d: &WindowDecision, window_ms: i64) -> Result<Option<EntriesRow>> {
+    let Some(entries) = &d.new_entries else { return Ok(None) };
+    if entries.len() > window::MAX_ENTRIES {
+        return Err(Error {
+            kind: ErrorKind::LimitExceeded,
+            function,
+            message: format!(
+                "the window would hold more than {} entries (one per millisecond with admissions); \
+                 nothing was recorded: use a larger cost per call or a bucket for this limit",
+                window::MAX_ENTRIES
+            ),
+            engine_code: None,
+        });
+    }
+    Ok(Some(EntriesRow { entries: window::encode(entries), empty_at: window::empty_at(entries, window_ms) }))
+}
+
+fn lease_row(leases: Leases) -> EntriesRow {
+    EntriesRow { entries: leases.encode(), empty_at: leases.empty_at() }
+}
+
+/// The one path of every change to a row of entries: decide on the row as it stands and,
+/// if that writes, decide again on the row held in one unit and write that. `decide` is
+/// pure and gives the answer and the row to write (None: nothing).
+fn change_entries<S: LockingStore, R>(
+    store: &mut S,
+    function: &'static str,
+    kind: EntryKind,
+    key: &str,
+    decide: impl Fn(Option<&EntriesRow>) -> Result<(R, Option<EntriesRow>)>,
+) -> Result<R> {
+    writable(store, function, Rows::Entries)?;
+    let in_call = |e: StoreError| e.in_call(function);
+    let seen = store.read_entries(kind, key).map_err(in_call)?;
+    let (answer, new) = decide(seen.as_ref())?;
+    if new.is_none() {
+        return Ok(answer);
+    }
+    in_one_unit(store, function, |store| {
+        for _ in 0..MAX_ATTEMPTS {
+            if S::LOCKS_ROWS && seen.is_none() {
+                // A missing row cannot be locked: first insert the row that means the same as none.
+                store.insert_entries(kind, key, &empty_row(kind)).map_err(in_call)?;
+            }
+            let held = store.hold_entries(kind, key).map_err(in_call)?;
+            let (answer, new) = decide(held.as_ref())?;
+            let written = match (&held, &new) {
+                (_, None) => true,
+                (None, Some(new)) => store.insert_entries(kind, key, new).map_err(in_call)?,
+                (Some(old), Some(new)) => store.replace_entries(kind, key, old, new).map_err(in_call)?,
+            };
+            if written {
+                return Ok(answer);
+            }
+        }
+        Err(Error::storage(function, format!("the row kept changing under {MAX_ATTEMPTS} attempts; try again")))
+    })
+}
+
+/// The row that answers exactly as no row does: an empty list, removable by the sweep.
+fn empty_row(kind: EntryKind) -> EntriesRow {
+    let entries = match kind {
+        EntryKind::Window => window::encode(&[]),
+        EntryKind::Lease => Leases::default().encode(),
+    };
+    EntriesRow { entries, empty_at: 0 }
+}
+
+/// rl_window: one atomic admission to a sliding window.
+pub fn window<S: LockingStore>(store: &mut S, function: &'static str, a: &WindowArgs) -> Result<WindowDecision> {
+    change_entries(store, function, EntryKind::Window, a.key, |row| {
+        let d = window::take(&window_entries(function, row)?, &a.limits, a.cost, a.now_ms);
+        let new = window_row(function, &d, a.limits.window_ms)?;
+        Ok((d, new))
+    })
+}
+
+/// rl_window_peek: what rl_window would answer, recording nothing (read-only too).
+pub fn window_peek<S: RowStore>(store: &mut S, function: &'static str, a: &WindowArgs) -> Result<WindowDecision> {
+    let row = store.read_entries(EntryKind::Window, a.key).map_err(|e| e.in_call(function))?;
+    Ok(window::take(&window_entries(function, row.as_ref())?, &a.limits, a.cost, a.now_ms))
+}
+
+/// rl_acquire: hold one more lease if fewer than the cap are held.
+pub fn acquire<S: LockingStore>(store: &mut S, function: &'static str, a: &AcquireArgs) -> Result<AcquireDecision> {
+    change_entries(store, function, EntryKind::Lease, a.key, |row| {
+        let mut d = lease::acquire(&leases_of(function, row)?, a.max_in_flight, a.lease_ms, a.now_ms);
+        let new = d.new_state.take().map(lease_row);
+        Ok((d, new))
+    })
+}
+
+/// rl_release: give a lease back; whether it was held.
+pub fn release<S: LockingStore>(store: &mut S, function: &'static str, a: &LeaseArgs) -> Result<bool> {
+    change_entries(store, function, EntryKind::Lease, a.key, |row| {
+        let (released, new) = lease::release(&leases_of(function, row)?, a.lease, a.now_ms);
+        Ok((released, new.map(lease_row)))
+    })
+}
+
+/// rl_renew: a held lease expires lease_seconds from now.
+pub fn renew<S: LockingStore>(store: &mut S, function: &'static str, a: &LeaseArgs) -> Result<RenewDecision> {
+    let lease_ms = a.lease_ms.expect("rl_renew parses lease_seconds");
+    change_entries(store, function, EntryKind::Lease, a.key, |row| {
+        let mut d = lease::renew(&leases_of(function, row)?, a.lease, lease_ms, a.now_ms);
+        let new = d.new_state.take().map(lease_row);
+        Ok((d, new))
+    })
+}
+
+/// rl_in_flight: the leases held on a key now (read-only too).
+pub fn in_flight<S: RowStore>(store: &mut S, function: &'static str, key: &str, now_ms: i64) -> Result<i64> {
+    let row = store.read_entries(EntryKind::Lease, key).map_err(|e| e.in_call(function))?;
+    Ok(leases_of(function, row.as_ref())?.in_flight(now_ms))
 }

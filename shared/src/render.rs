@@ -5,10 +5,12 @@
 use std::fmt::Write;
 
 use crate::bucket::{RefundDecision, TakeDecision};
-use crate::budget::{BudgetRefund, SpendDecision};
+use crate::budget::{BudgetCharge, BudgetRefund, SpendDecision};
+use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
 use crate::multi::{ItemAnswer, TakeAllDecision};
 use crate::units::{ceil_seconds, MICROS_PER_UNIT};
+use crate::window::WindowDecision;
 
 /// A result that SQL callers receive as a JSON object.
 pub trait ToJson {
@@ -24,6 +26,53 @@ impl ToJson for TakeDecision {
             .int("retry_after_ms", self.retry_after_ms)
             .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
             .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
+            .finish()
+    }
+}
+
+impl ToJson for WindowDecision {
+    fn to_json(&self) -> Json {
+        JsonObject::new()
+            .bool("admitted", self.admitted)
+            .int("remaining", self.remaining)
+            .micros("limit", self.limit)
+            .int("retry_after_ms", self.retry_after_ms)
+            .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
+            .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
+            .field("window_seconds", Json::Number(self.window_ms as f64 / 1000.0))
+            .finish()
+    }
+}
+
+impl ToJson for AcquireDecision {
+    fn to_json(&self) -> Json {
+        JsonObject::new()
+            .bool("admitted", self.admitted)
+            .field("lease", self.lease.map_or(Json::Null, |l| Json::Str(l.id())))
+            .int("in_flight", self.in_flight)
+            .int("limit", self.limit)
+            .field("expires_at", self.lease.map_or(Json::Null, |l| Json::Int(l.expires_at)))
+            .int("retry_after_ms", self.retry_after_ms)
+            .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
+            .finish()
+    }
+}
+
+impl ToJson for RenewDecision {
+    fn to_json(&self) -> Json {
+        JsonObject::new()
+            .bool("renewed", self.renewed)
+            .field("expires_at", self.expires_at.map_or(Json::Null, Json::Int))
+            .finish()
+    }
+}
+
+impl ToJson for BudgetCharge {
+    fn to_json(&self) -> Json {
+        JsonObject::new()
+            .bool("admitted", true)
+            .micros("used", self.used)
+            .int("resets_at", self.resets_at_ms / 1000)
             .finish()
     }
 }
@@ -80,6 +129,7 @@ impl ToJson for TakeAllDecision<'_, '_> {
             .map(|i| match i {
                 ItemAnswer::Bucket { answer, .. } => answer.to_json(),
                 ItemAnswer::Budget { answer, .. } => answer.to_json(),
+                ItemAnswer::Window { answer, .. } => answer.to_json(),
             })
             .collect();
         JsonObject::new()
@@ -96,6 +146,7 @@ impl ToJson for TakeAllDecision<'_, '_> {
 /// parsed again.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Json {
+    Null,
     Bool(bool),
     Int(i64),
     /// A limit, level or amount: written as [`number_form`] says.
@@ -103,6 +154,8 @@ pub enum Json {
     Array(Vec<Json>),
     /// Keys are the contract's own names: plain ASCII that needs no escaping.
     Object(Vec<(&'static str, Json)>),
+    /// A string value (written with JSON escapes).
+    Str(String),
     /// Already JSON text (rl_headers builds its object as text).
     Text(String),
 }
@@ -145,6 +198,8 @@ impl Json {
 
     fn write(&self, out: &mut String) {
         match self {
+            Json::Null => out.push_str("null"),
+            Json::Str(s) => out.push_str(&serde_json::Value::String(s.clone()).to_string()),
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
             Json::Int(n) => {
                 let _ = write!(out, "{n}");

@@ -15,18 +15,20 @@ use crate::functions::SqlType;
 pub const SQLITE_SCHEMA: &str = include_str!("../../sql/sqlite_schema.sql");
 
 /// A value bound to a statement parameter, or read from a result column.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Value<'a> {
     Text(&'a str),
     Float(f64),
     Int(i64),
+    /// Text read from a result column.
+    String(String),
 }
 
 impl Value<'_> {
     /// The parameter's SQL type (PostgreSQL prepares each statement with these).
     pub fn sql_type(&self) -> SqlType {
         match self {
-            Value::Text(_) => SqlType::Text,
+            Value::Text(_) | Value::String(_) => SqlType::Text,
             Value::Float(_) => SqlType::Float8,
             Value::Int(_) => SqlType::Int8,
         }
@@ -36,7 +38,16 @@ impl Value<'_> {
         match *self {
             Value::Float(f) => f,
             Value::Int(i) => i as f64,
-            Value::Text(_) => f64::NAN,
+            Value::Text(_) | Value::String(_) => f64::NAN,
+        }
+    }
+
+    /// A text column's value ("" for other kinds).
+    pub fn as_text(&self) -> &str {
+        match self {
+            Value::Text(t) => t,
+            Value::String(s) => s,
+            _ => "",
         }
     }
 
@@ -44,7 +55,7 @@ impl Value<'_> {
         match *self {
             Value::Int(i) => i,
             Value::Float(f) => f as i64,
-            Value::Text(_) => 0,
+            Value::Text(_) | Value::String(_) => 0,
         }
     }
 }
@@ -66,10 +77,16 @@ pub enum Statement {
     SweepBudgets,
     ResetBuckets,
     ResetBudgets,
+    EntriesRead,
+    EntriesLock,
+    EntriesInsert,
+    EntriesUpdate,
+    SweepEntries,
+    ResetEntries,
 }
 
 impl Statement {
-    pub const ALL: [Statement; 14] = [
+    pub const ALL: [Statement; 20] = [
         Statement::BucketRead,
         Statement::BucketLock,
         Statement::BucketInsert,
@@ -84,6 +101,12 @@ impl Statement {
         Statement::SweepBudgets,
         Statement::ResetBuckets,
         Statement::ResetBudgets,
+        Statement::EntriesRead,
+        Statement::EntriesLock,
+        Statement::EntriesInsert,
+        Statement::EntriesUpdate,
+        Statement::SweepEntries,
+        Statement::ResetEntries,
     ];
 
     /// The types of the columns a reading statement returns (empty for the others).
@@ -91,11 +114,12 @@ impl Statement {
         match self {
             Statement::BucketRead | Statement::BucketLock => &[SqlType::Float8, SqlType::Int8, SqlType::Int8],
             Statement::BudgetRead | Statement::BudgetLock => &[SqlType::Int8, SqlType::Int8],
+            Statement::EntriesRead | Statement::EntriesLock => &[SqlType::Text, SqlType::Int8],
             _ => &[],
         }
     }
 
-    /// The PostgreSQL text. BucketLock and BudgetLock (FOR UPDATE) are PostgreSQL only;
+    /// The PostgreSQL text. The `Lock` statements (FOR UPDATE) are PostgreSQL only;
     /// BucketChange and BudgetChange are the guarded UPDATEs (see [`crate::guard`]).
     pub const fn text(self) -> &'static str {
         match self {
@@ -113,6 +137,12 @@ impl Statement {
             Statement::SweepBudgets => include_str!("../../sql/sweep_budgets.sql"),
             Statement::ResetBuckets => include_str!("../../sql/reset_buckets.sql"),
             Statement::ResetBudgets => include_str!("../../sql/reset_budgets.sql"),
+            Statement::EntriesRead => include_str!("../../sql/entries_read.sql"),
+            Statement::EntriesLock => include_str!("../../sql/entries_lock.sql"),
+            Statement::EntriesInsert => include_str!("../../sql/entries_insert.sql"),
+            Statement::EntriesUpdate => include_str!("../../sql/entries_update.sql"),
+            Statement::SweepEntries => include_str!("../../sql/sweep_entries.sql"),
+            Statement::ResetEntries => include_str!("../../sql/reset_entries.sql"),
         }
     }
 }
@@ -146,7 +176,7 @@ mod tests {
     #[test]
     fn every_name_and_comparison_is_qualified() {
         for text in Statement::ALL.map(Statement::text) {
-            for name in ["rl_bucket", "rl_budget"] {
+            for name in ["rl_bucket", "rl_budget", "rl_entries"] {
                 for (at, _) in text.match_indices(name) {
                     assert!(text[..at].ends_with(SCHEMA), "unqualified {name} in {text}");
                 }
@@ -157,7 +187,9 @@ mod tests {
                 let end = op + condition[op..].find(')').unwrap();
                 condition.replace_range(op..=end, " ");
             }
-            let exempt = [Statement::SweepBuckets.text(), Statement::SweepBudgets.text()].contains(&text);
+            let exempt = [Statement::SweepBuckets, Statement::SweepBudgets, Statement::SweepEntries]
+                .map(Statement::text)
+                .contains(&text);
             for bare in ['=', '<', '>'] {
                 assert!(!condition.contains(bare), "bare {bare} in {text}");
             }

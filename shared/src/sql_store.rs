@@ -8,7 +8,9 @@ use crate::budget::BudgetState;
 use crate::decision_slot::{self, Decide};
 use crate::multi::BucketItem;
 use crate::sql::{Statement, Value};
-use crate::store::{ChangeResult, Changed, LockingStore, RowStore, Rows, StoreError, StoreResult};
+use crate::store::{
+    ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreError, StoreResult,
+};
 use crate::units::Period;
 
 /// What an SQL engine provides.
@@ -38,7 +40,15 @@ fn budget_of(row: Vec<Value>) -> BudgetState {
     BudgetState { used: row[0].as_i64(), resets_at: row[1].as_i64() }
 }
 
+fn entries_of(row: Vec<Value>) -> EntriesRow {
+    EntriesRow { entries: row[0].as_text().to_owned(), empty_at: row[1].as_i64() }
+}
+
 impl<E: SqlEngine> SqlStore<E> {
+    fn entries(&mut self, statement: Statement, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        Ok(self.0.query_row(statement, &[Value::Text(key), Value::Text(kind.as_str())])?.map(entries_of))
+    }
+
     /// Writes `new` over the bucket row of `key` if it still holds `old`.
     fn replace_bucket(&mut self, key: &str, old: &BucketState, new: &BucketState) -> StoreResult<bool> {
         let params = [
@@ -105,6 +115,20 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         Ok(self.0.execute(Statement::SweepBudgets, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
     }
+
+    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        self.entries(Statement::EntriesRead, kind, key)
+    }
+
+    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
+        let params =
+            [Value::Text(key), Value::Text(kind.as_str()), Value::Text(&row.entries), Value::Int(row.empty_at)];
+        Ok(self.0.execute(Statement::EntriesInsert, &params)? == 1)
+    }
+
+    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(self.0.execute(Statement::SweepEntries, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
+    }
 }
 
 impl<E: SqlEngine> LockingStore for SqlStore<E> {
@@ -166,9 +190,27 @@ impl<E: SqlEngine> LockingStore for SqlStore<E> {
         Ok(self.0.execute(Statement::BudgetUpdate, &params)? == 1)
     }
 
+    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        self.entries(if E::LOCKS_ROWS { Statement::EntriesLock } else { Statement::EntriesRead }, kind, key)
+    }
+
+    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool> {
+        let params = [
+            Value::Text(&new.entries),
+            Value::Int(new.empty_at),
+            Value::Text(key),
+            Value::Text(kind.as_str()),
+            Value::Text(&old.entries),
+            Value::Int(old.empty_at),
+        ];
+        Ok(self.0.execute(Statement::EntriesUpdate, &params)? == 1)
+    }
+
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
-        let buckets = self.0.execute(Statement::ResetBuckets, &[Value::Text(key)])?;
-        let budgets = self.0.execute(Statement::ResetBudgets, &[Value::Text(key)])?;
-        Ok((buckets + budgets) as i64)
+        let mut removed = 0;
+        for statement in [Statement::ResetBuckets, Statement::ResetBudgets, Statement::ResetEntries] {
+            removed += self.0.execute(statement, &[Value::Text(key)])?;
+        }
+        Ok(removed as i64)
     }
 }

@@ -6,9 +6,11 @@
 //!   call's decision and writes what that decision wants, in one step. A refusal writes
 //!   nothing. Only a missing row takes a second step, an insert that may lose to a
 //!   concurrent one.
-//! - [`LockingStore`]: calls on several rows (rl_take_all, rl_reset). One unit that reads
-//!   each row holding it (PostgreSQL: FOR UPDATE; SQLite: the write lock of BEGIN
-//!   IMMEDIATE), decides, and writes each row only if it still holds what was read.
+//! - [`LockingStore`]: calls on several rows (rl_take_all, rl_reset), and on rows of
+//!   entries (sliding windows, leases), whose decisions are too large for a guarded write.
+//!   One unit that reads each row holding it (PostgreSQL: FOR UPDATE; SQLite: the write
+//!   lock of BEGIN IMMEDIATE), decides, and writes each row only if it still holds what
+//!   was read.
 
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
@@ -42,6 +44,34 @@ pub type ChangeResult<T> = StoreResult<Changed<T>>;
 pub enum Rows {
     Buckets,
     Budgets,
+    Entries,
+}
+
+/// Which list a row of entries holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryKind {
+    /// A sliding window's admissions ([`crate::window`]).
+    Window,
+    /// A concurrency cap's leases ([`crate::lease`]).
+    Lease,
+}
+
+impl EntryKind {
+    /// The name stored in the kind column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryKind::Window => "window",
+            EntryKind::Lease => "lease",
+        }
+    }
+}
+
+/// A row of entries as stored: the list as text (its kind's encoding), and when the last
+/// entry stops counting (the sweep removes the row from then on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntriesRow {
+    pub entries: String,
+    pub empty_at: i64,
 }
 
 /// Single-row reads and guarded writes.
@@ -69,6 +99,12 @@ pub trait RowStore {
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
     /// Deletes at most `limit` budgets whose period ended by `cutoff_ms`.
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+    /// The row of entries of `kind` under `key`, as it stands (no lock).
+    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>>;
+    /// Inserts the row of entries of `kind` under `key` unless one exists; returns whether it did.
+    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool>;
+    /// Deletes at most `limit` rows of entries empty by `cutoff_ms`.
+    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
 }
 
 /// Several rows changed as one unit.
@@ -93,6 +129,10 @@ pub trait LockingStore: RowStore {
     ) -> StoreResult<R>;
     /// Writes `new` over the budget row of `key` and `period` if it still holds `expected`.
     fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool>;
-    /// Deletes every bucket and budget row of `key`.
+    /// The row of entries of `kind` under `key`, held until the unit ends.
+    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>>;
+    /// Writes `new` over the row of entries of `kind` under `key` if it still holds `old`.
+    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool>;
+    /// Deletes every row of `key`: bucket, budgets, windows and leases.
     fn delete_key(&mut self, key: &str) -> StoreResult<i64>;
 }

@@ -20,6 +20,9 @@ pub const MAX_NOW_MS: i64 = 253_402_300_799_999;
 /// every amount and every sum of two is exact in f64 and in any JSON reader.
 pub const MAX_AMOUNT: f64 = 1e9;
 
+/// Longest window or lease: a year of 365 days, in seconds.
+pub const MAX_DURATION_SECONDS: f64 = 31_536_000.0;
+
 /// Budget amounts are counted in millionths, so costs with up to 6 decimals are exact.
 pub const MICROS_PER_UNIT: i64 = 1_000_000;
 

@@ -9,7 +9,7 @@ use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::memory;
 use ratelimit_core::memory_store::{MemoryStore, SharedTable};
 use ratelimit_core::multi::BucketItem;
-use ratelimit_core::store::{ChangeResult, Changed, LockingStore, RowStore, Rows, StoreResult};
+use ratelimit_core::store::{ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreResult};
 use ratelimit_core::units::{Period, MAX_WAIT_MS};
 use ratelimit_core::ErrorKind;
 use serde_json::{json, Value};
@@ -22,6 +22,7 @@ use std::collections::HashMap;
 struct MapStore {
     buckets: HashMap<String, BucketState>,
     budgets: HashMap<(String, Period), BudgetState>,
+    entries: HashMap<(String, EntryKind), EntriesRow>,
     read_only: bool,
     writes: usize,
     lost_races: usize,
@@ -116,6 +117,20 @@ impl RowStore for MapStore {
     fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         Ok(Self::sweep(&mut self.budgets, |b| b.resets_at <= cutoff_ms, limit))
     }
+    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        Ok(self.entries.get(&(key.to_owned(), kind)).cloned())
+    }
+    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
+        if self.entries.contains_key(&(key.to_owned(), kind)) {
+            return Ok(false);
+        }
+        self.writes += 1;
+        self.entries.insert((key.to_owned(), kind), row.clone());
+        Ok(true)
+    }
+    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(Self::sweep(&mut self.entries, |e| e.empty_at <= cutoff_ms, limit))
+    }
 }
 
 impl LockingStore for MapStore {
@@ -154,11 +169,25 @@ impl LockingStore for MapStore {
     fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
         Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), Some(old), new, &mut self.writes))
     }
+    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        self.read_entries(kind, key)
+    }
+    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool> {
+        let row = (key.to_owned(), kind);
+        if self.entries.get(&row) != Some(old) {
+            return Ok(false);
+        }
+        self.writes += 1;
+        self.entries.insert(row, new.clone());
+        Ok(true)
+    }
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
-        let before = self.buckets.len() + self.budgets.len();
+        let count = |s: &Self| s.buckets.len() + s.budgets.len() + s.entries.len();
+        let before = count(self);
         self.buckets.remove(key);
         self.budgets.retain(|(k, _), _| k != key);
-        Ok((before - self.buckets.len() - self.budgets.len()) as i64)
+        self.entries.retain(|(k, _), _| k != key);
+        Ok((before - count(self)) as i64)
     }
 }
 
@@ -203,6 +232,22 @@ mod calls {
         rl_refund => RL_REFUND;
         rl_refund_budget => RL_REFUND_BUDGET;
         rl_take_all => RL_TAKE_ALL;
+        rl_window => RL_WINDOW;
+        rl_window_peek => RL_WINDOW_PEEK;
+        rl_acquire => RL_ACQUIRE;
+        rl_renew => RL_RENEW;
+        rl_charge => RL_CHARGE;
+    }
+
+    pub fn rl_release(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<bool> {
+        match run(s, &f::RL_RELEASE, args, clock)? {
+            Answer::Bool(b) => Ok(b),
+            other => panic!("not a boolean: {other:?}"),
+        }
+    }
+
+    pub fn rl_in_flight(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<i64> {
+        run(s, &f::RL_IN_FLIGHT, args, clock).map(int)
     }
 
     pub fn rl_sweep(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<i64> {
@@ -778,7 +823,7 @@ fn take_all_rejects_bad_lists() {
         (r#"[{"key": "a", "burst": 0, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got 0"),
         (r#"[{"key": "a", "period": "day", "quota": 1}, {"key": "", "period": "day", "quota": 1}]"#, "rl_take_all: item 2: key must not be empty"),
         (r#"[{"key": "a", "burst": 1, "refil_per_minute": 1}]"#,
-         "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost)"),
+         "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost; a window key, limit, window_seconds, cost)"),
         (r#"[{"key": "a", "period": "year", "quota": 1}]"#, "rl_take_all: item 1: period must be 'day' or 'month', got 'year'"),
         (r#"[{"key": "a", "burst": true, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got a blob of 7 bytes"),
         (r#"[1]"#, "rl_take_all: item 1: must be a JSON object"),
@@ -1073,4 +1118,123 @@ fn a_key_flood_replaces_full_buckets_first() {
     }
     assert!(memory.buckets.stats().evicted_early > 1900, "{:?}", memory.buckets.stats());
     assert_eq!(take(&mut memory, "user", 1.0, 1.0, 37_000)["admitted"], false, "the user's bucket went last");
+}
+
+/// rl_window against a model that keeps every admission forever and counts those in
+/// (now - W, now]: the same decisions, and every refusal's retry time exact (waiting it
+/// admits, 1 ms less does not).
+#[test]
+fn windows_answer_like_a_model_that_forgets_nothing() {
+    let mut rng = 0x2026_1130_u64;
+    let mut next = |n: u64| {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    for round in 0..20 {
+        let mut s = MapStore::default();
+        let (limit, window_ms) = (1 + next(6) as i64, 1 + next(2000) as i64);
+        let mut admitted: Vec<(i64, i64)> = Vec::new();
+        let used = |admitted: &[(i64, i64)], now: i64| -> i64 {
+            admitted.iter().filter(|(t, _)| *t > now - window_ms).map(|(_, c)| c).sum()
+        };
+        let mut now = 0;
+        for _ in 0..300 {
+            now += next(3) as i64 * next(200) as i64;
+            let cost = 1 + next(3) as i64;
+            let args = [
+                Arg::Text("w"),
+                Arg::Integer(limit),
+                Arg::Real(window_ms as f64 / 1000.0),
+                Arg::Integer(cost),
+                Arg::Integer(now),
+            ];
+            let r = call(&mut s, calls::rl_window, &args);
+            let expected = used(&admitted, now) + cost <= limit;
+            assert_eq!(r["admitted"], expected, "round {round} at {now}: {r}");
+            if expected {
+                admitted.push((now, cost));
+                assert_eq!(r["remaining"], limit - used(&admitted, now));
+            } else {
+                let retry = r["retry_after_ms"].as_i64().unwrap();
+                let later = |t: i64| used(&admitted, t) + cost <= limit;
+                assert!(retry >= 1 && (cost > limit || (later(now + retry) && !later(now + retry - 1))), "{r}");
+                if cost <= limit {
+                    let peek_at = |s: &mut MapStore, t: i64| {
+                        let args = [args[0], args[1], args[2], args[3], Arg::Integer(t)];
+                        call(s, calls::rl_window_peek, &args)["admitted"].as_bool().unwrap()
+                    };
+                    assert!(peek_at(&mut s, now + retry) && !peek_at(&mut s, now + retry - 1), "{r}");
+                }
+            }
+        }
+        assert!(s.entries.values().all(|row| row.entries.split(',').count() <= limit as usize));
+    }
+}
+
+#[test]
+fn a_window_too_large_to_keep_exactly_is_an_error_that_writes_nothing() {
+    let mut s = MapStore::default();
+    let window = |s: &mut MapStore, now: i64| {
+        calls::rl_window(
+            s,
+            &[Arg::Text("w"), Arg::Integer(1_000_000), Arg::Integer(3600), Arg::Integer(1), Arg::Integer(now)],
+            &TEST_CLOCK,
+        )
+    };
+    // 10 000 entries, one per millisecond from 0, as that many calls would leave them
+    let full = std::iter::once("0").chain(std::iter::repeat_n("1", 9_999)).collect::<Vec<_>>().join(",");
+    s.entries.insert(("w".to_owned(), EntryKind::Window), EntriesRow { entries: full, empty_at: 9_999 + 3_600_000 });
+    let writes = s.writes;
+    let e = window(&mut s, 10_000).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::LimitExceeded);
+    assert_eq!(s.writes, writes);
+    assert_eq!(parsed(window(&mut s, 9_999).unwrap())["admitted"], true, "a merge needs no new entry");
+    // an hour later every entry has left: the window starts again
+    assert_eq!(parsed(window(&mut s, 3_610_000).unwrap())["remaining"], 999_999);
+    let row = &s.entries[&("w".to_owned(), EntryKind::Window)];
+    assert_eq!((row.entries.as_str(), row.empty_at), ("3610000", 3_610_000 + 3_600_000));
+}
+
+#[test]
+fn leases_count_until_released_or_expired() {
+    let mut s = MapStore::default();
+    let acquire = |s: &mut MapStore, now: i64| {
+        call(s, calls::rl_acquire, &[Arg::Text("j"), Arg::Integer(1), Arg::Integer(10), Arg::Integer(now)])
+    };
+    let first = acquire(&mut s, 0);
+    let lease = first["lease"].as_str().unwrap().to_owned();
+    assert_eq!(acquire(&mut s, 5_000)["retry_after_ms"], 5_000);
+    let writes = s.writes;
+    assert_eq!(acquire(&mut s, 9_999)["admitted"], false);
+    assert_eq!(s.writes, writes, "a refusal writes nothing");
+    let release = |s: &mut MapStore, now: i64| {
+        calls::rl_release(s, &[Arg::Text("j"), Arg::Text(&lease), Arg::Integer(now)], &TEST_CLOCK).unwrap()
+    };
+    assert!(release(&mut s, 1_000));
+    assert!(!release(&mut s, 1_000));
+    assert_eq!(s.writes, writes + 1, "a release that finds nothing writes nothing");
+    let second = acquire(&mut s, 2_000);
+    assert_eq!((second["admitted"].clone(), second["lease"].clone()), (json!(true), json!("2000-2")));
+    let in_flight =
+        |s: &mut MapStore, now: i64| calls::rl_in_flight(s, &[Arg::Text("j"), Arg::Integer(now)], &TEST_CLOCK).unwrap();
+    assert_eq!((in_flight(&mut s, 11_999), in_flight(&mut s, 12_000)), (1, 0), "expired at once, no sweep");
+    let renewed =
+        call(&mut s, calls::rl_renew, &[Arg::Text("j"), Arg::Text("2000-2"), Arg::Integer(60), Arg::Integer(11_000)]);
+    assert_eq!(renewed, json!({"renewed": true, "expires_at": 71_000}));
+    assert_eq!(s.entries[&("j".to_owned(), EntryKind::Lease)].empty_at, 71_000, "the sweep waits for it");
+}
+
+#[test]
+fn a_charge_into_debt_is_repaid_by_refill_to_the_millisecond() {
+    let mut s = MapStore::default();
+    let charged = call(
+        &mut s,
+        calls::rl_charge,
+        &[Arg::Text("c"), Arg::Integer(2), Arg::Integer(60), Arg::Integer(5), Arg::Integer(0)],
+    );
+    assert_eq!((charged["admitted"].clone(), charged["remaining"].clone()), (json!(true), json!(-3)));
+    let r = take(&mut s, "c", 2.0, 60.0, 1.0, 0);
+    assert_eq!(r["retry_after_ms"], 4_000);
+    assert_eq!(take(&mut s, "c", 2.0, 60.0, 1.0, 3_999)["admitted"], false);
+    assert_eq!(take(&mut s, "c", 2.0, 60.0, 1.0, 4_000)["admitted"], true);
 }

@@ -112,10 +112,11 @@ struct Bind<'a>(&'a Value<'a>);
 
 impl ToSql for Bind<'_> {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        Ok(ToSqlOutput::Borrowed(match *self.0 {
+        Ok(ToSqlOutput::Borrowed(match self.0 {
             Value::Text(t) => ValueRef::Text(t.as_bytes()),
-            Value::Float(f) => ValueRef::Real(f),
-            Value::Int(i) => ValueRef::Integer(i),
+            Value::String(t) => ValueRef::Text(t.as_bytes()),
+            Value::Float(f) => ValueRef::Real(*f),
+            Value::Int(i) => ValueRef::Integer(*i),
         }))
     }
 }
@@ -190,6 +191,7 @@ impl SqlEngine for SqliteEngine<'_> {
                 (0..columns.len())
                     .map(|i| match columns[i] {
                         functions::SqlType::Float8 => r.get(i).map(Value::Float),
+                        functions::SqlType::Text => r.get(i).map(Value::String),
                         _ => r.get(i).map(Value::Int),
                     })
                     .collect()

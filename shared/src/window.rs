@@ -1,0 +1,201 @@
+//! Exact sliding windows: at most `limit` units admitted in any `window_ms`. Pure: the
+//! stored admissions in, the answer and the admissions to store out.
+//!
+//! A window keeps every admission that still counts, one entry per millisecond (two in the
+//! same millisecond merge). An entry made at `at` counts while `at > now - window_ms`, and
+//! stops counting at `at + window_ms` exactly, so every wait is an exact integer.
+
+use crate::units::MICROS_PER_UNIT;
+
+/// Most entries one window keeps. A call that would store one more is refused with an
+/// error rather than answered approximately. An entry takes at most 29 bytes of text
+/// (a delta of at most a year in ms, and millionths), so a window holds at most ~290 KB.
+pub const MAX_ENTRIES: usize = 10_000;
+
+/// Units admitted (millionths) in one millisecond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub at: i64,
+    pub micros: i64,
+}
+
+/// The limits passed with a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowLimits {
+    /// Millionths.
+    pub limit: i64,
+    pub window_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowDecision {
+    pub admitted: bool,
+    /// Whole units left in the window after the call (never below 0).
+    pub remaining: i64,
+    /// Millionths.
+    pub limit: i64,
+    pub retry_after_ms: i64,
+    /// Until every entry counted after the call has left the window.
+    pub reset_after_ms: i64,
+    pub window_ms: i64,
+    /// Some exactly when admitted: the entries to store (those still counting, sorted).
+    pub new_entries: Option<Vec<Entry>>,
+}
+
+/// The entries that count at `now`: a suffix of the sorted list. Entries ahead of `now`
+/// (a caller whose clock is behind) count too, so skewed clocks cannot admit extra units.
+fn counting<'e>(entries: &'e [Entry], limits: &WindowLimits, now: i64) -> &'e [Entry] {
+    let first = entries.partition_point(|e| e.at.saturating_add(limits.window_ms) <= now);
+    &entries[first..]
+}
+
+/// The one question of a window: admit `cost` millionths now?
+pub fn take(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> WindowDecision {
+    let counted = counting(entries, limits, now);
+    let used: i64 = counted.iter().map(|e| e.micros).sum();
+    let admitted = used.saturating_add(cost) <= limits.limit;
+    let after = if admitted { with_entry(counted, Entry { at: now, micros: cost }) } else { counted.to_vec() };
+    let used_after = if admitted { used + cost } else { used };
+    let reset_after_ms = after.iter().map(|e| e.at + limits.window_ms - now).max().unwrap_or(0).max(0);
+    let retry_after_ms = if admitted {
+        0
+    } else if cost > limits.limit {
+        // Never admitted: the time until the window is empty.
+        reset_after_ms.max(1)
+    } else {
+        // Entries leave oldest first; wait for the one whose leaving frees enough.
+        let need = used + cost - limits.limit;
+        let mut freed = 0;
+        counted
+            .iter()
+            .find(|e| {
+                freed += e.micros;
+                freed >= need
+            })
+            .map_or(1, |e| e.at + limits.window_ms - now)
+    };
+    WindowDecision {
+        admitted,
+        remaining: ((limits.limit - used_after) / MICROS_PER_UNIT).max(0),
+        limit: limits.limit,
+        retry_after_ms,
+        reset_after_ms,
+        window_ms: limits.window_ms,
+        new_entries: admitted.then_some(after),
+    }
+}
+
+/// `entries` with `entry` added in time order, merged into an entry of the same millisecond.
+fn with_entry(entries: &[Entry], entry: Entry) -> Vec<Entry> {
+    let mut out = entries.to_vec();
+    match out.binary_search_by_key(&entry.at, |e| e.at) {
+        Ok(i) => out[i].micros += entry.micros,
+        Err(i) => out.insert(i, entry),
+    }
+    out
+}
+
+/// When the last entry leaves the window (the sweep removes the row from then on).
+pub fn empty_at(entries: &[Entry], window_ms: i64) -> i64 {
+    entries.last().map_or(0, |e| e.at + window_ms)
+}
+
+/// The stored text: entries in time order separated by `,`, each `delta` or
+/// `delta:millionths` (one whole unit is left out), the first delta from the epoch.
+pub fn encode(entries: &[Entry]) -> String {
+    let mut out = String::with_capacity(entries.len() * 8);
+    let mut previous = 0;
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&(e.at - previous).to_string());
+        if e.micros != MICROS_PER_UNIT {
+            out.push(':');
+            out.push_str(&e.micros.to_string());
+        }
+        previous = e.at;
+    }
+    out
+}
+
+/// The entries of a stored text; None if it is not one [`encode`] writes.
+pub fn decode(text: &str) -> Option<Vec<Entry>> {
+    if text.is_empty() {
+        return Some(Vec::new());
+    }
+    let mut at: i64 = 0;
+    text.split(',')
+        .enumerate()
+        .map(|(i, item)| {
+            let (delta, micros) = match item.split_once(':') {
+                Some((d, m)) => (d.parse::<i64>().ok()?, m.parse::<i64>().ok()?),
+                None => (item.parse::<i64>().ok()?, MICROS_PER_UNIT),
+            };
+            at = at.checked_add(delta)?;
+            // Times strictly ascend after the first.
+            (micros > 0 && (delta > 0 || (i == 0 && delta == 0))).then_some(Entry { at, micros })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U: i64 = MICROS_PER_UNIT;
+    const LIMITS: WindowLimits = WindowLimits { limit: 3 * U, window_ms: 10_000 };
+
+    fn run(entries: &mut Vec<Entry>, cost: i64, now: i64) -> WindowDecision {
+        let d = take(entries, &LIMITS, cost, now);
+        if let Some(new) = &d.new_entries {
+            *entries = new.clone();
+        }
+        d
+    }
+
+    /// (now, cost, admitted, remaining, retry_after_ms, reset_after_ms)
+    #[test]
+    fn table() {
+        let mut e = Vec::new();
+        for (now, cost, admitted, remaining, retry, reset) in [
+            (0, U, true, 2, 0, 10_000),
+            (0, U, true, 1, 0, 10_000), // merged into the entry at 0
+            (5_000, U, true, 0, 0, 10_000),
+            (5_001, U, false, 0, 4_999, 9_999),
+            (9_999, U, false, 0, 1, 5_001),
+            (10_000, U, true, 1, 0, 10_000), // the two units of 0 left at exactly 10 s
+            (10_000, 4 * U, false, 1, 10_000, 10_000),
+        ] {
+            let d = run(&mut e, cost, now);
+            assert_eq!(
+                (d.admitted, d.remaining, d.retry_after_ms, d.reset_after_ms),
+                (admitted, remaining, retry, reset),
+                "at {now}"
+            );
+        }
+        assert_eq!(e, vec![Entry { at: 5_000, micros: U }, Entry { at: 10_000, micros: U }]);
+    }
+
+    #[test]
+    fn waiting_the_retry_admits_and_one_ms_less_does_not() {
+        let e = vec![Entry { at: 100, micros: 2 * U }, Entry { at: 300, micros: U }];
+        for cost in [U, 2 * U, 3 * U] {
+            let d = take(&e, &LIMITS, cost, 400);
+            assert!(!d.admitted);
+            assert!(take(&e, &LIMITS, cost, 400 + d.retry_after_ms).admitted, "{cost}");
+            assert!(!take(&e, &LIMITS, cost, 400 + d.retry_after_ms - 1).admitted, "{cost}");
+        }
+    }
+
+    #[test]
+    fn text_round_trips_and_damage_is_refused() {
+        let e = vec![Entry { at: 1_700_000_000_000, micros: U }, Entry { at: 1_700_000_000_007, micros: 1 }];
+        assert_eq!(encode(&e), "1700000000000,7:1");
+        assert_eq!(decode(&encode(&e)), Some(e));
+        assert_eq!(decode(""), Some(vec![]));
+        for bad in ["x", "1,0", "0,0", "1,-1", "1:0", "5,,6", "1:2:3"] {
+            assert_eq!(decode(bad), None, "{bad}");
+        }
+    }
+}

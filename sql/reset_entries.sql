@@ -1,0 +1,1 @@
+DELETE FROM ratelimit.rl_entries WHERE key OPERATOR(pg_catalog.=) $1
