@@ -193,10 +193,54 @@ def memory_store_section():
     return cells, wal, stats
 
 
+KIND_SCRIPTS = {
+    "rl_take": PG_SCRIPTS["rl_take"],
+    "rl_window": "SELECT rl_window('k' || :k, 1000000000, 60);",
+    "rl_acquire + rl_release": "SELECT rl_release('k' || :k, rl_acquire('k' || :k, 10000, 60) ->> 'lease');",
+    "rl_charge": f"SELECT rl_charge('k' || :k, {BIG}, 1);",
+}
+SQLITE_KIND_SQL = {
+    "rl_take": f"SELECT rl_take(?1, {BIG})",
+    "rl_window": "SELECT rl_window(?1, 1000000000, 60)",
+    "rl_acquire + rl_release": "SELECT rl_release(?1, rl_acquire(?1, 10000, 60) ->> 'lease')",
+    "rl_charge": f"SELECT rl_charge(?1, {BIG}, 1)",
+}
+
+
+def kinds_section():
+    """Sliding windows, leases and charges next to rl_take: calls/s on both engines (table
+    store, 100,000 keys, 8 PostgreSQL clients, one SQLite connection), and bytes per key
+    of a window or a lease list by its number of entries."""
+    print("kinds of limit: setup", file=sys.stderr)
+    setup_postgres(KEYS)
+    matrix = {("postgres", 8, name, False): (lambda s=script: pgbench(s, 8, KEYS, False))
+              for name, script in KIND_SCRIPTS.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kinds.db")
+        for name, sql in SQLITE_KIND_SQL.items():
+            matrix[("sqlite wal", 1, name, None)] = (lambda q=sql: sqlite_bench(path, "wal", q, KEYS))
+        cells = run_matrix(matrix)
+    sizes = {}
+    # one entry (or lease) per ms from a present-day clock
+    at = "1764500000000 + g"
+    for kind, sql, counts in (("window", f"rl_window('size-{{n}}', 1000000000, 3600, 1, {at})", (1, 100, 10_000)),
+                              ("lease", f"rl_acquire('size-{{n}}', 10000, 3600, {at})", (1, 100, 1_000))):
+        for n in counts:
+            # explicit clocks, which only a superuser may allow
+            psql(f"SET pg_ratelimit.allow_explicit_clock = on; SELECT count({sql.format(n=n)}) FROM generate_series(1, {n}) g")
+            text, stored = psql_value(f"SELECT octet_length(entries) || ' ' || pg_column_size(entries) FROM "
+                                      f"ratelimit.rl_entries WHERE key = 'size-{n}' AND kind = '{kind}'").split()
+            sizes[(kind, n)] = (int(text), int(stored))
+    return cells, sizes
+
+
 def main():
     os.makedirs(RESULTS, exist_ok=True)
     import report  # noqa: E402  (bench/report.py)
 
+    if os.environ.get("RL_BENCH_ONLY") == "kinds":
+        report.write_kinds(*kinds_section())
+        return
     memory_cells, wal, stats = memory_store_section()
     report.write_memory_store(memory_cells, wal, stats)
     with open(os.path.join(RESULTS, "memory_store.json"), "w") as f:
@@ -271,6 +315,7 @@ def main():
     with open(os.path.join(RESULTS, "results.json"), "w") as f:
         json.dump({"cells": [[list(k), v] for k, v in cells.items()], "sizes": sizes}, f, indent=1)
     report.write(cells, sizes)
+    report.write_kinds(*kinds_section())
 
 
 if __name__ == "__main__":

@@ -138,3 +138,33 @@ def write_memory_store(cells, wal, stats):
               "", f"rl_memory_stats() after the run: `{json.dumps(stats, sort_keys=True)}`", ""]
     with open(os.path.join(RESULTS, "memory_store.md"), "w") as f:
         f.write("\n".join(lines))
+
+
+def write_kinds(cells, sizes):
+    reps, seconds = os.environ.get("RL_BENCH_REPS", "3"), os.environ.get("RL_BENCH_SECONDS", "3")
+    lines = ["# Sliding windows, leases and charges next to rl_take", "",
+             f"One interleaved run (`RL_BENCH_REPS={reps} RL_BENCH_SECONDS={seconds} RL_BENCH_ONLY=kinds bash "
+             f"scripts/bench.sh`), medians of {reps} runs of {seconds} s per cell; 2 cores, 100,000 keys, every call "
+             "admitted. PostgreSQL: pgbench, 8 clients, prepared statements, synchronous_commit off, table store. "
+             "SQLite: one connection in a tight loop (bench/sqlite_driver.c), WAL journal. "
+             "`rl_acquire + rl_release` is one statement that takes a lease and gives it back.", "",
+             "| engine | function | calls/s | next to rl_take | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+    for key in sorted(cells, key=lambda k: (k[0], k[2] != "rl_take", k[2])):
+        engine, _, name, sync = key
+        base = cells[(engine, key[1], "rl_take", sync)]["calls_per_s"]
+        c = cells[key]
+        lines.append(f"| {engine} | {name} | {c['calls_per_s']:,.0f} | {c['calls_per_s'] / base:.2f}x | "
+                     f"{c['p50_ms']:.3f} | {c['p99_ms']:.3f} |")
+    lines += ["", "## Bytes per key", "",
+              "A window or a key's leases is one row of `rl_entries` whose list is text: the bytes of that text, and "
+              "what PostgreSQL stores for it (`pg_column_size`, compressed when large), made by one call per millisecond "
+              "from a present-day clock. A window keeps one entry per millisecond with admissions, each written as "
+              "the gap to the one before (a digit per tenfold gap, at most 29 bytes with its cost), and at most "
+              "10,000 entries. A lease list keeps every lease held (at most max_in_flight, 10,000): its number, "
+              "issue and expiry times.", "",
+              "| kind | entries | text bytes | stored bytes | text bytes per entry |", "|---|---|---|---|---|"]
+    for (kind, n), (text, stored) in sorted(sizes.items()):
+        lines.append(f"| {kind} | {n:,} | {text:,} | {stored:,} | {text / n:.1f} |")
+    lines.append("")
+    with open(os.path.join(RESULTS, "kinds.md"), "w") as f:
+        f.write("\n".join(lines))
