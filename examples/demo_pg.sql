@@ -30,7 +30,9 @@ SELECT 'spend ' || n || ' of 0.30' AS call,
 FROM results ORDER BY n;
 
 \echo '4. rl_budget asks without spending; rl_sweep drops rows that no longer matter.'
-SELECT rl_budget('tenant-7', 'day', 1, 0.1, 1795953600000) AS "rl_budget('tenant-7', 'day', 1, 0.1, ...)",
-       rl_sweep(1795953600000) AS rows_swept;
+WITH asked(r) AS MATERIALIZED (SELECT rl_budget('tenant-7', 'day', 1, 0.1, 1795953600000))
+SELECT r -> 'admitted' AS "would 0.10 pass", r ->> 'used' AS used_after_it, r ->> 'remaining' AS remaining,
+       rl_sweep(1795953600000) AS rows_swept
+FROM asked;
 SELECT 'state rows: ' || (SELECT count(*) FROM ratelimit.rl_bucket) || ' buckets, '
        || (SELECT count(*) FROM ratelimit.rl_budget) || ' budgets' AS state;

@@ -3,9 +3,10 @@
 Each user gets a bucket (a burst, refilled per minute) and a daily budget, checked
 together with rl_take_all: both are charged, or neither. A refused request gets 429 with
 Retry-After and the RateLimit headers from rl_headers, and the body
-{"error": "rate_limited", "retry_after": n}. When the work fails after it was admitted,
-the service gives the tokens and the budget back (rl_refund, rl_refund_budget). /health is
-never limited.
+{"error": "rate_limited", "retry_after": n}. A request whose cost (`&cost=`, default 1)
+is above a limit can never pass: it gets 413 and no Retry-After. When the work fails after
+it was admitted, the service gives the tokens and the budget back (rl_refund,
+rl_refund_budget). /health is never limited.
 
     /usr/bin/python3 examples/service.py --sqlite app.db --port 8080
     /usr/bin/python3 examples/service.py --postgres "dbname=app" --port 8080
@@ -58,24 +59,24 @@ class Limits:
                 value = cur.fetchone()[0]
         return json.loads(value) if isinstance(value, str) else value
 
-    def limits_for(self, user):
+    def limits_for(self, user, cost):
         o = self.options
         key = json.dumps(["example", user])  # the same encoding rl_key uses
         return key, [
-            {"key": key, "burst": o.burst, "refill_per_minute": o.per_minute},
-            {"key": key, "period": "day", "quota": o.daily},
+            {"key": key, "burst": o.burst, "refill_per_minute": o.per_minute, "cost": cost},
+            {"key": key, "period": "day", "quota": o.daily, "cost": cost},
         ]
 
-    def admit(self, user):
-        key, limits = self.limits_for(user)
+    def admit(self, user, cost):
+        key, limits = self.limits_for(user, cost)
         result = self.call("rl_take_all(%s)", json.dumps(limits))
         return result, self.call("rl_headers(%s)", json.dumps(result))
 
-    def refund(self, user):
-        key, _ = self.limits_for(user)
+    def refund(self, user, cost):
+        key, _ = self.limits_for(user, cost)
         o = self.options
-        self.call("rl_refund(%s, %s, %s, 1)", key, o.burst, o.per_minute)
-        self.call("rl_refund_budget(%s, 'day', 1)", key)
+        self.call("rl_refund(%s, %s, %s, %s)", key, o.burst, o.per_minute, cost)
+        self.call("rl_refund_budget(%s, 'day', %s)", key, cost)
 
 
 def make_handler(limits):
@@ -98,7 +99,16 @@ def make_handler(limits):
             if url.path != "/work":
                 return self.reply(404, {"error": "not_found"})
             user = query.get("user", ["anonymous"])[0]
-            result, headers = limits.admit(user)
+            try:
+                cost = float(query.get("cost", ["1"])[0])
+            except ValueError:
+                return self.reply(400, {"error": "cost must be a number"})
+            if not cost > 0:
+                return self.reply(400, {"error": "cost must be greater than 0"})
+            result, headers = limits.admit(user, cost)
+            if any(item["exceeds_limit"] for item in result["items"]):
+                # no wait would admit it: not "too many requests" but "too large a request"
+                return self.reply(413, {"error": "cost_above_limit"}, headers)
             if not result["admitted"]:
                 return self.reply(429, {"error": "rate_limited", "retry_after": result["retry_after_seconds"]}, headers)
             try:
@@ -106,7 +116,7 @@ def make_handler(limits):
                     raise RuntimeError("the work failed")
                 return self.reply(200, {"ok": True, "user": user}, headers)
             except RuntimeError as e:
-                limits.refund(user)  # the caller did not get what it paid for
+                limits.refund(user, cost)  # the caller did not get what it paid for
                 return self.reply(500, {"error": str(e)})
 
         def log_message(self, *args):  # keep the example quiet

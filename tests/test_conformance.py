@@ -2,6 +2,7 @@
 must return equal JSON (parsed) and the values the contract states."""
 import calendar
 import datetime
+import json
 
 import pytest
 
@@ -32,6 +33,52 @@ def spend(admitted, used, limit, resets_at_ms, retry_s):
         "resets_at": resets_at_ms // 1000,
         "retry_after_seconds": retry_s,
     }
+
+
+def period_seconds(period, resets_at):
+    """The length of the UTC day or month that ends at resets_at (epoch seconds)."""
+    if period == "day":
+        return 86400
+    end = datetime.datetime.fromtimestamp(resets_at, datetime.timezone.utc)
+    start = (end - datetime.timedelta(days=1)).replace(day=1)
+    return int((end - start).total_seconds())
+
+
+def with_derived_keys(function, args, expected):
+    """The keys each result shape carries for headers and clients, from the call's own
+    arguments as the contract defines them: `exceeds_limit` (refused for a cost above the
+    limit), and the window `w` of rl_headers: a bucket's `refill_seconds` (burst * 60 /
+    refill_per_minute) or a budget's `period_seconds`. A step that states them is left as it is."""
+    if not isinstance(expected, dict) or "exceeds_limit" in expected:
+        return expected
+    if function == "rl_take_all":
+        items = [with_derived_keys(kind, args_of, item) for (kind, args_of), item
+                 in zip(item_calls(args[0]), expected["items"])]
+        return {**expected, "items": items}
+    cost = args[3] if len(args) > 3 else 1
+    if function in ("rl_take", "rl_peek", "rl_charge"):
+        return {**expected, "exceeds_limit": not expected["admitted"] and cost > args[1],
+                "refill_seconds": args[1] * 60 / args[2]}
+    if function in ("rl_spend", "rl_budget"):
+        return {**expected, "exceeds_limit": not expected["admitted"] and cost > args[2],
+                "period_seconds": period_seconds(args[1], expected["resets_at"])}
+    if function in ("rl_window", "rl_window_peek"):
+        return {**expected, "exceeds_limit": not expected["admitted"] and cost > args[1]}
+    return expected
+
+
+def item_calls(limits):
+    """rl_take_all's items as the single calls they stand for: (function, arguments)."""
+    calls = []
+    for item in json.loads(limits):
+        cost = item.get("cost", 1)
+        if "period" in item:
+            calls.append(("rl_spend", (item["key"], item["period"], item["quota"], cost)))
+        elif "window_seconds" in item:
+            calls.append(("rl_window", (item["key"], item["limit"], item["window_seconds"], cost)))
+        else:
+            calls.append(("rl_take", (item["key"], item["burst"], item["refill_per_minute"], cost)))
+    return calls
 
 
 def window(admitted, remaining, limit, retry_ms, reset_s, window_s):
@@ -68,7 +115,7 @@ STEPS = [
     ("rl_take", ("b", 3, 60, 1, 1000), take(True, 2, 3, 0, 1)),
     ("rl_take", ("a", 3, 60, 1, 100_000_000), take(True, 2, 3, 0, 1)),
     # cost above burst: refused with the time to refill a full bucket
-    ("rl_take", ("c", 3, 60, 5, 0), take(False, 3, 3, 3000, 0)),
+    ("rl_take", ("c", 3, 60, 5, 0), {**take(False, 3, 3, 3000, 0), "exceeds_limit": True, "refill_seconds": 3}),
     # odd rates: 7/min needs 8572 ms for one token
     ("rl_take", ("odd", 1, 7, 1, 0), take(True, 0, 1, 0, 9)),
     ("rl_take", ("odd", 1, 7, 1, 1), take(False, 0, 1, 8571, 9)),
@@ -182,7 +229,7 @@ STEPS = [
       "items": [take(True, 1, 2, 0, 1), spend(True, 1, 2, ms(1970, 1, 2), 0)]}),
     ("rl_take_all", ('[{"key":"ta","burst":2,"refill_per_minute":60},{"key":"ta","period":"day","quota":1}]', 0),
      {"admitted": False, "retry_after_ms": 86_400_000, "retry_after_seconds": 86_400,
-      "items": [take(True, 0, 2, 0, 2), spend(False, 1, 1, ms(1970, 1, 2), 86_400)]}),
+      "items": [take(True, 1, 2, 0, 1), spend(False, 1, 1, ms(1970, 1, 2), 86_400)]}),  # the bucket: as it is now
     ("rl_take", ("ta", 2, 60, 1, 0), take(True, 0, 2, 0, 2)),  # the refused call charged nothing
     ("rl_take_all", ('[{"key":"ta","burst":2,"refill_per_minute":60,"cost":1}]', 500),
      {"admitted": False, "retry_after_ms": 500, "retry_after_seconds": 1, "items": [take(False, 0, 2, 500, 2)]}),
@@ -275,7 +322,7 @@ STEPS = [
       "items": [window(True, 0, 2, 0, 60, 60), take(True, 3, 5, 0, 2)]}),
     ("rl_take_all", ('[{"key":"tw","limit":2,"window_seconds":60},{"key":"tw","burst":5,"refill_per_minute":60}]', 0),
      {"admitted": False, "retry_after_ms": 60_000, "retry_after_seconds": 60,
-      "items": [window(False, 0, 2, 60_000, 60, 60), take(True, 2, 5, 0, 3)]}),
+      "items": [window(False, 0, 2, 60_000, 60, 60), take(True, 3, 5, 0, 2)]}),  # the bucket: as it is now
     ("rl_take", ("tw", 5, 60, 1, 0), take(True, 2, 5, 0, 3)),  # the refused call charged nothing
     ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":0}]', 0),
      ("error", "rl_take_all: item 1: window_seconds must be a finite number greater than 0, got 0")),
@@ -285,7 +332,7 @@ STEPS = [
      ("error", 'rl_take_all: item 1: unknown field "burst" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost; a window key, limit, window_seconds, cost)')),
     # headers for windows and leases (the draft's concurrent-requests quota unit)
     ("rl_headers", ('{"admitted":false,"remaining":0,"limit":3,"retry_after_ms":1,"retry_after_seconds":1,"reset_after_seconds":7,"window_seconds":10}',),
-     {"RateLimit-Policy": '"window";q=3', "RateLimit": '"window";r=0;t=7', "X-RateLimit-Limit": "3",
+     {"RateLimit-Policy": '"window";q=3;w=10', "RateLimit": '"window";r=0;t=7', "X-RateLimit-Limit": "3",
       "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "7", "Retry-After": "1"}),
     ("rl_headers", ('{"admitted":false,"lease":null,"in_flight":2,"limit":2,"expires_at":null,"retry_after_ms":28000,"retry_after_seconds":28}',),
      {"RateLimit-Policy": '"concurrency";q=2;qu="concurrent-requests"', "RateLimit": '"concurrency";r=0;t=28',
@@ -297,6 +344,37 @@ STEPS = [
     ("rl_headers", ('{"admitted":false,"remaining":-15,"limit":10,"retry_after_ms":16000,"retry_after_seconds":16,"reset_after_seconds":25}',),
      {"RateLimit-Policy": '"bucket";q=10', "RateLimit": '"bucket";r=0;t=25', "X-RateLimit-Limit": "10",
       "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "25", "Retry-After": "16"}),
+    # what answers report: a cost above the limit is marked, and rl_headers gives it no Retry-After
+    ("rl_spend", ("big", "day", 2, 3, NOV_29),
+     {**spend(False, 0, 2, ms(2026, 11, 30), 43200), "exceeds_limit": True, "period_seconds": 86400}),
+    ("rl_window", ("bigw", 2, 10, 3, 0), {**window(False, 2, 2, 1, 0, 10), "exceeds_limit": True}),
+    ("rl_budget", ("leap", "month", 1, 1, ms(2028, 2, 10)),
+     {**spend(False, 1, 1, ms(2028, 3, 1), 1_728_000), "exceeds_limit": False, "period_seconds": 29 * 86400}),
+    ("rl_headers", (json.dumps({**take(False, 3, 3, 3000, 0), "exceeds_limit": True, "refill_seconds": 3}),),
+     {"RateLimit-Policy": '"bucket";q=3;w=3', "RateLimit": '"bucket";r=3;t=0', "X-RateLimit-Limit": "3",
+      "X-RateLimit-Remaining": "3", "X-RateLimit-Reset": "0"}),
+    ("rl_headers", (json.dumps({**take(False, 0, 10, 16_000, 25), "exceeds_limit": False, "refill_seconds": 8.5}),),
+     {"RateLimit-Policy": '"bucket";q=10;w=9', "RateLimit": '"bucket";r=0;t=25', "X-RateLimit-Limit": "10",
+      "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "25", "Retry-After": "16"}),
+    # peeks with cost 0 report what is left, as it is
+    ("rl_take", ("p0", 3, 60, 2, 0), take(True, 1, 3, 0, 2)),
+    ("rl_peek", ("p0", 3, 60, 0, 0), take(True, 1, 3, 0, 2)),
+    ("rl_peek", ("p0", 3, 60, 0, 1500), take(True, 2, 3, 0, 1)),
+    ("rl_budget", ("chb", "day", 10, 0, 0), spend(True, 10, 10, ms(1970, 1, 2), 0)),
+    ("rl_window_peek", ("tw", 2, 60, 0, 0), window(True, 0, 2, 0, 60, 60)),
+    ("rl_peek", ("p0", 3, 60, -1), ("error", "rl_peek: cost must be a finite number of at least 0, got -1")),
+    ("rl_budget", ("p0", "day", 3, None), ("error", "rl_budget: cost must be a finite number of at least 0, got NULL")),
+    ("rl_take", ("p0", 3, 60, 0), ("error", "rl_take: cost must be a finite number greater than 0, got 0")),
+    # a refused call charges nothing, and every item says so: the budget reports 5 used, not 6
+    *[("rl_spend", ("rr", "day", 1000, 1, 0), spend(True, i, 1000, ms(1970, 1, 2), 0)) for i in range(1, 6)],
+    ("rl_take", ("rr", 1, 1, 1, 0), take(True, 0, 1, 0, 60)),
+    ("rl_take_all", ('[{"key":"rr","burst":1,"refill_per_minute":1},{"key":"rr","period":"day","quota":1000}]', 0),
+     {"admitted": False, "retry_after_ms": 60_000, "retry_after_seconds": 60,
+      "items": [take(False, 0, 1, 60_000, 60), spend(True, 5, 1000, ms(1970, 1, 2), 0)]}),
+    ("rl_take_all", ('[{"key":"rr","burst":1,"refill_per_minute":1,"cost":2},{"key":"rr","period":"day","quota":1000}]', 0),
+     {"admitted": False, "retry_after_ms": 60_000, "retry_after_seconds": 60,
+      "items": [{**take(False, 0, 1, 60_000, 60), "exceeds_limit": True, "refill_seconds": 60},
+                spend(True, 5, 1000, ms(1970, 1, 2), 0)]}),
     ("rl_sweep", (), None),
 ]
 
@@ -307,6 +385,7 @@ def run(engine):
     for i, (function, args, expected, *only) in enumerate(STEPS):
         if only and only[0] != engine.engine:
             continue
+        expected = with_derived_keys(function, args, expected)
         if isinstance(expected, tuple):
             message, code = engine.error_of(function, *args)
             results[i] = ("error", message)

@@ -55,7 +55,8 @@ def test_service_limits_refunds_and_exempts_health(service):
     port = service
     status, headers, body = get(port, "/work?user=alice")
     assert status == 200 and body["ok"] is True
-    assert headers["RateLimit-Policy"] == '"bucket-1";q=3, "budget-2";q=4'
+    # w: 3 tokens at 0.001 a minute take 180,000 s to refill; the budget's period is a day
+    assert headers["RateLimit-Policy"] == '"bucket-1";q=3;w=180000, "budget-2";q=4;w=86400'
     assert headers["X-RateLimit-Remaining"] == "2"
     # a failing handler gives the bucket token and the budget back
     status, _, body = get(port, "/work?user=alice&fail=1")
@@ -71,3 +72,9 @@ def test_service_limits_refunds_and_exempts_health(service):
     # the health endpoint is never limited, and another user has limits of their own
     assert all(get(port, "/health")[0] == 200 for _ in range(10))
     assert get(port, "/work?user=bob")[0] == 200
+    # a cost no wait can admit: 413 without Retry-After, and nothing charged
+    status, headers, body = get(port, "/work?user=carol&cost=5")
+    assert (status, body["error"]) == (413, "cost_above_limit")
+    assert "Retry-After" not in headers
+    status, headers, _ = get(port, "/work?user=carol&cost=2")
+    assert (status, headers["X-RateLimit-Remaining"]) == (200, "1")

@@ -479,7 +479,8 @@ mod tests {
         let peek = json("SELECT rl_budget('k', 'day', 1, 0.1, 0)");
         assert_eq!(
             peek,
-            serde_json::json!({"admitted": false, "used": 1, "limit": 1, "remaining": 0, "resets_at": 86400, "retry_after_seconds": 86400})
+            serde_json::json!({"admitted": false, "used": 1, "limit": 1, "remaining": 0, "resets_at": 86400,
+                               "retry_after_seconds": 86400, "exceeds_limit": false, "period_seconds": 86400})
         );
         assert_eq!(json("SELECT rl_spend('k', 'month', 1, 1, 0)")["admitted"], true, "periods are separate");
     }

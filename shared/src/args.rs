@@ -112,6 +112,33 @@ pub fn positive_number(function: &'static str, name: &str, arg: &Arg) -> Result<
     }
 }
 
+/// A cost that may be 0 (the peeks: what is left, with no hypothetical charge).
+fn peek_cost(arg: &Arg) -> Option<f64> {
+    as_number(arg).filter(|v| *v == 0.0)
+}
+
+fn zero_error(function: &'static str, name: &str, arg: &Arg) -> Error {
+    Error::invalid(function, format!("{name} must be a finite number of at least 0, got {}", arg.describe()))
+}
+
+/// What a call may be charged: a positive number, or 0 too where `zero` (the peeks).
+fn cost_number(function: &'static str, name: &str, arg: &Arg, zero: bool) -> Result<f64> {
+    match peek_cost(arg) {
+        Some(z) if zero => Ok(z),
+        _ if zero => positive_number(function, name, arg).map_err(|_| zero_error(function, name, arg)),
+        _ => positive_number(function, name, arg),
+    }
+}
+
+/// A budget cost in millionths, 0 too where `zero` (the peeks).
+fn cost_micros(function: &'static str, name: &str, arg: &Arg, zero: bool) -> Result<i64> {
+    match peek_cost(arg) {
+        Some(_) if zero => Ok(0),
+        _ if zero && positive_number(function, name, arg).is_err() => Err(zero_error(function, name, arg)),
+        _ => amount_micros(function, name, arg),
+    }
+}
+
 /// A budget amount (quota or cost) as an exact count of millionths.
 pub fn amount_micros(function: &'static str, name: &str, arg: &Arg) -> Result<i64> {
     let value = positive_number(function, name, arg)?;
@@ -268,6 +295,15 @@ pub struct TakeArgs<'a> {
 impl<'a> TakeArgs<'a> {
     /// `fourth` names the fourth argument in errors: `cost`, or `amount` for rl_refund.
     pub fn parse(function: &'static str, fourth: &str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Self::parse_cost(function, fourth, args, false, clock)
+    }
+
+    /// rl_peek's arguments: a cost of 0 reads what is left.
+    pub fn parse_peek(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Self::parse_cost(function, "cost", args, true, clock)
+    }
+
+    fn parse_cost(function: &'static str, fourth: &str, args: &[Arg<'a>], zero: bool, clock: &Clock) -> Result<Self> {
         Ok(TakeArgs {
             key: key(function, &nth(args, 0))?,
             limits: BucketLimits {
@@ -276,7 +312,7 @@ impl<'a> TakeArgs<'a> {
             },
             cost: match args.get(3) {
                 None => 1.0,
-                Some(a) => positive_number(function, fourth, a)?,
+                Some(a) => cost_number(function, fourth, a, zero)?,
             },
             now_ms: now_ms(function, &nth(args, 4), clock)?,
         })
@@ -296,14 +332,15 @@ pub struct SpendArgs<'a> {
 }
 
 impl<'a> SpendArgs<'a> {
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+    /// `peek`: rl_budget, where a cost of 0 reads what is left.
+    pub fn parse(function: &'static str, args: &[Arg<'a>], peek: bool, clock: &Clock) -> Result<Self> {
         Ok(SpendArgs {
             key: key(function, &nth(args, 0))?,
             period: period(function, &nth(args, 1))?,
             quota: amount_micros(function, "quota", &nth(args, 2))?,
             cost: match args.get(3) {
                 None => MICROS_PER_UNIT,
-                Some(a) => amount_micros(function, "cost", a)?,
+                Some(a) => cost_micros(function, "cost", a, peek)?,
             },
             now_ms: now_ms(function, &nth(args, 4), clock)?,
         })
@@ -342,7 +379,8 @@ pub struct WindowArgs<'a> {
 }
 
 impl<'a> WindowArgs<'a> {
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+    /// `peek`: rl_window_peek, where a cost of 0 reads what is left.
+    pub fn parse(function: &'static str, args: &[Arg<'a>], peek: bool, clock: &Clock) -> Result<Self> {
         Ok(WindowArgs {
             key: key(function, &nth(args, 0))?,
             limits: WindowLimits {
@@ -351,7 +389,7 @@ impl<'a> WindowArgs<'a> {
             },
             cost: match args.get(3) {
                 None => MICROS_PER_UNIT,
-                Some(a) => amount_micros(function, "cost", a)?,
+                Some(a) => cost_micros(function, "cost", a, peek)?,
             },
             now_ms: now_ms(function, &nth(args, 4), clock)?,
         })

@@ -23,6 +23,13 @@ pub struct BucketLimits {
     pub refill_per_minute: f64,
 }
 
+impl BucketLimits {
+    /// Seconds an empty bucket takes to fill.
+    pub fn refill_seconds(&self) -> f64 {
+        self.burst * 60.0 / self.refill_per_minute
+    }
+}
+
 /// The answer to a take, and the state to store when it admitted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakeDecision {
@@ -32,6 +39,10 @@ pub struct TakeDecision {
     pub limit: f64,
     pub retry_after_ms: i64,
     pub reset_after_ms: i64,
+    /// Refused because `cost` is above the burst: no wait will admit it.
+    pub exceeds_limit: bool,
+    /// Seconds a whole burst takes to refill (the headers' window, `w`).
+    pub refill_seconds: f64,
     /// Some exactly when admitted: the row to write.
     pub new_state: Option<BucketState>,
 }
@@ -110,6 +121,8 @@ pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: 
             limit: limits.burst,
             retry_after_ms,
             reset_after_ms: wait_for(state, limits, now, limits.burst),
+            exceeds_limit: cost > limits.burst,
+            refill_seconds: limits.refill_seconds(),
             new_state: None,
         }
     }
@@ -129,6 +142,8 @@ pub fn charge(state: Option<&BucketState>, limits: &BucketLimits, amount: f64, n
         limit: limits.burst,
         retry_after_ms: 0,
         reset_after_ms,
+        exceeds_limit: false,
+        refill_seconds: limits.refill_seconds(),
         new_state: Some(new_state),
     }
 }

@@ -18,6 +18,10 @@ pub struct SpendDecision {
     pub quota: i64,
     pub resets_at_ms: i64,
     pub retry_after_seconds: i64,
+    /// Refused because `cost` is above the quota: no period will admit it.
+    pub exceeds_limit: bool,
+    /// The length of the period answered from (a day, or that month), in ms.
+    pub period_ms: i64,
     /// Some exactly when admitted: the row to write.
     pub new_state: Option<BudgetState>,
 }
@@ -38,6 +42,8 @@ pub fn spend(state: Option<&BudgetState>, period: Period, quota: i64, cost: i64,
         quota,
         resets_at_ms: resets_at,
         retry_after_seconds: if admitted { 0 } else { ceil_seconds(resets_at - now) },
+        exceeds_limit: !admitted && cost > quota,
+        period_ms: resets_at - period.start_ms(resets_at - 1),
         new_state: admitted.then_some(BudgetState { used: total, resets_at }),
     }
 }

@@ -96,10 +96,10 @@ fn state<S: LockingStore>(
     let json = |r: &dyn ToJson| Answer::Json(r.to_json());
     Ok(match which {
         StateCall::Take => json(&protocol::take(store, name, &TakeArgs::parse(name, "cost", args, clock)?)?),
-        StateCall::Peek => json(&protocol::peek(store, name, &TakeArgs::parse(name, "cost", args, clock)?)?),
+        StateCall::Peek => json(&protocol::peek(store, name, &TakeArgs::parse_peek(name, args, clock)?)?),
         StateCall::Refund => json(&protocol::refund(store, name, &TakeArgs::parse(name, "amount", args, clock)?)?),
-        StateCall::Spend => json(&protocol::spend(store, name, &SpendArgs::parse(name, args, clock)?)?),
-        StateCall::Budget => json(&protocol::peek_budget(store, name, &SpendArgs::parse(name, args, clock)?)?),
+        StateCall::Spend => json(&protocol::spend(store, name, &SpendArgs::parse(name, args, false, clock)?)?),
+        StateCall::Budget => json(&protocol::peek_budget(store, name, &SpendArgs::parse(name, args, true, clock)?)?),
         StateCall::RefundBudget => {
             json(&protocol::refund_budget(store, name, &RefundBudgetArgs::parse(name, args, clock)?)?)
         }
@@ -110,8 +110,10 @@ fn state<S: LockingStore>(
             let parsed = TakeAllArgs::parse(name, &limits, &args::nth(args, 1), clock)?;
             json(&protocol::take_all(store, name, &parsed)?)
         }
-        StateCall::Window => json(&protocol::window(store, name, &WindowArgs::parse(name, args, clock)?)?),
-        StateCall::WindowPeek => json(&protocol::window_peek(store, name, &WindowArgs::parse(name, args, clock)?)?),
+        StateCall::Window => json(&protocol::window(store, name, &WindowArgs::parse(name, args, false, clock)?)?),
+        StateCall::WindowPeek => {
+            json(&protocol::window_peek(store, name, &WindowArgs::parse(name, args, true, clock)?)?)
+        }
         StateCall::Acquire => json(&protocol::acquire(store, name, &AcquireArgs::parse(name, args, clock)?)?),
         StateCall::Release => {
             Answer::Bool(protocol::release(store, name, &LeaseArgs::parse(name, args, false, clock)?)?)

@@ -161,9 +161,18 @@ const LEASE: Param = required("lease", SqlType::Text);
 const LEASE_SECONDS: Param = required("lease_seconds", SqlType::Float8);
 const SPEND_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, COST, NOW_MS];
 
-const TAKE_KEYS: &[&str] =
-    &["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds"];
-const SPEND_KEYS: &[&str] = &["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds"];
+const TAKE_KEYS: &[&str] = &[
+    "admitted",
+    "remaining",
+    "limit",
+    "retry_after_ms",
+    "retry_after_seconds",
+    "reset_after_seconds",
+    "exceeds_limit",
+    "refill_seconds",
+];
+const SPEND_KEYS: &[&str] =
+    &["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds", "exceeds_limit", "period_seconds"];
 const WINDOW_KEYS: &[&str] = &[
     "admitted",
     "remaining",
@@ -171,6 +180,7 @@ const WINDOW_KEYS: &[&str] = &[
     "retry_after_ms",
     "retry_after_seconds",
     "reset_after_seconds",
+    "exceeds_limit",
     "window_seconds",
 ];
 const NOT_AN_OBJECT: &[&str] = &[];

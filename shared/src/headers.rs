@@ -1,9 +1,10 @@
 //! rl_headers: HTTP response headers from any result, without a database or a clock.
 //!
 //! `RateLimit-Policy` and `RateLimit` follow the IETF httpapi rate-limit headers draft
-//! (structured-field lists: `"name";q=<quota>` and `"name";r=<remaining>;t=<seconds>`);
-//! `X-RateLimit-*` are the common de-facto headers; `Retry-After` appears on a refusal only,
-//! in whole seconds rounded up, so it is never 0 while the caller is limited.
+//! (structured-field lists: `"name";q=<quota>;w=<window seconds>` and
+//! `"name";r=<remaining>;t=<seconds>`); `X-RateLimit-*` are the common de-facto headers;
+//! `Retry-After` appears on a refusal that waiting can end only, in whole seconds rounded
+//! up, so it is never 0 while the caller is limited (and absent for a cost above the limit).
 
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
@@ -21,6 +22,11 @@ struct Limit {
     retry_seconds: Option<i64>,
     /// The draft's quota unit (`qu`) when it is not requests.
     unit: Option<&'static str>,
+    /// The draft's window (`w`), whole seconds: a bucket's full refill, a budget's period,
+    /// a sliding window's length.
+    window_seconds: Option<i64>,
+    /// Refused for a cost above the limit, which no wait admits.
+    exceeds_limit: bool,
 }
 
 fn num(o: &Map<String, Value>, key: &str) -> Option<f64> {
@@ -34,7 +40,13 @@ fn int(o: &Map<String, Value>, key: &str) -> Option<i64> {
 fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
     let limit = num(o, "limit")?;
     let refused = o.get("admitted").and_then(Value::as_bool) == Some(false);
-    let retry_seconds = if refused { int(o, "retry_after_seconds") } else { None };
+    let exceeds_limit = o.get("exceeds_limit").and_then(Value::as_bool) == Some(true);
+    let retry_seconds = if refused && !exceeds_limit { int(o, "retry_after_seconds") } else { None };
+    let window_seconds = ["refill_seconds", "period_seconds", "window_seconds"]
+        .iter()
+        .find_map(|k| num(o, k))
+        .filter(|w| w.is_finite())
+        .map(|w| (w.ceil() as i64).max(1));
     if let Some(in_flight) = num(o, "in_flight") {
         // A lease cap (rl_acquire): what is left is the leases not held. A slot comes back
         // when a lease is released or expires, which only a refusal's retry time bounds.
@@ -46,6 +58,8 @@ fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
             x_reset: None,
             retry_seconds,
             unit: Some("concurrent-requests"),
+            window_seconds: None,
+            exceeds_limit,
         });
     }
     let remaining = num(o, "remaining")?;
@@ -53,7 +67,17 @@ fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
         Some(reset) => (Some(reset), Some(reset)),
         None => (retry_seconds, Some(int(o, "resets_at")?)),
     };
-    Some(Limit { name, limit, remaining, reset_seconds, x_reset, retry_seconds, unit: None })
+    Some(Limit {
+        name,
+        limit,
+        remaining,
+        reset_seconds,
+        x_reset,
+        retry_seconds,
+        unit: None,
+        window_seconds,
+        exceeds_limit,
+    })
 }
 
 fn kind(o: &Map<String, Value>) -> &'static str {
@@ -95,8 +119,10 @@ pub fn headers(function: &'static str, result: &str) -> Result<String> {
                 .collect::<Option<Vec<Limit>>>()
                 .filter(|l| !l.is_empty())
                 .ok_or_else(bad)?;
+            // A call that one limit can never admit gets no Retry-After: waiting does not help.
             let refused = o.get("admitted").and_then(Value::as_bool) == Some(false);
-            (limits, if refused { int(o, "retry_after_seconds") } else { None })
+            let never = limits.iter().any(|l| l.exceeds_limit);
+            (limits, if refused && !never { int(o, "retry_after_seconds") } else { None })
         }
         None => {
             let single = limit_of(kind(o).to_owned(), o).ok_or_else(bad)?;
@@ -115,9 +141,15 @@ pub fn headers(function: &'static str, result: &str) -> Result<String> {
         .expect("at least one limit");
     let policy: Vec<String> = limits
         .iter()
-        .map(|l| match l.unit {
-            Some(unit) => format!("\"{}\";q={};qu=\"{unit}\"", l.name, whole(l.limit)),
-            None => format!("\"{}\";q={}", l.name, whole(l.limit)),
+        .map(|l| {
+            let mut item = format!("\"{}\";q={}", l.name, whole(l.limit));
+            if let Some(unit) = l.unit {
+                item += &format!(";qu=\"{unit}\"");
+            }
+            if let Some(w) = l.window_seconds {
+                item += &format!(";w={w}");
+            }
+            item
         })
         .collect();
     let state: Vec<String> = limits

@@ -90,7 +90,7 @@ pub enum ItemRow<'i, 'a> {
 pub enum ItemAnswer<'i, 'a> {
     Bucket { item: &'i BucketItem<'a>, row: Option<BucketState>, answer: TakeDecision },
     Budget { item: &'i BudgetItem<'a>, row: Option<BudgetState>, answer: SpendDecision },
-    Window { item: &'i WindowItem<'a>, answer: WindowDecision },
+    Window { item: &'i WindowItem<'a>, entries: Vec<window::Entry>, answer: WindowDecision },
 }
 
 impl ItemAnswer<'_, '_> {
@@ -107,6 +107,27 @@ impl ItemAnswer<'_, '_> {
             ItemAnswer::Bucket { item, .. } => item.position,
             ItemAnswer::Budget { item, .. } => item.position,
             ItemAnswer::Window { item, .. } => item.position,
+        }
+    }
+
+    /// In a refused call nothing is charged: a limit that alone would admit reports what
+    /// it has left now (its answer to a cost of 0), still admitting.
+    fn charged_nothing(self, now_ms: i64) -> Self {
+        if !self.admitted() {
+            return self;
+        }
+        match self {
+            ItemAnswer::Bucket { item, row, .. } => {
+                ItemAnswer::Bucket { item, row, answer: bucket::take(row.as_ref(), &item.limits, 0.0, now_ms) }
+            }
+            ItemAnswer::Budget { item, row, .. } => {
+                let answer = budget::spend(row.as_ref(), item.period, item.quota, 0, now_ms);
+                ItemAnswer::Budget { item, row, answer }
+            }
+            ItemAnswer::Window { item, entries, .. } => {
+                let answer = window::take(&entries, &item.limits, 0, now_ms);
+                ItemAnswer::Window { item, entries, answer }
+            }
         }
     }
 
@@ -130,7 +151,8 @@ pub struct TakeAllDecision<'i, 'a> {
 }
 
 /// Decides every item from its row. Admitted only if every item admits; otherwise nothing
-/// is to be written and each item shows what its limit alone would answer.
+/// is to be written, the items that refuse say so (with their waits) and the others show
+/// what they have left now.
 pub fn decide<'i, 'a>(rows: Vec<ItemRow<'i, 'a>>, now_ms: i64) -> TakeAllDecision<'i, 'a> {
     let items: Vec<ItemAnswer> = rows
         .into_iter()
@@ -144,11 +166,13 @@ pub fn decide<'i, 'a>(rows: Vec<ItemRow<'i, 'a>>, now_ms: i64) -> TakeAllDecisio
                 ItemAnswer::Budget { item, row, answer }
             }
             ItemRow::Window(item, entries) => {
-                ItemAnswer::Window { item, answer: window::take(&entries, &item.limits, item.cost, now_ms) }
+                let answer = window::take(&entries, &item.limits, item.cost, now_ms);
+                ItemAnswer::Window { item, entries, answer }
             }
         })
         .collect();
     let admitted = items.iter().all(ItemAnswer::admitted);
     let retry_after_ms = if admitted { 0 } else { items.iter().map(|i| i.wait_ms(now_ms)).max().unwrap_or(0) };
+    let items = if admitted { items } else { items.into_iter().map(|i| i.charged_nothing(now_ms)).collect() };
     TakeAllDecision { admitted, retry_after_ms, items }
 }

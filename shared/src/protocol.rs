@@ -303,7 +303,7 @@ fn take_all_held<'i, 'a, S: LockingStore>(
                     (None, Some(new)) => store.insert_budget(item.key, item.period, new).map_err(in_call)?,
                     (Some(old), Some(new)) => store.replace_budget(item.key, item.period, old, new).map_err(in_call)?,
                 },
-                ItemAnswer::Window { item, answer } => {
+                ItemAnswer::Window { item, answer, .. } => {
                     let (old, _) = held_windows.next().expect("one held row per window");
                     let new = window_row(function, answer, item.limits.window_ms)?;
                     match (old, new) {

@@ -26,6 +26,8 @@ impl ToJson for TakeDecision {
             .int("retry_after_ms", self.retry_after_ms)
             .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
             .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
+            .bool("exceeds_limit", self.exceeds_limit)
+            .number("refill_seconds", self.refill_seconds)
             .finish()
     }
 }
@@ -39,7 +41,8 @@ impl ToJson for WindowDecision {
             .int("retry_after_ms", self.retry_after_ms)
             .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
             .int("reset_after_seconds", ceil_seconds(self.reset_after_ms))
-            .field("window_seconds", Json::Number(self.window_ms as f64 / 1000.0))
+            .bool("exceeds_limit", self.exceeds_limit)
+            .number("window_seconds", self.window_ms as f64 / 1000.0)
             .finish()
     }
 }
@@ -110,6 +113,8 @@ impl ToJson for SpendDecision {
             .micros("remaining", self.quota - self.used)
             .int("resets_at", self.resets_at_ms / 1000)
             .int("retry_after_seconds", self.retry_after_seconds)
+            .bool("exceeds_limit", self.exceeds_limit)
+            .int("period_seconds", self.period_ms / 1000)
             .finish()
     }
 }

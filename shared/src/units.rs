@@ -49,6 +49,24 @@ impl Period {
         }
     }
 
+    /// The start of the UTC calendar period containing `now_ms`, in epoch ms.
+    pub fn start_ms(self, now_ms: i64) -> i64 {
+        let day_start = now_ms.div_euclid(MS_PER_DAY) * MS_PER_DAY;
+        match self {
+            Period::Day => day_start,
+            Period::Month => {
+                let date = DateTime::from_timestamp_millis(now_ms)
+                    .expect("now_ms is validated to lie within calendar range")
+                    .date_naive();
+                NaiveDate::from_ymd_opt(date.year(), date.month(), 1)
+                    .and_then(|d| d.and_hms_opt(0, 0, 0))
+                    .expect("the first of a month always exists")
+                    .and_utc()
+                    .timestamp_millis()
+            }
+        }
+    }
+
     /// The end (exclusive) of the UTC calendar period containing `now_ms`, in epoch ms.
     pub fn end_ms(self, now_ms: i64) -> i64 {
         let day_start = now_ms.div_euclid(MS_PER_DAY) * MS_PER_DAY;

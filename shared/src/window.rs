@@ -38,6 +38,8 @@ pub struct WindowDecision {
     /// Until every entry counted after the call has left the window.
     pub reset_after_ms: i64,
     pub window_ms: i64,
+    /// Refused because `cost` is above the limit: no wait will admit it.
+    pub exceeds_limit: bool,
     /// Some exactly when admitted: the entries to store (those still counting, sorted).
     pub new_entries: Option<Vec<Entry>>,
 }
@@ -54,7 +56,9 @@ pub fn take(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> Wi
     let counted = counting(entries, limits, now);
     let used: i64 = counted.iter().map(|e| e.micros).sum();
     let admitted = used.saturating_add(cost) <= limits.limit;
-    let after = if admitted { with_entry(counted, Entry { at: now, micros: cost }) } else { counted.to_vec() };
+    // A cost of 0 (a peek at what is left) records no entry.
+    let after =
+        if admitted && cost > 0 { with_entry(counted, Entry { at: now, micros: cost }) } else { counted.to_vec() };
     let used_after = if admitted { used + cost } else { used };
     let reset_after_ms = after.iter().map(|e| e.at + limits.window_ms - now).max().unwrap_or(0).max(0);
     let retry_after_ms = if admitted {
@@ -81,6 +85,7 @@ pub fn take(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> Wi
         retry_after_ms,
         reset_after_ms,
         window_ms: limits.window_ms,
+        exceeds_limit: !admitted && cost > limits.limit,
         new_entries: admitted.then_some(after),
     }
 }

@@ -326,11 +326,32 @@ fn result_keys_are_exactly_the_contract() {
     let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(
         keys,
-        ["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds"]
+        [
+            "admitted",
+            "remaining",
+            "limit",
+            "retry_after_ms",
+            "retry_after_seconds",
+            "reset_after_seconds",
+            "exceeds_limit",
+            "refill_seconds"
+        ]
     );
     let b = spend(&mut s, "k", "day", Arg::Integer(5), Arg::Integer(1), 0);
     let keys: Vec<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds"]);
+    assert_eq!(
+        keys,
+        [
+            "admitted",
+            "used",
+            "limit",
+            "remaining",
+            "resets_at",
+            "retry_after_seconds",
+            "exceeds_limit",
+            "period_seconds"
+        ]
+    );
 }
 
 #[test]
@@ -465,7 +486,7 @@ fn tenths_are_exact() {
     .unwrap();
     assert_eq!(
         r,
-        r#"{"admitted":false,"used":1,"limit":1,"remaining":0,"resets_at":2678400,"retry_after_seconds":2678400}"#
+        r#"{"admitted":false,"used":1,"limit":1,"remaining":0,"resets_at":2678400,"retry_after_seconds":2678400,"exceeds_limit":false,"period_seconds":2678400}"#
     );
     let r = spend(&mut s, "k", "month", Arg::Integer(1), Arg::Real(0.1), 0);
     assert_eq!(r["admitted"], false);
@@ -698,6 +719,7 @@ fn spend_args_round_decimals_to_millionths() {
     let a = SpendArgs::parse(
         "rl_spend",
         &[Arg::Text("k"), Arg::Text("day"), Arg::Text("12.345678"), Arg::Real(0.000001)],
+        false,
         &TEST_CLOCK,
     )
     .unwrap();
@@ -800,7 +822,8 @@ fn take_all_charges_every_item_or_none() {
     // the bucket would admit, the budget would not: nothing is charged
     let r = take_all(&mut s, r#"[{"key": "w", "burst": 3, "refill_per_minute": 60}, {"key": "u", "period": "day", "quota": 3, "cost": 1.5}]"#, 0).unwrap();
     assert_eq!(r["admitted"], false);
-    assert_eq!(r["items"][0]["admitted"], true, "each item shows what its limit alone answers");
+    assert_eq!(r["items"][0]["admitted"], true, "each item shows whether its limit alone admits");
+    assert_eq!(r["items"][0]["remaining"], 3, "and what it has left now: nothing was charged");
     assert_eq!(r["items"][1]["admitted"], false);
     assert_eq!(r["retry_after_ms"], 86_400_000);
     assert_eq!(r["retry_after_seconds"], 86_400);
@@ -855,7 +878,7 @@ fn headers_for_every_result_shape() {
     assert_eq!(
         h(&admitted),
         json!({
-        "RateLimit-Policy": "\"bucket\";q=10", "RateLimit": "\"bucket\";r=9;t=1",
+        "RateLimit-Policy": "\"bucket\";q=10;w=10", "RateLimit": "\"bucket\";r=9;t=1",
         "X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "9", "X-RateLimit-Reset": "1"})
     );
     take(&mut s, "k", 10.0, 60.0, 9.0, 0);
@@ -866,7 +889,7 @@ fn headers_for_every_result_shape() {
     assert_eq!(
         h(&budget),
         json!({
-        "RateLimit-Policy": "\"budget\";q=2", "RateLimit": "\"budget\";r=0",
+        "RateLimit-Policy": "\"budget\";q=2;w=86400", "RateLimit": "\"budget\";r=0",
         "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0.5", "X-RateLimit-Reset": "86400"})
     );
     let over = spend(&mut s, "b", "day", Arg::Integer(2), Arg::Integer(1), 3_600_000);
@@ -879,7 +902,7 @@ fn headers_for_every_result_shape() {
     )
     .unwrap();
     let headers = h(&all);
-    assert_eq!(headers["RateLimit-Policy"], "\"bucket-1\";q=10, \"budget-2\";q=2");
+    assert_eq!(headers["RateLimit-Policy"], "\"bucket-1\";q=10;w=10, \"budget-2\";q=2;w=86400");
     assert_eq!(headers["Retry-After"], all["retry_after_seconds"].to_string());
     let refund = call(
         &mut s,
@@ -887,6 +910,13 @@ fn headers_for_every_result_shape() {
         &[Arg::Text("k"), Arg::Integer(10), Arg::Integer(60), Arg::Integer(1), Arg::Integer(2)],
     );
     assert!(h(&refund).get("Retry-After").is_none());
+    // a cost above the limit is never admitted: no Retry-After to obey
+    let never = take(&mut s, "n", 3.0, 60.0, 5.0, 0);
+    assert_eq!((never["admitted"].clone(), never["exceeds_limit"].clone()), (json!(false), json!(true)));
+    assert!(h(&never).get("Retry-After").is_none());
+    let never_all = take_all(&mut s, r#"[{"key": "n", "period": "day", "quota": 2, "cost": 3}]"#, 0).unwrap();
+    assert_eq!(never_all["items"][0]["exceeds_limit"], true);
+    assert!(h(&never_all).get("Retry-After").is_none());
     assert!(headers_of(r#"{"used": 1, "resets_at": 5}"#).is_err());
     assert!(headers_of("[]").is_err());
 }
