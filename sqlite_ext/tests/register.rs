@@ -14,7 +14,7 @@ fn register_gives_the_same_functions_without_load() {
     };
     assert_eq!(
         take(0),
-        r#"{"admitted":true,"remaining":2,"limit":3,"retry_after_ms":0,"retry_after_seconds":0,"reset_after_seconds":1}"#
+        r#"{"admitted":true,"remaining":2,"limit":3,"retry_after_ms":0,"retry_after_seconds":0,"reset_after_seconds":1,"exceeds_limit":false,"refill_seconds":3}"#
     );
     take(0);
     take(0);
