@@ -1,5 +1,12 @@
-"""A small HTTP service whose /work endpoint is rate limited inside its database.
+"""A small HTTP service rate limited inside its database.
 
+/login and /webhooks are limited by policies, rows in the database that every service
+shares (a strict login policy, a generous webhook one with a "pro" tier of five times
+the limits); the tier is read from the user's row in the same statement. A wrong
+password records a strike (rl_penalize): after three, the subject is blocked for 120 s,
+then 240 s, ..., and every policy refuses it meanwhile.
+
+/work shows explicit limits instead:
 Each user gets a bucket (a burst, refilled per minute) and a daily budget, checked
 together with rl_take_all: both are charged, or neither. A refused request gets 429 with
 Retry-After and the RateLimit headers from rl_headers, and the body
@@ -8,9 +15,11 @@ is above a limit can never pass: it gets 413 and no Retry-After. When the work f
 it was admitted, the service gives the tokens and the budget back (rl_refund,
 rl_refund_budget). /health is never limited.
 
-    /usr/bin/python3 examples/service.py --sqlite app.db --port 8080
+    /usr/bin/python3 examples/service.py --sqlite app.db --port 8080 --user alice:secret:pro
     /usr/bin/python3 examples/service.py --postgres "dbname=app" --port 8080
     curl -i 'localhost:8080/work?user=alice'          (add &fail=1 to simulate a failure)
+    curl -i 'localhost:8080/login?user=alice&password=secret'
+    curl -i 'localhost:8080/webhooks?user=alice'
 """
 import argparse
 import json
@@ -20,6 +29,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The endpoint registry: each policy is set once at start (in production, by a deploy step
+# running as a member of rl_admin) and changed without a redeploy.
+POLICIES = {
+    "login": {"limits": [{"burst": 5, "refill_per_minute": 5}, {"limit": 20, "window_seconds": 3600}],
+              "tiers": {"free": 1, "pro": 1}},  # every plan gets the same few attempts
+    "webhooks": {"limits": [{"burst": 200, "refill_per_minute": 200}], "tiers": {"free": 1, "pro": 5}},
+}
+ENDPOINTS = {"/login": "login", "/webhooks": "webhooks"}
+EXEMPT = {"/health"}
 DEFAULT_EXTENSION = os.path.join(os.path.dirname(HERE), "target", "release", "libratelimit")
 
 
@@ -59,6 +78,30 @@ class Limits:
                 value = cur.fetchone()[0]
         return json.loads(value) if isinstance(value, str) else value
 
+    def setup(self, users):
+        """The users table the tiers are read from, and the policies of the registry."""
+        create = "CREATE TABLE IF NOT EXISTS app_users (name text PRIMARY KEY, password text NOT NULL, plan text NOT NULL)"
+        conn = self.connection()
+        if self.options.sqlite:
+            conn.execute(create)
+            conn.executemany("INSERT OR REPLACE INTO app_users VALUES (?, ?, ?)", users)
+        else:
+            with conn.cursor() as cur:
+                cur.execute(create)
+                cur.executemany("INSERT INTO app_users VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
+                                "SET password = EXCLUDED.password, plan = EXCLUDED.plan", users)
+        for name, definition in POLICIES.items():
+            self.call("rl_policy_set(%s, %s)", name, json.dumps(definition))
+
+    def check(self, policy, user):
+        """rl_check with the user's plan as the tier (users without a row are free)."""
+        result = self.call("rl_check(%s, %s, 1, coalesce((SELECT plan FROM app_users WHERE name = %s), 'free'))",
+                           policy, user, user)
+        return result, self.call("rl_headers(%s)", json.dumps(result))
+
+    def password_matches(self, user, password):
+        return bool(self.call("EXISTS (SELECT 1 FROM app_users WHERE name = %s AND password = %s)", user, password))
+
     def limits_for(self, user, cost):
         o = self.options
         key = json.dumps(["example", user])  # the same encoding rl_key uses
@@ -94,11 +137,13 @@ def make_handler(limits):
         def do_GET(self):
             url = urlparse(self.path)
             query = parse_qs(url.query)
-            if url.path == "/health":
+            if url.path in EXEMPT:
                 return self.reply(200, {"ok": True})
+            user = query.get("user", ["anonymous"])[0]
+            if url.path in ENDPOINTS:
+                return self.by_policy(ENDPOINTS[url.path], user, query)
             if url.path != "/work":
                 return self.reply(404, {"error": "not_found"})
-            user = query.get("user", ["anonymous"])[0]
             try:
                 cost = float(query.get("cost", ["1"])[0])
             except ValueError:
@@ -119,6 +164,17 @@ def make_handler(limits):
                 limits.refund(user, cost)  # the caller did not get what it paid for
                 return self.reply(500, {"error": str(e)})
 
+        def by_policy(self, policy, user, query):
+            result, headers = limits.check(policy, user)
+            if not result["admitted"]:
+                body = {"error": "blocked" if result["blocked"] else "rate_limited",
+                        "retry_after": result["retry_after_seconds"]}
+                return self.reply(429, body, headers)
+            if policy == "login" and not limits.password_matches(user, query.get("password", [""])[0]):
+                strike = limits.call("rl_penalize(%s)", user)  # three free strikes, then blocks
+                return self.reply(401, {"error": "wrong_password", "strikes": strike["strikes"]}, headers)
+            return self.reply(200, {"ok": True, "user": user, "tier": result["tier"]}, headers)
+
         def log_message(self, *args):  # keep the example quiet
             pass
 
@@ -135,10 +191,11 @@ def main():
     p.add_argument("--burst", type=float, default=5)
     p.add_argument("--per-minute", type=float, default=30)
     p.add_argument("--daily", type=float, default=1000)
+    p.add_argument("--user", action="append", default=[], metavar="NAME:PASSWORD:PLAN",
+                   help="a user row (plan free or pro); repeatable")
     options = p.parse_args()
     limits = Limits(options)
-    if options.postgres:
-        limits.call("1")  # fail fast if the database is unreachable
+    limits.setup([tuple(u.split(":", 2)) for u in options.user])  # also fails fast if the database is unreachable
     server = ThreadingHTTPServer(("127.0.0.1", options.port), make_handler(limits))
     print(f"listening on http://127.0.0.1:{options.port}", flush=True)
     server.serve_forever()

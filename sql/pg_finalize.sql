@@ -36,12 +36,38 @@ COMMENT ON FUNCTION rl_charge(text, double precision, double precision, double p
   'take amount tokens from a bucket whatever its level, into debt if need be (a cost known after the work); returns jsonb';
 COMMENT ON FUNCTION rl_charge_budget(text, text, double precision, double precision) IS
   'add amount to the current period of a budget, past its quota if need be (a cost known after the work); returns jsonb';
+COMMENT ON FUNCTION rl_policy_set(text, jsonb) IS
+  'insert or replace a policy: limits (buckets, budgets, windows), tiers (name to multiplier) and shadow, validated whole; returns the stored definition (rl_admin only)';
+COMMENT ON FUNCTION rl_policy_drop(text) IS
+  'delete a policy; returns whether it existed (rl_admin only)';
+COMMENT ON FUNCTION rl_check(text, text, double precision, text, double precision) IS
+  'apply every limit of a policy to subject, all or nothing, scaled by the tier''s multiplier; returns jsonb';
+COMMENT ON FUNCTION rl_penalize(text, bigint, double precision, double precision, double precision, double precision) IS
+  'record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last; returns jsonb';
+COMMENT ON FUNCTION rl_block(text, double precision, double precision) IS
+  'block subject for seconds (NULL: until rl_unblock): rl_check refuses it for every enforced policy; returns jsonb';
+COMMENT ON FUNCTION rl_unblock(text, double precision) IS
+  'lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)';
 COMMENT ON FUNCTION rl_headers(jsonb) IS
   'HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result';
 COMMENT ON FUNCTION rl_version() IS
   'the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)';
 COMMENT ON FUNCTION rl_memory_stats() IS
   'the memory store (pg_ratelimit.buckets = memory): buckets it can hold and holds, new keys that replaced a bucket full again or early, buckets saved at the last clean shutdown and loaded at start; returns jsonb';
+
+-- Administration: members of rl_admin (and the owner) only, never an application role.
+REVOKE ALL ON FUNCTION
+  rl_reset(text),
+  rl_policy_set(text, jsonb),
+  rl_policy_drop(text),
+  rl_unblock(text, double precision)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+  rl_reset(text),
+  rl_policy_set(text, jsonb),
+  rl_policy_drop(text),
+  rl_unblock(text, double precision)
+TO rl_admin;
 
 -- Internal: called only by the guarded UPDATEs of rl_take, rl_spend and the refunds.
 REVOKE ALL ON FUNCTION

@@ -29,13 +29,46 @@ CREATE TABLE ratelimit.rl_entries (
     empty_at bigint NOT NULL,
     PRIMARY KEY (key, kind)
 );
-REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries FROM PUBLIC;
+CREATE TABLE ratelimit.rl_policy (
+    name       text NOT NULL PRIMARY KEY,
+    definition text NOT NULL
+);
+REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy FROM PUBLIC;
+-- Who may change policies, lift blocks and reset keys: members of rl_admin (a role of the
+-- cluster, made once by the first CREATE EXTENSION) and the owner. Application roles may
+-- check policies but never loosen their own limits.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'rl_admin') THEN
+        CREATE ROLE rl_admin NOLOGIN;
+    END IF;
+END
+$$;
+CREATE VIEW rl_policies AS
+    SELECT name, definition::jsonb AS definition FROM ratelimit.rl_policy;
+REVOKE ALL ON rl_policies FROM PUBLIC;
+GRANT SELECT ON rl_policies TO rl_admin;
+COMMENT ON VIEW rl_policies IS 'every policy and its definition (rl_policy_set, rl_policy_drop); readable by rl_admin';
+CREATE VIEW rl_blocks AS
+    SELECT key AS subject, (entries::jsonb ->> 'strikes')::bigint AS strikes,
+           CASE WHEN jsonb_typeof(entries::jsonb -> 'blocked_until') = 'number'
+                THEN (entries::jsonb ->> 'blocked_until')::bigint END AS blocked_until_ms
+    FROM ratelimit.rl_entries
+    WHERE kind = 'block'
+      AND (jsonb_typeof(entries::jsonb -> 'blocked_until') = 'null'
+           OR (jsonb_typeof(entries::jsonb -> 'blocked_until') = 'number'
+               AND (entries::jsonb ->> 'blocked_until')::bigint > (extract(epoch FROM clock_timestamp()) * 1000)::bigint));
+REVOKE ALL ON rl_blocks FROM PUBLIC;
+GRANT SELECT ON rl_blocks TO rl_admin;
+COMMENT ON VIEW rl_blocks IS 'subjects blocked now (rl_penalize, rl_block): strikes, and the block''s end in epoch ms (NULL: until rl_unblock); readable by rl_admin';
 -- State is data: pg_dump saves the rows, so a restored backup keeps every level and spend.
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_bucket', '');
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_budget', '');
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_entries', '');
+SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_policy', '');
 
 COMMENT ON SCHEMA ratelimit IS 'pg_ratelimit state; change it only through the rl_* functions';
 COMMENT ON TABLE ratelimit.rl_bucket IS 'token buckets: level tokens at refilled_at (epoch ms), full again at full_at';
 COMMENT ON TABLE ratelimit.rl_budget IS 'calendar budgets: used millionths in the period ending at resets_at (epoch ms)';
 COMMENT ON TABLE ratelimit.rl_entries IS 'sliding windows (kind window) and leases (kind lease): a list per key, no entry counting from empty_at (epoch ms)';
+COMMENT ON TABLE ratelimit.rl_policy IS 'policies: a name and its definition (canonical JSON text), set by rl_policy_set';

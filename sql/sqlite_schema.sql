@@ -6,7 +6,8 @@
 -- as text by the library, with no entry counting from `empty_at` (epoch ms). rl_meta
 -- records the layout of these tables (schema_version); PRAGMA user_version is the
 -- application's. A database without rl_meta was written by 0.1.0 or 0.2.0, in
--- schema_version 1; schema_version 2 adds rl_entries (0.3.0), created on first use.
+-- schema_version 1; schema_version 2 adds rl_entries, rl_policy and the views
+-- rl_policies and rl_blocks (0.3.0), created on first use.
 CREATE TABLE IF NOT EXISTS main.rl_bucket (
     key         TEXT    NOT NULL PRIMARY KEY,
     level       REAL    NOT NULL,
@@ -27,6 +28,20 @@ CREATE TABLE IF NOT EXISTS main.rl_entries (
     empty_at INTEGER NOT NULL,
     PRIMARY KEY (key, kind)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS main.rl_policy (
+    name       TEXT NOT NULL PRIMARY KEY,
+    definition TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE VIEW IF NOT EXISTS main.rl_policies AS SELECT name, definition FROM main.rl_policy;
+CREATE VIEW IF NOT EXISTS main.rl_blocks AS
+    SELECT key AS subject, json_extract(entries, '$.strikes') AS strikes,
+           CASE json_type(entries, '$.blocked_until') WHEN 'integer'
+                THEN json_extract(entries, '$.blocked_until') END AS blocked_until_ms
+    FROM main.rl_entries
+    WHERE kind = 'block'
+      AND (json_type(entries, '$.blocked_until') = 'null'
+           OR (json_type(entries, '$.blocked_until') = 'integer'
+               AND json_extract(entries, '$.blocked_until') > CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)));
 CREATE TABLE IF NOT EXISTS main.rl_meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL

@@ -237,3 +237,10 @@ def engine(request):
     if request.param == "postgres":
         return PgEngine(request.getfixturevalue("pg_db")[0])
     return PgEngine(request.getfixturevalue("pg_memory_db")[0], request.param)
+
+
+def one(conn, sql, args=()):
+    """The one value a PostgreSQL statement returns."""
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchone()[0]

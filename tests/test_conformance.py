@@ -95,6 +95,30 @@ def refused_lease(in_flight, limit, retry_ms):
             "retry_after_ms": retry_ms, "retry_after_seconds": -(-retry_ms // 1000)}
 
 
+def bucket_item(admitted, remaining, limit, retry_ms, reset_s, refill_s):
+    return {**take(admitted, remaining, limit, retry_ms, reset_s), "exceeds_limit": False, "refill_seconds": refill_s}
+
+
+def day_budget_item(admitted, used, limit, retry_s=0):
+    return {**spend(admitted, used, limit, 86_400_000, retry_s), "exceeds_limit": False, "period_seconds": 86400}
+
+
+def checked(items, policy, tier=None, retry_ms=0, shadow=False, would_refuse=False, blocked=False):
+    admitted = shadow or not would_refuse
+    return {"admitted": admitted, "retry_after_ms": retry_ms,
+            "retry_after_seconds": None if retry_ms is None else -(-retry_ms // 1000),
+            "items": items, "policy": policy, "tier": tier, "shadow": shadow, "would_refuse": would_refuse,
+            "blocked": blocked}
+
+
+def strikes(n, blocked_until=None, retry_s=0, blocked=None):
+    blocked = blocked if blocked is not None else blocked_until is not None
+    return {"strikes": n, "blocked": blocked, "blocked_until": blocked_until, "retry_after_seconds": retry_s}
+
+
+LOGIN = {"limits": [{"burst": 5, "refill_per_minute": 5}, {"period": "day", "quota": 100}], "tiers": {"pro": 5},
+         "shadow": False}
+
 NOV_29 = ms(2026, 11, 29, 12, 0, 0)
 DEC_1 = ms(2026, 12, 1)
 MAX_NOW = "253402300799999"
@@ -375,6 +399,88 @@ STEPS = [
      {"admitted": False, "retry_after_ms": 60_000, "retry_after_seconds": 60,
       "items": [{**take(False, 0, 1, 60_000, 60), "exceeds_limit": True, "refill_seconds": 60},
                 spend(True, 5, 1000, ms(1970, 1, 2), 0)]}),
+    # policies: limits as rows, applied per subject, scaled per tier
+    ("rl_policy_set", ("login", json.dumps({k: v for k, v in LOGIN.items() if k != "shadow"})), LOGIN),
+    *[("rl_check", ("login", "ann", 1, None, 0),
+       checked([bucket_item(True, 5 - i, 5, 0, 12 * i, 60), day_budget_item(True, i, 100)], "login")) for i in range(1, 6)],
+    # refused: nothing is charged, and the budget says so (5 used, not 6)
+    ("rl_check", ("login", "ann", 1, None, 0),
+     checked([bucket_item(False, 0, 5, 12_000, 60, 60), day_budget_item(True, 5, 100)], "login", retry_ms=12_000,
+             would_refuse=True)),
+    ("rl_check", ("login", "bea", 1, "pro", 0),
+     checked([bucket_item(True, 24, 25, 0, 3, 60), day_budget_item(True, 1, 500)], "login", tier="pro")),
+    ("rl_check", ("login", "ann", 1, "gold", 0), ("error", "rl_check: tier 'gold' is not one of this policy's tiers (pro)")),
+    ("rl_check", ("nope", "ann"), ("error", "rl_check: there is no policy named 'nope'")),
+    ("rl_check", ("login", None), ("error", "rl_check: subject must be text, got NULL")),
+    ("rl_check", ("login", "ann", 0), ("error", "rl_check: cost must be a finite number greater than 0, got 0")),
+    # two policies never share state, and neither meets a raw key
+    ("rl_policy_set", ("generate", '{"limits": [{"burst": 5, "refill_per_minute": 5}]}'),
+     {"limits": [{"burst": 5, "refill_per_minute": 5}], "tiers": {}, "shadow": False}),
+    ("rl_check", ("generate", "ann", 1, None, 0), checked([bucket_item(True, 4, 5, 0, 12, 60)], "generate")),
+    ("rl_take", ("ann", 5, 5, 1, 0), take(True, 4, 5, 0, 12)),
+    ("rl_take", ("\x01anything", 5, 5), ("error", "rl_take: key must not start with U+0001, which marks the keys of policies")),
+    # a changed policy applies from the next call; stored state is capped by the new limits
+    ("rl_policy_set", ("login", '{"limits": [{"burst": 2, "refill_per_minute": 5}]}'),
+     {"limits": [{"burst": 2, "refill_per_minute": 5}], "tiers": {}, "shadow": False}),
+    ("rl_check", ("login", "bea", 1, None, 0), checked([bucket_item(True, 1, 2, 0, 12, 24)], "login")),
+    # shadow: never refuses, changes state exactly as enforcement would
+    ("rl_policy_set", ("trial", '{"limits": [{"limit": 1, "window_seconds": 10}], "shadow": true}'),
+     {"limits": [{"limit": 1, "window_seconds": 10}], "tiers": {}, "shadow": True}),
+    ("rl_check", ("trial", "cy", 1, None, 0),
+     checked([{**window(True, 0, 1, 0, 10, 10), "exceeds_limit": False}], "trial", shadow=True)),
+    ("rl_check", ("trial", "cy", 1, None, 1000),
+     checked([{**window(False, 0, 1, 9000, 9, 10), "exceeds_limit": False}], "trial", shadow=True, would_refuse=True)),
+    ("rl_policy_set", ("trial", '{"limits": [{"limit": 1, "window_seconds": 10}]}'),
+     {"limits": [{"limit": 1, "window_seconds": 10}], "tiers": {}, "shadow": False}),
+    ("rl_check", ("trial", "cy", 1, None, 10_000),  # the would-be refusal at 1 s charged nothing
+     checked([{**window(True, 0, 1, 0, 10, 10), "exceeds_limit": False}], "trial")),
+    # a definition is validated whole; a bad one writes nothing
+    ("rl_policy_set", ("x", '{"limits": []}'), ("error", "rl_policy_set: definition.limits must hold 1 to 16 items, got 0")),
+    ("rl_policy_set", ("x", '{"limits": [{"burst": 0, "refill_per_minute": 5}]}'),
+     ("error", "rl_policy_set: definition.limits item 1: burst must be a finite number greater than 0, got 0")),
+    ("rl_policy_set", ("x", '{"limits": [{"period": "week", "quota": 5}]}'),
+     ("error", "rl_policy_set: definition.limits item 1: period must be 'day' or 'month', got 'week'")),
+    ("rl_policy_set", ("x", '{"limits": [{"burst": 1, "refill_per_minute": 1, "key": "k"}]}'),
+     ("error", 'rl_policy_set: definition.limits item 1: unknown field "key" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds)')),
+    ("rl_policy_set", ("x", '{"limits": [{"burst": 1, "refill_per_minute": 1}], "tiers": {"pro": 0}}'),
+     ("error", "rl_policy_set: definition.tiers.pro must be a finite number greater than 0, got 0")),
+    ("rl_policy_set", ("x", '{"limits": [{"burst": 1, "refill_per_minute": 1}], "shadow": 1}'),
+     ("error", "rl_policy_set: definition.shadow must be true or false, got 1")),
+    ("rl_policy_set", ("x", '{"limits": [{"burst": 1, "refill_per_minute": 1}], "tier": {}}'),
+     ("error", 'rl_policy_set: definition: unknown field "tier" (a policy has limits, tiers, shadow)')),
+    ("rl_policy_set", ("x", "nope"), ("error", "rl_policy_set: definition must be valid JSON: expected ident at line 1 column 2"), "sqlite"),
+    ("rl_policy_set", ("", "{}"), ("error", "rl_policy_set: name must not be empty")),
+    ("rl_check", ("x", "ann"), ("error", "rl_check: there is no policy named 'x'")),
+    ("rl_policy_drop", ("generate",), True),
+    ("rl_policy_drop", ("generate",), False),
+    ("rl_check", ("generate", "ann"), ("error", "rl_check: there is no policy named 'generate'")),
+    # penalties: three free strikes, then 120 s, 240 s, ... (the seed's formula)
+    *[("rl_penalize", ("eve", 3, 60, 3600, 3600, t), strikes(i + 1)) for i, t in enumerate((0, 1000, 2000))],
+    ("rl_penalize", ("eve", 3, 60, 3600, 3600, 3000), strikes(4, 123, 120)),
+    ("rl_penalize", ("eve", 3, 60, 3600, 3600, 4000), strikes(5, 244, 240)),
+    ("rl_policy_set", ("api", '{"limits": [{"burst": 5, "refill_per_minute": 5}]}'),
+     {"limits": [{"burst": 5, "refill_per_minute": 5}], "tiers": {}, "shadow": False}),
+    ("rl_policy_set", ("watch", '{"limits": [{"burst": 5, "refill_per_minute": 5}], "shadow": true}'),
+     {"limits": [{"burst": 5, "refill_per_minute": 5}], "tiers": {}, "shadow": True}),
+    # blocked: refused for every enforced policy, charging nothing; shadow policies say would_refuse
+    ("rl_check", ("api", "eve", 1, None, 5000),
+     checked([bucket_item(True, 5, 5, 0, 0, 60)], "api", retry_ms=239_000, would_refuse=True, blocked=True)),
+    ("rl_check", ("watch", "eve", 1, None, 5000),
+     checked([bucket_item(True, 5, 5, 0, 0, 60)], "watch", shadow=True, would_refuse=True, blocked=True)),
+    ("rl_check", ("api", "eve", 1, None, 244_000), checked([bucket_item(True, 4, 5, 0, 12, 60)], "api")),
+    # strikes are forgotten an hour after the last one
+    ("rl_penalize", ("eve", 3, 60, 3600, 3600, 4000 + 3_600_000), strikes(1)),
+    ("rl_block", ("fay", None, 0), strikes(0, None, None, blocked=True)),
+    ("rl_check", ("api", "fay", 1, None, 0),
+     checked([bucket_item(True, 5, 5, 0, 0, 60)], "api", retry_ms=None, would_refuse=True, blocked=True)),
+    ("rl_unblock", ("fay", 0), True),
+    ("rl_unblock", ("fay", 0), False),
+    ("rl_check", ("api", "fay", 1, None, 0), checked([bucket_item(True, 4, 5, 0, 12, 60)], "api")),
+    ("rl_block", ("gus", 1.5, 1000), strikes(0, 3, 2)),
+    ("rl_penalize", (None,), ("error", "rl_penalize: subject must be text, got NULL")),
+    ("rl_penalize", ("x", -1), ("error", "rl_penalize: free_strikes must be an integer from 0 to 1000000, got -1")),
+    ("rl_penalize", ("x", 3, 0), ("error", "rl_penalize: base_seconds must be a finite number greater than 0, got 0")),
+    ("rl_block", ("x", 0), ("error", "rl_block: seconds must be a finite number greater than 0, got 0")),
     ("rl_sweep", (), None),
 ]
 

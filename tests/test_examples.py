@@ -32,7 +32,8 @@ def get(port, path):
 def start_service(engine):
     port = free_port()
     proc = subprocess.Popen(["/usr/bin/python3", SERVICE, *engine, "--port", str(port),
-                             "--burst", "3", "--per-minute", "0.001", "--daily", "4"],
+                             "--burst", "3", "--per-minute", "0.001", "--daily", "4",
+                             "--user", "alice:secret:free", "--user", "pat:pw:pro"],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("listening"), "the service did not start"
     return proc, port
@@ -78,3 +79,24 @@ def test_service_limits_refunds_and_exempts_health(service):
     assert "Retry-After" not in headers
     status, headers, _ = get(port, "/work?user=carol&cost=2")
     assert (status, headers["X-RateLimit-Remaining"]) == (200, "1")
+
+
+def test_service_applies_policies_tiers_and_penalties(service):
+    port = service
+    # the tier comes from the user's row: pro has five times the webhook limits
+    assert get(port, "/webhooks?user=alice")[1]["RateLimit-Policy"] == '"bucket-1";q=200;w=60'
+    status, headers, body = get(port, "/webhooks?user=pat")
+    assert (status, body["tier"], headers["RateLimit-Policy"]) == (200, "pro", '"bucket-1";q=1000;w=60')
+    # wrong passwords: three free strikes, the fourth blocks, and the block refuses at once
+    assert get(port, "/login?user=alice&password=secret")[0] == 200
+    strikes = [get(port, "/login?user=alice&password=nope")[2]["strikes"] for _ in range(4)]
+    assert strikes == [1, 2, 3, 4]
+    status, headers, body = get(port, "/login?user=alice&password=secret")
+    assert (status, body["error"]) == (429, "blocked")
+    assert 115 <= int(headers["Retry-After"]) <= 120
+    # the block is the subject's, for every policy; other users are untouched
+    assert get(port, "/webhooks?user=alice")[2]["error"] == "blocked"
+    assert get(port, "/login?user=pat&password=pw")[0] == 200
+    # the strict login policy: 5 at once, then 429 with the time until a token is back
+    codes = [get(port, "/login?user=pat&password=pw")[0] for _ in range(5)]
+    assert codes == [200, 200, 200, 200, 429]

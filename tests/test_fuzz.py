@@ -21,6 +21,7 @@ NUMBERS = [None, float("nan"), float("inf"), float("-inf"), 0, -1, -0.5, 1, 2, 3
            1e308, 1e-300, 5e-7, 1e9, 1e9 + 1, I64_MAX, I64_MIN, "3", "0.25", "abc", "", " 1 ", "1e3", "-2"]
 CLOCKS = [None, 0, 1, 999, 1000, 86_399_999, MAX_NOW, MAX_NOW + 1, -1, 1.5, I64_MAX, I64_MIN, float("nan"), "5", "x"]
 PERIODS = [None, "day", "month", "week", "DAY", "", "month ", 1]
+POLICIES = ["p1", "p2", "missing", "x" * 1025]
 LEASES = [None, "", "x", "0-1", "1-1", "-1", "1-", 5, 2.5, b"\xff"]
 
 
@@ -91,6 +92,32 @@ def random_call(rng, functions):
                 "rl_in_flight": [keys(rng)]}[function]
         if rng.random() < 0.7:
             args.append(rng.choice(CLOCKS))
+    elif function == "rl_policy_set":
+        if rng.random() < 0.5:
+            limits = [rng.choice([{"burst": rng.choice([1, 3, 1e308, 0]), "refill_per_minute": rng.choice([1, 60])},
+                                  {"period": rng.choice(["day", "month", "year"]), "quota": rng.choice([1, 2.5])},
+                                  {"limit": rng.choice([1, 5]), "window_seconds": rng.choice([1, 60, 0])}])
+                      for _ in range(rng.randint(0, 3))]
+            definition = {"limits": limits, "tiers": rng.choice([{}, {"pro": 5}, {"x": 0}]), "shadow": rng.choice([True, False, 1])}
+            args = [rng.choice(POLICIES), json.dumps(definition)]
+        else:
+            args = [rng.choice(POLICIES + [None]), json_text(rng)]
+    elif function in ("rl_penalize", "rl_block", "rl_unblock"):
+        args = [keys(rng)]
+        if function == "rl_penalize":
+            args += [rng.choice([None, 0, 3, -1, 2.5, 1_000_001]), *(rng.choice(NUMBERS) for _ in range(3))][:rng.randint(0, 4)]
+        elif function == "rl_block":
+            args.append(rng.choice(NUMBERS))
+        if rng.random() < 0.7 and (function != "rl_penalize" or len(args) == 5):
+            args.append(rng.choice(CLOCKS))
+    elif function == "rl_policy_drop":
+        args = [rng.choice(POLICIES + [None, ""])]
+    elif function == "rl_check":
+        args = [rng.choice(POLICIES + [None]), keys(rng)]
+        if rng.random() < 0.7:
+            args += [rng.choice(NUMBERS), rng.choice([None, "pro", "x", "", 5])]
+            if rng.random() < 0.7:
+                args.append(rng.choice(CLOCKS))
     elif function in ("rl_refund_budget", "rl_charge_budget"):
         args = [keys(rng), rng.choice(PERIODS), rng.choice(NUMBERS)]
         if rng.random() < 0.7:
@@ -109,6 +136,12 @@ def random_call(rng, functions):
 
 TAKE_KEYS = RESULT_KEYS["rl_take"]
 SPEND_KEYS = RESULT_KEYS["rl_spend"]
+
+
+def check_items(items):
+    for item in items:
+        kind = "rl_window" if "window_seconds" in item else "rl_take" if "reset_after_seconds" in item else "rl_spend"
+        check_answer(kind, item)
 
 
 def check_answer(function, value):
@@ -141,6 +174,23 @@ def check_answer(function, value):
     if function in ("rl_refund_budget", "rl_charge_budget"):
         assert sorted(r) == sorted(RESULT_KEYS[function]) and r["used"] >= 0
         return
+    if function in ("rl_penalize", "rl_block"):
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and r["strikes"] >= 0
+        assert r["blocked"] == (r["blocked_until"] is not None or r["retry_after_seconds"] is None)
+        return
+    if function in ("rl_policy_drop", "rl_unblock"):
+        assert value in (0, 1)
+        return
+    if function == "rl_policy_set":
+        assert sorted(r) == ["limits", "shadow", "tiers"] and 1 <= len(r["limits"]) <= 16
+        return
+    if function == "rl_check":
+        assert sorted(r) == sorted(RESULT_KEYS[function])
+        assert r["would_refuse"] == (r["blocked"] or not all(i["admitted"] for i in r["items"]))
+        assert r["admitted"] == (r["shadow"] or not r["would_refuse"])
+        assert (r["retry_after_ms"] == 0) == r["admitted"]
+        check_items(r["items"])
+        return
     if function == "rl_renew":
         assert sorted(r) == sorted(RESULT_KEYS[function]) and r["renewed"] == (r["expires_at"] is not None)
         return
@@ -160,9 +210,7 @@ def check_answer(function, value):
         assert sorted(r) == sorted(RESULT_KEYS[function])
         assert r["admitted"] == all(i["admitted"] for i in r["items"])
         assert (r["retry_after_ms"] == 0) == r["admitted"]
-        for item in r["items"]:
-            kind = "rl_window" if "window_seconds" in item else "rl_take" if "reset_after_seconds" in item else "rl_spend"
-            check_answer(kind, item)
+        check_items(r["items"])
         return
     if function in ("rl_take", "rl_peek", "rl_window", "rl_window_peek"):
         window = function.startswith("rl_window")

@@ -8,13 +8,8 @@ import pytest
 
 psycopg2 = pytest.importorskip("psycopg2")
 
-from conftest import INTERNAL, PUBLIC, assert_refused_read_only, pg_connect, run_sessions
+from conftest import INTERNAL, PUBLIC, assert_refused_read_only, one, pg_connect, run_sessions
 
-
-def one(conn, sql, args=()):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchone()[0]
 
 
 @pytest.fixture

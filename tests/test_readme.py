@@ -17,18 +17,20 @@ with open(os.path.join(ROOT, "README.md")) as f:
 
 
 def examples():
-    """(statement, expected output or None) for every statement in a ```sql block."""
+    """(statement, expected output or None, the statements before it in its block) for
+    every statement in a ```sql block: a block runs in one database, in order, as a
+    newcomer pasting it would."""
     found = []
     for block in re.findall(r"```sql\n(.*?)```", README, re.S):
         first, pending = len(found), []
         for line in block.splitlines():
             if line.startswith("-- ") and not pending and len(found) > first:
-                sql, shown = found[-1]
-                found[-1] = (sql, f"{shown} {line[3:]}" if shown else line[3:])
+                sql, shown, before = found[-1]
+                found[-1] = (sql, f"{shown} {line[3:]}" if shown else line[3:], before)
             elif line.strip():
                 pending.append(line)
                 if re.search(r";\s*(--.*)?$", line):
-                    found.append(("\n".join(pending), None))
+                    found.append(("\n".join(pending), None, tuple(f[0] for f in found[first:])))
                     pending = []
     return found
 
@@ -55,21 +57,25 @@ def test_the_readme_has_examples_with_outputs():
     assert len(examples()) >= 4 and len(shown) >= 2 and len(transcript()) >= 1
 
 
-@pytest.mark.parametrize("sql, expected", examples())
-def test_sql_example_on_sqlite(sql, expected):
+@pytest.mark.parametrize("sql, expected, before", examples())
+def test_sql_example_on_sqlite(sql, expected, before):
     conn = sqlite_connect(":memory:")
+    for earlier in before:
+        conn.execute(earlier).fetchall()
     (got,) = conn.execute(sql).fetchone()
     if expected is not None:
         assert same(got, expected), f"{sql}\ngave {got}\nREADME shows {expected}"
 
 
-@pytest.mark.parametrize("sql, expected", examples())
-def test_sql_example_on_postgres(sql, expected):
+@pytest.mark.parametrize("sql, expected, before", examples())
+def test_sql_example_on_postgres(sql, expected, before):
     if not pg_available():
         pytest.skip("PGHOST not set")
     with pg_database("rl_readme") as name:
         conn = pg_connect(name)
         with conn.cursor() as cur:
+            for earlier in before:
+                cur.execute(earlier)
             cur.execute(sql)
             (got,) = cur.fetchone()
         conn.close()

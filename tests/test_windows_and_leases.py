@@ -11,15 +11,10 @@ import time
 
 import pytest
 
-from conftest import SQLITE_EXT, assert_refused_read_only, pg_connect, run_sessions, sqlite_connect
+from conftest import SQLITE_EXT, assert_refused_read_only, one, pg_connect, run_sessions, sqlite_connect
 
 MAX_IN_FLIGHT = 4
 
-
-def one(conn, sql, args=()):
-    with conn.cursor() as cur:
-        cur.execute(sql, args)
-        return cur.fetchone()[0]
 
 
 class Watcher(threading.Thread):

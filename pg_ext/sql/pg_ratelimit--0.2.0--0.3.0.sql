@@ -1,6 +1,8 @@
 -- pg_ratelimit 0.2.0 -> 0.3.0: the memory store, state that survives pg_dump, rl_version(),
 -- sliding windows (rl_window, rl_window_peek), leases (rl_acquire, rl_release, rl_renew,
--- rl_in_flight) and charges after the fact (rl_charge, rl_charge_budget).
+-- rl_in_flight), charges after the fact (rl_charge, rl_charge_budget), and policies
+-- (rl_policy_set, rl_policy_drop, rl_check, the view rl_policies, the role rl_admin),
+-- penalties and blocks (rl_penalize, rl_block, rl_unblock, the view rl_blocks).
 -- pg_ratelimit.buckets = 'memory' keeps token buckets in shared memory (the library in
 -- shared_preload_libraries); rl_memory_stats() reports on that table. The state tables
 -- are marked for pg_dump, which left their rows out before (a restored backup had lost
@@ -81,3 +83,85 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_charge_budget_wrapper';
 COMMENT ON FUNCTION rl_charge_budget(text, text, double precision, double precision) IS
   'add amount to the current period of a budget, past its quota if need be (a cost known after the work); returns jsonb';
+
+-- Policies (rl_policy_set, rl_policy_drop, rl_check) are rows of ratelimit.rl_policy,
+-- listed by the view rl_policies. Only members of rl_admin (and the owner) may set or drop
+-- them or reset keys: rl_reset loses PUBLIC's EXECUTE.
+CREATE TABLE ratelimit.rl_policy (
+    name       text NOT NULL PRIMARY KEY,
+    definition text NOT NULL
+);
+REVOKE ALL ON ratelimit.rl_policy FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_policy', '');
+COMMENT ON TABLE ratelimit.rl_policy IS 'policies: a name and its definition (canonical JSON text), set by rl_policy_set';
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'rl_admin') THEN
+        CREATE ROLE rl_admin NOLOGIN;
+    END IF;
+END
+$$;
+CREATE VIEW rl_policies AS
+    SELECT name, definition::jsonb AS definition FROM ratelimit.rl_policy;
+REVOKE ALL ON rl_policies FROM PUBLIC;
+GRANT SELECT ON rl_policies TO rl_admin;
+COMMENT ON VIEW rl_policies IS 'every policy and its definition (rl_policy_set, rl_policy_drop); readable by rl_admin';
+REVOKE ALL ON FUNCTION rl_reset(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION rl_reset(text) TO rl_admin;
+
+CREATE FUNCTION "rl_policy_set"("name" TEXT, "definition" jsonb) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_policy_set_wrapper';
+COMMENT ON FUNCTION rl_policy_set(text, jsonb) IS
+  'insert or replace a policy: limits (buckets, budgets, windows), tiers (name to multiplier) and shadow, validated whole; returns the stored definition (rl_admin only)';
+
+CREATE FUNCTION "rl_policy_drop"("name" TEXT) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_policy_drop_wrapper';
+COMMENT ON FUNCTION rl_policy_drop(text) IS
+  'delete a policy; returns whether it existed (rl_admin only)';
+
+CREATE FUNCTION "rl_check"("policy" TEXT, "subject" TEXT, "cost" double precision DEFAULT 1, "tier" TEXT DEFAULT NULL, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_check_wrapper';
+COMMENT ON FUNCTION rl_check(text, text, double precision, text, double precision) IS
+  'apply every limit of a policy to subject, all or nothing, scaled by the tier''s multiplier; returns jsonb';
+
+REVOKE ALL ON FUNCTION rl_policy_set(text, jsonb), rl_policy_drop(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION rl_policy_set(text, jsonb), rl_policy_drop(text) TO rl_admin;
+
+-- Penalties and blocks (rl_penalize, rl_block, rl_unblock): a subject's strikes are a row
+-- of rl_entries (kind 'block'); the view rl_blocks lists the subjects blocked now.
+CREATE VIEW rl_blocks AS
+    SELECT key AS subject, (entries::jsonb ->> 'strikes')::bigint AS strikes,
+           CASE WHEN jsonb_typeof(entries::jsonb -> 'blocked_until') = 'number'
+                THEN (entries::jsonb ->> 'blocked_until')::bigint END AS blocked_until_ms
+    FROM ratelimit.rl_entries
+    WHERE kind = 'block'
+      AND (jsonb_typeof(entries::jsonb -> 'blocked_until') = 'null'
+           OR (jsonb_typeof(entries::jsonb -> 'blocked_until') = 'number'
+               AND (entries::jsonb ->> 'blocked_until')::bigint > (extract(epoch FROM clock_timestamp()) * 1000)::bigint));
+REVOKE ALL ON rl_blocks FROM PUBLIC;
+GRANT SELECT ON rl_blocks TO rl_admin;
+COMMENT ON VIEW rl_blocks IS 'subjects blocked now (rl_penalize, rl_block): strikes, and the block''s end in epoch ms (NULL: until rl_unblock); readable by rl_admin';
+
+CREATE FUNCTION "rl_penalize"("subject" TEXT, "free_strikes" bigint DEFAULT 3, "base_seconds" double precision DEFAULT 60, "max_seconds" double precision DEFAULT 3600, "window_seconds" double precision DEFAULT 3600, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_penalize_wrapper';
+COMMENT ON FUNCTION rl_penalize(text, bigint, double precision, double precision, double precision, double precision) IS
+  'record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last; returns jsonb';
+
+CREATE FUNCTION "rl_block"("subject" TEXT, "seconds" double precision, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_block_wrapper';
+COMMENT ON FUNCTION rl_block(text, double precision, double precision) IS
+  'block subject for seconds (NULL: until rl_unblock): rl_check refuses it for every enforced policy; returns jsonb';
+
+CREATE FUNCTION "rl_unblock"("subject" TEXT, "now_ms" double precision DEFAULT NULL) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_unblock_wrapper';
+COMMENT ON FUNCTION rl_unblock(text, double precision) IS
+  'lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)';
+
+REVOKE ALL ON FUNCTION rl_unblock(text, double precision) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION rl_unblock(text, double precision) TO rl_admin;

@@ -76,11 +76,7 @@ fn numeric(form: NumberForm) -> pg_sys::JsonbValue {
 ///
 /// # Safety
 /// See [`JsonbResult::into_datum`].
-unsafe fn push(
-    state: &mut *mut pg_sys::JsonbParseState,
-    value: &Json,
-    key: Option<&'static str>,
-) -> *mut pg_sys::JsonbValue {
+unsafe fn push(state: &mut *mut pg_sys::JsonbParseState, value: &Json, key: Option<&str>) -> *mut pg_sys::JsonbValue {
     use pg_sys::JsonbIteratorToken::*;
     // SAFETY: as the function's contract says.
     unsafe {
@@ -115,6 +111,13 @@ unsafe fn push(
                 return pg_sys::pushJsonbValue(state, WJB_END_ARRAY, null_mut());
             }
             Json::Object(fields) => {
+                pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, null_mut());
+                for (k, v) in fields {
+                    push(state, v, Some(k));
+                }
+                return pg_sys::pushJsonbValue(state, WJB_END_OBJECT, null_mut());
+            }
+            Json::Map(fields) => {
                 pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, null_mut());
                 for (k, v) in fields {
                     push(state, v, Some(k));

@@ -203,6 +203,51 @@ fn rl_reset(key: Option<&str>) -> i64 {
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_policy_set(name: Option<&str>, definition: Option<JsonB>) -> JsonbResult {
+    let definition = definition.map(|j| j.0.to_string());
+    run(&f::RL_POLICY_SET, &[text(name), text(definition.as_deref())])
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_policy_drop(name: Option<&str>) -> bool {
+    run(&f::RL_POLICY_DROP, &[text(name)])
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_check(
+    policy: Option<&str>,
+    subject: Option<&str>,
+    cost: default!(Option<f64>, 1),
+    tier: default!(Option<&str>, "NULL"),
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonbResult {
+    run(&f::RL_CHECK, &[text(policy), text(subject), real(cost), text(tier), real(now_ms)])
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_penalize(
+    subject: Option<&str>,
+    free_strikes: default!(Option<i64>, 3),
+    base_seconds: default!(Option<f64>, 60),
+    max_seconds: default!(Option<f64>, 3600),
+    window_seconds: default!(Option<f64>, 3600),
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonbResult {
+    let escalation = [int(free_strikes), real(base_seconds), real(max_seconds), real(window_seconds)];
+    run(&f::RL_PENALIZE, &[text(subject), escalation[0], escalation[1], escalation[2], escalation[3], real(now_ms)])
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_block(subject: Option<&str>, seconds: Option<f64>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
+    run(&f::RL_BLOCK, &[text(subject), real(seconds), real(now_ms)])
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_unblock(subject: Option<&str>, now_ms: default!(Option<f64>, "NULL")) -> bool {
+    run(&f::RL_UNBLOCK, &[text(subject), real(now_ms)])
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
     let limits = limits.map(|j| j.0.to_string());
     run(&f::RL_TAKE_ALL, &[text(limits.as_deref()), real(now_ms)])
@@ -547,7 +592,7 @@ mod tests {
             .unwrap()
             .unwrap_or_else(|| panic!("{} is not installed", f.name));
             let (volatility, parallel, definer, internal, public) = match f.entry {
-                Entry::State(_) => ("v", "u", true, false, true),
+                Entry::State(_) => ("v", "u", true, false, !f.admin_only),
                 Entry::Pure(_) => ("i", "s", false, false, true),
                 Entry::Internal(_) => ("v", "u", false, true, false),
                 Entry::Server => ("v", "s", false, false, true),

@@ -10,6 +10,8 @@ use crate::bucket::BucketLimits;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lease::MAX_IN_FLIGHT;
 use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem, MAX_ITEMS};
+use crate::penalty::Escalation;
+use crate::policy::POLICY_KEY_MARK;
 use crate::units::{Period, MAX_AMOUNT, MAX_DURATION_SECONDS, MAX_KEY_BYTES, MAX_NOW_MS, MICROS_PER_UNIT};
 use crate::window::WindowLimits;
 
@@ -173,15 +175,26 @@ fn decimal_text_micros(t: &str) -> Option<i64> {
     whole.checked_mul(MICROS_PER_UNIT)?.checked_add(frac_micros)
 }
 
-/// A key: non-empty text of at most [`MAX_KEY_BYTES`] bytes.
+/// A key: non-empty text of at most [`MAX_KEY_BYTES`] bytes, not starting with the mark
+/// of the keys policies derive.
 pub fn key<'a>(function: &'static str, arg: &Arg<'a>) -> Result<&'a str> {
+    let key = name(function, "key", arg)?;
+    if key.starts_with(POLICY_KEY_MARK) {
+        return Err(Error::invalid(function, "key must not start with U+0001, which marks the keys of policies"));
+    }
+    Ok(key)
+}
+
+/// A name (a key, a policy, a subject): non-empty text of at most [`MAX_KEY_BYTES`] bytes.
+pub fn name<'a>(function: &'static str, what: &str, arg: &Arg<'a>) -> Result<&'a str> {
     match *arg {
-        Arg::Text("") => Err(Error::invalid(function, "key must not be empty")),
-        Arg::Text(t) if t.len() > MAX_KEY_BYTES => {
-            Err(Error::invalid(function, format!("key must be at most {MAX_KEY_BYTES} bytes, got {} bytes", t.len())))
-        }
+        Arg::Text("") => Err(Error::invalid(function, format!("{what} must not be empty"))),
+        Arg::Text(t) if t.len() > MAX_KEY_BYTES => Err(Error::invalid(
+            function,
+            format!("{what} must be at most {MAX_KEY_BYTES} bytes, got {} bytes", t.len()),
+        )),
         Arg::Text(t) => Ok(t),
-        _ => Err(Error::invalid(function, format!("key must be text, got {}", arg.describe()))),
+        _ => Err(Error::invalid(function, format!("{what} must be text, got {}", arg.describe()))),
     }
 }
 
@@ -438,6 +451,98 @@ impl<'a> LeaseArgs<'a> {
     }
 }
 
+/// `(policy, subject [, cost = 1 [, tier [, now_ms]]])` of rl_check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckArgs<'a> {
+    pub policy: &'a str,
+    pub subject: &'a str,
+    /// For buckets; the same in millionths for budgets and windows.
+    pub cost: f64,
+    pub tier: Option<&'a str>,
+    pub now_ms: i64,
+}
+
+impl<'a> CheckArgs<'a> {
+    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        let policy = name(function, "policy", &nth(args, 0))?;
+        let subject = name(function, "subject", &nth(args, 1))?;
+        Ok(CheckArgs {
+            policy,
+            subject,
+            cost: match args.get(2) {
+                None => 1.0,
+                // the budget rules: exact millionths, 0.000001 to 1,000,000,000
+                Some(a) => amount_micros(function, "cost", a)? as f64 / MICROS_PER_UNIT as f64,
+            },
+            tier: match nth(args, 3) {
+                Arg::Null => None,
+                tier => Some(name(function, "tier", &tier)?),
+            },
+            now_ms: now_ms(function, &nth(args, 4), clock)?,
+        })
+    }
+}
+
+/// `(subject [, free_strikes = 3 [, base_seconds = 60 [, max_seconds = 3600 [,
+/// window_seconds = 3600 [, now_ms]]]]])` of rl_penalize.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PenalizeArgs<'a> {
+    pub subject: &'a str,
+    pub escalation: Escalation,
+    pub now_ms: i64,
+}
+
+impl<'a> PenalizeArgs<'a> {
+    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        let or_default = |i: usize, default: i64| match args.get(i) {
+            None => Ok(default),
+            Some(a) => duration_ms(function, ["", "", "base_seconds", "max_seconds", "window_seconds"][i], a),
+        };
+        Ok(PenalizeArgs {
+            subject: name(function, "subject", &nth(args, 0))?,
+            escalation: Escalation {
+                free_strikes: match args.get(1) {
+                    None => 3,
+                    Some(a) => match as_integer(a) {
+                        Some(n) if (0..=1_000_000).contains(&n) => n,
+                        _ => {
+                            return Err(Error::invalid(
+                                function,
+                                format!("free_strikes must be an integer from 0 to 1000000, got {}", a.describe()),
+                            ))
+                        }
+                    },
+                },
+                base_ms: or_default(2, 60_000)?,
+                max_ms: or_default(3, 3_600_000)?,
+                window_ms: or_default(4, 3_600_000)?,
+            },
+            now_ms: now_ms(function, &nth(args, 5), clock)?,
+        })
+    }
+}
+
+/// `(subject, seconds [, now_ms])` of rl_block: NULL seconds blocks until rl_unblock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockArgs<'a> {
+    pub subject: &'a str,
+    pub length_ms: Option<i64>,
+    pub now_ms: i64,
+}
+
+impl<'a> BlockArgs<'a> {
+    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Ok(BlockArgs {
+            subject: name(function, "subject", &nth(args, 0))?,
+            length_ms: match nth(args, 1) {
+                Arg::Null => None,
+                a => Some(duration_ms(function, "seconds", &a)?),
+            },
+            now_ms: now_ms(function, &nth(args, 2), clock)?,
+        })
+    }
+}
+
 /// `(key [, now_ms])` of rl_in_flight.
 pub fn key_at<'a>(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<(&'a str, i64)> {
     Ok((key(function, &nth(args, 0))?, now_ms(function, &nth(args, 1), clock)?))
@@ -510,7 +615,7 @@ impl<'a> TakeAllArgs<'a> {
 }
 
 /// A JSON value as the argument it stands for.
-fn json_arg(v: &Value) -> Arg<'_> {
+pub fn json_arg(v: &Value) -> Arg<'_> {
     match v {
         Value::Null => Arg::Null,
         Value::String(s) => Arg::Text(s),

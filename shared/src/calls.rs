@@ -2,7 +2,8 @@
 //! parse the arguments into typed values, run the protocol, render the answer.
 
 use crate::args::{
-    self, AcquireArgs, Arg, Clock, LeaseArgs, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs, TakeArgs, WindowArgs,
+    self, AcquireArgs, Arg, BlockArgs, CheckArgs, Clock, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs,
+    SweepArgs, TakeAllArgs, TakeArgs, WindowArgs,
 };
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
@@ -44,6 +45,12 @@ pub enum StateCall {
     InFlight,
     Charge,
     ChargeBudget,
+    PolicySet,
+    PolicyDrop,
+    Check,
+    Penalize,
+    Block,
+    Unblock,
 }
 
 impl StateCall {
@@ -62,6 +69,11 @@ impl StateCall {
                 | StateCall::Release
                 | StateCall::Renew
                 | StateCall::InFlight
+                | StateCall::PolicySet
+                | StateCall::PolicyDrop
+                | StateCall::Penalize
+                | StateCall::Block
+                | StateCall::Unblock
         )
     }
 }
@@ -126,6 +138,27 @@ fn state<S: LockingStore>(
         StateCall::Charge => json(&protocol::charge(store, name, &TakeArgs::parse(name, "amount", args, clock)?)?),
         StateCall::ChargeBudget => {
             json(&protocol::charge_budget(store, name, &RefundBudgetArgs::parse(name, args, clock)?)?)
+        }
+        StateCall::PolicySet => {
+            let policy = args::name(name, "name", &args::nth(args, 0))?;
+            let definition = match args::nth(args, 1) {
+                Arg::Text(t) => t,
+                other => {
+                    return Err(Error::invalid(name, format!("definition must be JSON, got {}", other.describe())))
+                }
+            };
+            Answer::Json(protocol::policy_set(store, name, policy, definition)?.to_json())
+        }
+        StateCall::PolicyDrop => {
+            Answer::Bool(protocol::policy_drop(store, name, args::name(name, "name", &args::nth(args, 0))?)?)
+        }
+        StateCall::Check => Answer::Json(protocol::check(store, name, &CheckArgs::parse(name, args, clock)?)?),
+        StateCall::Penalize => json(&protocol::penalize(store, name, &PenalizeArgs::parse(name, args, clock)?)?),
+        StateCall::Block => json(&protocol::block(store, name, &BlockArgs::parse(name, args, clock)?)?),
+        StateCall::Unblock => {
+            let (subject, now_ms) =
+                (args::name(name, "subject", &args::nth(args, 0))?, args::now_ms(name, &args::nth(args, 1), clock)?);
+            Answer::Bool(protocol::unblock(store, name, subject, now_ms)?)
         }
     })
 }

@@ -92,6 +92,9 @@ pub struct Function {
     /// The keys of the JSON object it returns, in order; empty when the result is not an
     /// object with fixed keys.
     pub result_keys: &'static [&'static str],
+    /// PostgreSQL: EXECUTE for members of `rl_admin` (and the owner) only, not PUBLIC:
+    /// what an application role, or a query injected into it, must not do to its limits.
+    pub admin_only: bool,
 }
 
 impl Function {
@@ -158,6 +161,8 @@ const TAKE_ARGS: &[Param] = &[KEY, BURST, REFILL, COST, NOW_MS];
 const WINDOW_ARGS: &[Param] =
     &[KEY, required("limit", SqlType::Float8), required("window_seconds", SqlType::Float8), COST, NOW_MS];
 const LEASE: Param = required("lease", SqlType::Text);
+const SUBJECT: Param = required("subject", SqlType::Text);
+const BLOCK_KEYS: &[&str] = &["strikes", "blocked", "blocked_until", "retry_after_seconds"];
 const LEASE_SECONDS: Param = required("lease_seconds", SqlType::Float8);
 const SPEND_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, COST, NOW_MS];
 
@@ -195,7 +200,7 @@ const fn function(
     result_keys: &'static [&'static str],
     comment: &'static str,
 ) -> Function {
-    Function { name, entry, params, returns, comment, result_keys }
+    Function { name, entry, params, returns, comment, result_keys, admin_only: false }
 }
 
 const fn state(name: &'static str, call: StateCall, params: &'static [Param], comment: &'static str) -> Function {
@@ -226,7 +231,7 @@ mod table {
     pub const RL_REFUND_BUDGET: Function = Function { result_keys: &["used", "resets_at"],
         ..state("rl_refund_budget", StateCall::RefundBudget, &[KEY, PERIOD, AMOUNT, NOW_MS],
         "lower the current period's used by amount, never below 0; returns the new state as jsonb") };
-    pub const RL_RESET: Function = Function { returns: Int8, ..state("rl_reset", StateCall::Reset, &[KEY],
+    pub const RL_RESET: Function = Function { returns: Int8, admin_only: true, ..state("rl_reset", StateCall::Reset, &[KEY],
         "forget every bucket and budget under key; returns the number of rows removed") };
     pub const RL_TAKE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
         ..state("rl_take_all", StateCall::TakeAll, &[required("limits", Jsonb), NOW_MS],
@@ -252,6 +257,28 @@ mod table {
     pub const RL_CHARGE_BUDGET: Function = Function { result_keys: &["admitted", "used", "resets_at"],
         ..state("rl_charge_budget", StateCall::ChargeBudget, &[KEY, PERIOD, AMOUNT, NOW_MS],
         "add amount to the current period of a budget, past its quota if need be (a cost known after the work); returns jsonb") };
+    pub const RL_POLICY_SET: Function = Function { admin_only: true,
+        ..state("rl_policy_set", StateCall::PolicySet, &[required("name", Text), required("definition", Jsonb)],
+        "insert or replace a policy: limits (buckets, budgets, windows), tiers (name to multiplier) and shadow, validated whole; returns the stored definition (rl_admin only)") };
+    pub const RL_POLICY_DROP: Function = Function { returns: Bool, admin_only: true,
+        ..state("rl_policy_drop", StateCall::PolicyDrop, &[required("name", Text)],
+        "delete a policy; returns whether it existed (rl_admin only)") };
+    pub const RL_CHECK: Function = Function {
+        result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items", "policy", "tier", "shadow", "would_refuse", "blocked"],
+        ..state("rl_check", StateCall::Check,
+        &[required("policy", Text), required("subject", Text), COST, optional("tier", Text, "NULL"), NOW_MS],
+        "apply every limit of a policy to subject, all or nothing, scaled by the tier's multiplier; returns jsonb") };
+    pub const RL_PENALIZE: Function = Function { result_keys: BLOCK_KEYS,
+        ..state("rl_penalize", StateCall::Penalize,
+        &[SUBJECT, optional("free_strikes", Int8, "3"), optional("base_seconds", Float8, "60"),
+          optional("max_seconds", Float8, "3600"), optional("window_seconds", Float8, "3600"), NOW_MS],
+        "record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last; returns jsonb") };
+    pub const RL_BLOCK: Function = Function { result_keys: BLOCK_KEYS,
+        ..state("rl_block", StateCall::Block, &[SUBJECT, required("seconds", Float8), NOW_MS],
+        "block subject for seconds (NULL: until rl_unblock): rl_check refuses it for every enforced policy; returns jsonb") };
+    pub const RL_UNBLOCK: Function = Function { returns: Bool, admin_only: true,
+        ..state("rl_unblock", StateCall::Unblock, &[SUBJECT, NOW_MS],
+        "lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)") };
     pub const RL_VERSION: Function = function("rl_version", Entry::Pure(calls::rl_version), &[], Text, NOT_AN_OBJECT,
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
@@ -309,6 +336,12 @@ pub const ALL: &[Function] = &[
     RL_IN_FLIGHT,
     RL_CHARGE,
     RL_CHARGE_BUDGET,
+    RL_POLICY_SET,
+    RL_POLICY_DROP,
+    RL_CHECK,
+    RL_PENALIZE,
+    RL_BLOCK,
+    RL_UNBLOCK,
     RL_HEADERS,
     RL_VERSION,
     RL_MEMORY_STATS,
@@ -337,6 +370,10 @@ pub fn pg_finalize_sql() -> String {
     for f in ALL.iter().filter(|f| !f.is_internal()) {
         out += &format!("COMMENT ON FUNCTION {} IS\n  '{}';\n", f.pg_signature(), quote(f.comment));
     }
+    let admin: Vec<String> = ALL.iter().filter(|f| f.admin_only).map(Function::pg_signature).collect();
+    out += "\n-- Administration: members of rl_admin (and the owner) only, never an application role.\n";
+    out += &format!("REVOKE ALL ON FUNCTION\n  {}\nFROM PUBLIC;\n", admin.join(",\n  "));
+    out += &format!("GRANT EXECUTE ON FUNCTION\n  {}\nTO rl_admin;\n", admin.join(",\n  "));
     let internal: Vec<String> = ALL.iter().filter(|f| f.is_internal()).map(Function::pg_signature).collect();
     out += "\n-- Internal: called only by the guarded UPDATEs of rl_take, rl_spend and the refunds.\n";
     out += &format!("REVOKE ALL ON FUNCTION\n  {}\nFROM PUBLIC;\n", internal.join(",\n  "));
@@ -367,7 +404,7 @@ pub fn tests_json() -> String {
                 .collect();
             serde_json::json!({
                 "name": f.name, "kind": kind, "params": params, "returns": f.returns.pg_name(),
-                "comment": f.comment, "result_keys": f.result_keys,
+                "comment": f.comment, "result_keys": f.result_keys, "admin_only": f.admin_only,
             })
         })
         .collect();

@@ -28,6 +28,8 @@ pub mod lease;
 pub mod memory;
 pub mod memory_store;
 pub mod multi;
+pub mod penalty;
+pub mod policy;
 pub mod protocol;
 pub mod render;
 pub mod sql;

@@ -1,5 +1,5 @@
 //! The memory store: buckets in the engine's shared table ([`crate::memory`]); budgets,
-//! windows and leases where they always are, in the SQL store. Same protocol, same
+//! windows, leases and policies where they always are, in the SQL store. Same protocol, same
 //! answers; bucket calls need no statement and no writable transaction.
 
 use crate::bucket::BucketState;
@@ -41,7 +41,7 @@ impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
     fn read_only(&mut self, rows: Rows) -> StoreResult<bool> {
         match rows {
             Rows::Buckets => Ok(false),
-            Rows::Budgets | Rows::Entries => self.table.read_only(rows),
+            Rows::Budgets | Rows::Entries | Rows::Policies => self.table.read_only(rows),
         }
     }
 
@@ -101,6 +101,18 @@ impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
 
     fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         self.table.sweep_entries(cutoff_ms, limit)
+    }
+
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<String>> {
+        self.table.read_policy(name)
+    }
+
+    fn put_policy(&mut self, name: &str, definition: &str) -> StoreResult<()> {
+        self.table.put_policy(name, definition)
+    }
+
+    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
+        self.table.delete_policy(name)
     }
 }
 

@@ -3,13 +3,19 @@
 
 use std::rc::Rc;
 
-use crate::args::{AcquireArgs, LeaseArgs, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs, TakeArgs, WindowArgs};
+use crate::args::{
+    AcquireArgs, BlockArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs,
+    TakeArgs, WindowArgs,
+};
 use crate::bucket::{self, BucketState, RefundDecision, TakeDecision};
 use crate::budget::{self, BudgetCharge, BudgetRefund, BudgetState, SpendDecision};
 use crate::decision_slot::Decide;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
 use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
+use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
+use crate::policy::Policy;
+use crate::render::{self, Json};
 use crate::store::{Changed, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreError, StoreResult};
 use crate::window::{self, WindowDecision};
 
@@ -427,6 +433,7 @@ fn empty_row(kind: EntryKind) -> EntriesRow {
     let entries = match kind {
         EntryKind::Window => window::encode(&[]),
         EntryKind::Lease => Leases::default().encode(),
+        EntryKind::Block => Strikes::default().encode(),
     };
     EntriesRow { entries, empty_at: 0 }
 }
@@ -477,4 +484,93 @@ pub fn renew<S: LockingStore>(store: &mut S, function: &'static str, a: &LeaseAr
 pub fn in_flight<S: RowStore>(store: &mut S, function: &'static str, key: &str, now_ms: i64) -> Result<i64> {
     let row = store.read_entries(EntryKind::Lease, key).map_err(|e| e.in_call(function))?;
     Ok(leases_of(function, row.as_ref())?.in_flight(now_ms))
+}
+
+/// rl_policy_set: validates a whole definition, stores it in its canonical form and
+/// returns that.
+pub fn policy_set<S: RowStore>(store: &mut S, function: &'static str, name: &str, definition: &str) -> Result<Policy> {
+    let policy = Policy::parse(function, definition)?;
+    writable(store, function, Rows::Policies)?;
+    store.put_policy(name, &policy.to_json().to_text()).map_err(|e| e.in_call(function))?;
+    Ok(policy)
+}
+
+/// rl_policy_drop: whether the policy existed.
+pub fn policy_drop<S: RowStore>(store: &mut S, function: &'static str, name: &str) -> Result<bool> {
+    writable(store, function, Rows::Policies)?;
+    store.delete_policy(name).map_err(|e| e.in_call(function))
+}
+
+/// rl_check: every limit of a policy on a subject, all or nothing, as rl_take_all decides
+/// them. A shadow policy changes state exactly as enforcement would (charged when it would
+/// admit, untouched when it would refuse) and reports the refusal it would have made.
+pub fn check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckArgs) -> Result<Json> {
+    let stored = store.read_policy(a.policy).map_err(|e| e.in_call(function))?;
+    let Some(stored) = stored else {
+        return Err(Error::invalid(function, format!("there is no policy named '{}'", a.policy)));
+    };
+    let policy = Policy::parse(function, &stored)?;
+    let multiplier = policy.multiplier(function, a.tier)?;
+    let keys: Vec<String> = (0..policy.limits.len()).map(|i| Policy::key(a.policy, a.subject, i)).collect();
+    let blocked = strikes_of(store, function, a.subject)?.block_at(a.now_ms);
+    // A blocked subject is refused, charging nothing: every limit as it is now (cost 0).
+    let cost = if blocked.is_some() { 0.0 } else { a.cost };
+    let mut limits = policy.items(&keys, multiplier, cost);
+    limits.sort_by(|x, y| x.row().cmp(&y.row()));
+    let args = TakeAllArgs { limits, now_ms: a.now_ms };
+    let decision = match blocked {
+        None => take_all(store, function, &args)?,
+        Some(_) => multi::decide(read_rows(store, function, &args)?, a.now_ms),
+    };
+    Ok(render::check(&decision, a.policy, a.tier, policy.shadow, blocked, a.now_ms))
+}
+
+fn strikes_of<S: RowStore>(store: &mut S, function: &'static str, subject: &str) -> Result<Strikes> {
+    let row = store.read_entries(EntryKind::Block, subject).map_err(|e| e.in_call(function))?;
+    row.map_or(Some(Strikes::default()), |r| Strikes::decode(&r.entries))
+        .ok_or_else(|| damaged(function, EntryKind::Block))
+}
+
+fn strikes_row(s: &Strikes, window_ms: i64) -> EntriesRow {
+    // (for rl_unblock: the default state, removable by the sweep at once)
+    EntriesRow { entries: s.encode(), empty_at: s.empty_at(window_ms) }
+}
+
+/// A change to a subject's strikes; `decide` also gets when the stored row stops mattering.
+fn change_strikes<S: LockingStore, R>(
+    store: &mut S,
+    function: &'static str,
+    subject: &str,
+    decide: impl Fn(Option<&Strikes>, i64) -> (R, Option<EntriesRow>),
+) -> Result<R> {
+    change_entries(store, function, EntryKind::Block, subject, |row| {
+        let state = row.map(|r| Strikes::decode(&r.entries).ok_or_else(|| damaged(function, EntryKind::Block)));
+        Ok(decide(state.transpose()?.as_ref(), row.map_or(0, |r| r.empty_at)))
+    })
+}
+
+/// rl_penalize: one strike; past the free ones, a block that doubles with each.
+pub fn penalize<S: LockingStore>(store: &mut S, function: &'static str, a: &PenalizeArgs) -> Result<BlockAnswer> {
+    let e: Escalation = a.escalation;
+    change_strikes(store, function, a.subject, |state, _| {
+        let (answer, new) = penalty::penalize(state, &e, a.now_ms);
+        (answer, Some(strikes_row(&new, e.window_ms)))
+    })
+}
+
+/// rl_block: a block for `seconds`, or until rl_unblock.
+pub fn block<S: LockingStore>(store: &mut S, function: &'static str, a: &BlockArgs) -> Result<BlockAnswer> {
+    change_strikes(store, function, a.subject, |state, kept_until| {
+        let (answer, new) = penalty::block(state, a.length_ms, a.now_ms);
+        // the strikes stay remembered as long as the last rl_penalize said
+        (answer, Some(EntriesRow { entries: new.encode(), empty_at: new.empty_at(0).max(kept_until) }))
+    })
+}
+
+/// rl_unblock: lifts a block and forgets strikes; whether a block was in force.
+pub fn unblock<S: LockingStore>(store: &mut S, function: &'static str, subject: &str, now_ms: i64) -> Result<bool> {
+    change_strikes(store, function, subject, |state, _| match state {
+        None => (false, None),
+        Some(s) => (s.block_at(now_ms).is_some(), Some(strikes_row(&Strikes::default(), 0))),
+    })
 }

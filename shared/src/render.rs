@@ -9,6 +9,7 @@ use crate::budget::{BudgetCharge, BudgetRefund, SpendDecision};
 use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
 use crate::multi::{ItemAnswer, TakeAllDecision};
+use crate::penalty::{Block, BlockAnswer};
 use crate::units::{ceil_seconds, MICROS_PER_UNIT};
 use crate::window::WindowDecision;
 
@@ -125,6 +126,52 @@ impl ToJson for BudgetRefund {
     }
 }
 
+/// rl_check's answer: rl_take_all's, with the policy and tier. A shadow policy admits,
+/// and says whether enforcing it would have refused. A blocked subject is refused until
+/// the block ends (no retry time for a block until rl_unblock).
+pub fn check(
+    d: &TakeAllDecision,
+    policy: &str,
+    tier: Option<&str>,
+    shadow: bool,
+    blocked: Option<Block>,
+    now_ms: i64,
+) -> Json {
+    let Json::Object(mut fields) = d.to_json() else { unreachable!("rl_take_all answers an object") };
+    let would_refuse = !d.admitted || blocked.is_some();
+    let (admitted, retry) = match (shadow, blocked) {
+        (true, _) => (true, Json::Int(0)),
+        (false, None) => (d.admitted, Json::Int(d.retry_after_ms)),
+        (false, Some(Block::Until(t))) => (false, Json::Int(t - now_ms)),
+        (false, Some(Block::Indefinite)) => (false, Json::Null),
+    };
+    let retry_seconds = match retry {
+        Json::Int(ms) => Json::Int(ceil_seconds(ms)),
+        _ => Json::Null,
+    };
+    fields[0].1 = Json::Bool(admitted);
+    fields[1].1 = retry;
+    fields[2].1 = retry_seconds;
+    fields.push(("policy", Json::Str(policy.to_owned())));
+    fields.push(("tier", tier.map_or(Json::Null, |t| Json::Str(t.to_owned()))));
+    fields.push(("shadow", Json::Bool(shadow)));
+    fields.push(("would_refuse", Json::Bool(would_refuse)));
+    fields.push(("blocked", Json::Bool(blocked.is_some())));
+    Json::Object(fields)
+}
+
+impl ToJson for BlockAnswer {
+    fn to_json(&self) -> Json {
+        let (strikes, blocked, until, retry) = self.fields();
+        JsonObject::new()
+            .int("strikes", strikes)
+            .bool("blocked", blocked)
+            .field("blocked_until", until.map_or(Json::Null, Json::Int))
+            .field("retry_after_seconds", retry.map_or(Json::Null, Json::Int))
+            .finish()
+    }
+}
+
 impl ToJson for TakeAllDecision<'_, '_> {
     fn to_json(&self) -> Json {
         let mut in_given_order: Vec<&ItemAnswer> = self.items.iter().collect();
@@ -159,6 +206,8 @@ pub enum Json {
     Array(Vec<Json>),
     /// Keys are the contract's own names: plain ASCII that needs no escaping.
     Object(Vec<(&'static str, Json)>),
+    /// An object whose keys are data (a policy's tier names), written with JSON escapes.
+    Map(Vec<(String, Json)>),
     /// A string value (written with JSON escapes).
     Str(String),
     /// Already JSON text (rl_headers builds its object as text).
@@ -186,7 +235,7 @@ pub fn number_form(v: f64) -> NumberForm {
 
 impl Json {
     /// An exact budget amount kept in millionths: 1000000 is 1, 300000 is 0.3.
-    fn micros(micros: i64) -> Json {
+    pub fn micros(micros: i64) -> Json {
         if micros % MICROS_PER_UNIT == 0 {
             Json::Int(micros / MICROS_PER_UNIT)
         } else {
@@ -235,6 +284,18 @@ impl Json {
                     out.push('"');
                     out.push_str(key);
                     out.push_str("\":");
+                    value.write(out);
+                }
+                out.push('}');
+            }
+            Json::Map(fields) => {
+                out.push('{');
+                for (i, (key, value)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String(key.clone()).to_string());
+                    out.push(':');
                     value.write(out);
                 }
                 out.push('}');

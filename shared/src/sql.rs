@@ -83,10 +83,13 @@ pub enum Statement {
     EntriesUpdate,
     SweepEntries,
     ResetEntries,
+    PolicyRead,
+    PolicyPut,
+    PolicyDelete,
 }
 
 impl Statement {
-    pub const ALL: [Statement; 20] = [
+    pub const ALL: [Statement; 23] = [
         Statement::BucketRead,
         Statement::BucketLock,
         Statement::BucketInsert,
@@ -107,6 +110,9 @@ impl Statement {
         Statement::EntriesUpdate,
         Statement::SweepEntries,
         Statement::ResetEntries,
+        Statement::PolicyRead,
+        Statement::PolicyPut,
+        Statement::PolicyDelete,
     ];
 
     /// The types of the columns a reading statement returns (empty for the others).
@@ -115,6 +121,7 @@ impl Statement {
             Statement::BucketRead | Statement::BucketLock => &[SqlType::Float8, SqlType::Int8, SqlType::Int8],
             Statement::BudgetRead | Statement::BudgetLock => &[SqlType::Int8, SqlType::Int8],
             Statement::EntriesRead | Statement::EntriesLock => &[SqlType::Text, SqlType::Int8],
+            Statement::PolicyRead => &[SqlType::Text],
             _ => &[],
         }
     }
@@ -143,6 +150,9 @@ impl Statement {
             Statement::EntriesUpdate => include_str!("../../sql/entries_update.sql"),
             Statement::SweepEntries => include_str!("../../sql/sweep_entries.sql"),
             Statement::ResetEntries => include_str!("../../sql/reset_entries.sql"),
+            Statement::PolicyRead => include_str!("../../sql/policy_read.sql"),
+            Statement::PolicyPut => include_str!("../../sql/policy_put.sql"),
+            Statement::PolicyDelete => include_str!("../../sql/policy_delete.sql"),
         }
     }
 }
@@ -176,7 +186,7 @@ mod tests {
     #[test]
     fn every_name_and_comparison_is_qualified() {
         for text in Statement::ALL.map(Statement::text) {
-            for name in ["rl_bucket", "rl_budget", "rl_entries"] {
+            for name in ["rl_bucket", "rl_budget", "rl_entries", "rl_policy"] {
                 for (at, _) in text.match_indices(name) {
                     assert!(text[..at].ends_with(SCHEMA), "unqualified {name} in {text}");
                 }

@@ -129,6 +129,18 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
     fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         Ok(self.0.execute(Statement::SweepEntries, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
     }
+
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<String>> {
+        Ok(self.0.query_row(Statement::PolicyRead, &[Value::Text(name)])?.map(|row| row[0].as_text().to_owned()))
+    }
+
+    fn put_policy(&mut self, name: &str, definition: &str) -> StoreResult<()> {
+        self.0.execute(Statement::PolicyPut, &[Value::Text(name), Value::Text(definition)]).map(|_| ())
+    }
+
+    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
+        Ok(self.0.execute(Statement::PolicyDelete, &[Value::Text(name)])? == 1)
+    }
 }
 
 impl<E: SqlEngine> LockingStore for SqlStore<E> {

@@ -45,6 +45,7 @@ pub enum Rows {
     Buckets,
     Budgets,
     Entries,
+    Policies,
 }
 
 /// Which list a row of entries holds.
@@ -54,6 +55,8 @@ pub enum EntryKind {
     Window,
     /// A concurrency cap's leases ([`crate::lease`]).
     Lease,
+    /// A subject's strikes and block ([`crate::penalty`]).
+    Block,
 }
 
 impl EntryKind {
@@ -62,6 +65,7 @@ impl EntryKind {
         match self {
             EntryKind::Window => "window",
             EntryKind::Lease => "lease",
+            EntryKind::Block => "block",
         }
     }
 }
@@ -105,6 +109,12 @@ pub trait RowStore {
     fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool>;
     /// Deletes at most `limit` rows of entries empty by `cutoff_ms`.
     fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+    /// The stored definition of policy `name`.
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<String>>;
+    /// Stores `definition` as policy `name`, replacing any.
+    fn put_policy(&mut self, name: &str, definition: &str) -> StoreResult<()>;
+    /// Deletes policy `name`; returns whether it existed.
+    fn delete_policy(&mut self, name: &str) -> StoreResult<bool>;
 }
 
 /// Several rows changed as one unit.

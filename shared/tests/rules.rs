@@ -23,6 +23,7 @@ struct MapStore {
     buckets: HashMap<String, BucketState>,
     budgets: HashMap<(String, Period), BudgetState>,
     entries: HashMap<(String, EntryKind), EntriesRow>,
+    policies: HashMap<String, String>,
     read_only: bool,
     writes: usize,
     lost_races: usize,
@@ -130,6 +131,17 @@ impl RowStore for MapStore {
     }
     fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         Ok(Self::sweep(&mut self.entries, |e| e.empty_at <= cutoff_ms, limit))
+    }
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<String>> {
+        Ok(self.policies.get(name).cloned())
+    }
+    fn put_policy(&mut self, name: &str, definition: &str) -> StoreResult<()> {
+        self.writes += 1;
+        self.policies.insert(name.to_owned(), definition.to_owned());
+        Ok(())
+    }
+    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
+        Ok(self.policies.remove(name).is_some())
     }
 }
 

@@ -1,0 +1,230 @@
+//! Policies: named sets of limits stored as rows, applied to a subject by rl_check with a
+//! tier's multiplier. Pure: a definition is parsed and validated here, and each policy
+//! limit becomes an rl_take_all item under a key derived from the policy and the subject.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::args::{self, json_arg, Arg};
+use crate::bucket::BucketLimits;
+use crate::error::{Error, Result};
+use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem};
+use crate::render::Json;
+use crate::units::{Period, MICROS_PER_UNIT};
+use crate::window::WindowLimits;
+
+/// Most limits one policy holds.
+pub const MAX_LIMITS: usize = 16;
+
+/// The first character of every key a policy derives. Raw keys may not start with it,
+/// so no rl_take key can name a policy's state.
+pub const POLICY_KEY_MARK: char = '\u{1}';
+
+/// One limit of a policy, without a key (the subject gives it one) and without a cost
+/// (each check gives it one).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyLimit {
+    Bucket {
+        burst: f64,
+        refill_per_minute: f64,
+    },
+    /// Millionths.
+    Budget {
+        period: Period,
+        quota: i64,
+    },
+    /// Millionths.
+    Window {
+        limit: i64,
+        window_ms: i64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub limits: Vec<PolicyLimit>,
+    /// Tier name to multiplier (finite, > 0).
+    pub tiers: BTreeMap<String, f64>,
+    /// Never refuses; reports what enforcement would do.
+    pub shadow: bool,
+}
+
+fn invalid(function: &'static str, message: String) -> Error {
+    Error::invalid(function, message)
+}
+
+impl Policy {
+    /// Parses and validates a whole definition; the error names the field.
+    pub fn parse(function: &'static str, text: &str) -> Result<Policy> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| invalid(function, format!("definition must be valid JSON: {e}")))?;
+        let o = value.as_object().ok_or_else(|| {
+            invalid(function, "definition must be a JSON object with limits, and optionally tiers and shadow".into())
+        })?;
+        if let Some(extra) = o.keys().find(|k| !["limits", "tiers", "shadow"].contains(&k.as_str())) {
+            return Err(invalid(
+                function,
+                format!("definition: unknown field \"{extra}\" (a policy has limits, tiers, shadow)"),
+            ));
+        }
+        let list = o
+            .get("limits")
+            .and_then(Value::as_array)
+            .ok_or_else(|| invalid(function, "definition.limits must be a JSON array of limit objects".into()))?;
+        if list.is_empty() || list.len() > MAX_LIMITS {
+            return Err(invalid(
+                function,
+                format!("definition.limits must hold 1 to {MAX_LIMITS} items, got {}", list.len()),
+            ));
+        }
+        let limits = list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                limit(function, v)
+                    .map_err(|e| invalid(function, format!("definition.limits item {}: {}", i + 1, e.message)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let tiers = match o.get("tiers") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(t)) => t
+                .iter()
+                .map(|(name, m)| {
+                    let at = format!("definition.tiers.{name}");
+                    if name.is_empty() {
+                        return Err(invalid(function, "definition.tiers: a tier name must not be empty".into()));
+                    }
+                    args::positive_number(function, &at, &json_arg(m)).map(|m| (name.clone(), m))
+                })
+                .collect::<Result<BTreeMap<_, _>>>()?,
+            Some(_) => {
+                return Err(invalid(
+                    function,
+                    "definition.tiers must be a JSON object of tier names to multipliers".into(),
+                ))
+            }
+        };
+        let shadow = match o.get("shadow") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(invalid(function, format!("definition.shadow must be true or false, got {other}")))
+            }
+        };
+        Ok(Policy { limits, tiers, shadow })
+    }
+
+    /// The definition as stored and returned: every field present, numbers as given.
+    pub fn to_json(&self) -> Json {
+        let limits = self
+            .limits
+            .iter()
+            .map(|l| match *l {
+                PolicyLimit::Bucket { burst, refill_per_minute } => Json::Object(vec![
+                    ("burst", Json::Number(burst)),
+                    ("refill_per_minute", Json::Number(refill_per_minute)),
+                ]),
+                PolicyLimit::Budget { period, quota } => Json::Object(vec![
+                    ("period", Json::Str(period.as_str().to_owned())),
+                    ("quota", Json::micros(quota)),
+                ]),
+                PolicyLimit::Window { limit, window_ms } => Json::Object(vec![
+                    ("limit", Json::micros(limit)),
+                    ("window_seconds", Json::Number(window_ms as f64 / 1000.0)),
+                ]),
+            })
+            .collect();
+        let tiers = self.tiers.iter().map(|(name, m)| (name.clone(), Json::Number(*m))).collect();
+        Json::Object(vec![
+            ("limits", Json::Array(limits)),
+            ("tiers", Json::Map(tiers)),
+            ("shadow", Json::Bool(self.shadow)),
+        ])
+    }
+
+    /// The multiplier of `tier` (None: 1).
+    pub fn multiplier(&self, function: &'static str, tier: Option<&str>) -> Result<f64> {
+        match tier {
+            None => Ok(1.0),
+            Some(t) => self.tiers.get(t).copied().ok_or_else(|| {
+                let known: Vec<&str> = self.tiers.keys().map(String::as_str).collect();
+                invalid(function, format!("tier '{t}' is not one of this policy's tiers ({})", known.join(", ")))
+            }),
+        }
+    }
+
+    /// The key of limit `i` for `subject`: distinct for every policy, subject and limit,
+    /// and never a key a caller can pass.
+    pub fn key(policy: &str, subject: &str, i: usize) -> String {
+        let parts = serde_json::Value::from(vec![policy.to_owned(), subject.to_owned(), i.to_string()]);
+        format!("{POLICY_KEY_MARK}{parts}")
+    }
+
+    /// The policy's limits as rl_take_all items on `keys` (one per limit, from
+    /// [`Policy::key`]), scaled by `multiplier`, each charged `cost` (millionths for
+    /// budgets and windows).
+    pub fn items<'k>(&self, keys: &'k [String], multiplier: f64, cost: f64) -> Vec<Limit<'k>> {
+        let micros = |v: i64| ((v as f64) * multiplier).round().max(1.0) as i64;
+        let cost_micros = (cost * MICROS_PER_UNIT as f64).round() as i64;
+        self.limits
+            .iter()
+            .zip(keys)
+            .enumerate()
+            .map(|(position, (l, key))| match *l {
+                PolicyLimit::Bucket { burst, refill_per_minute } => Limit::Bucket(BucketItem {
+                    position,
+                    key,
+                    limits: BucketLimits {
+                        burst: burst * multiplier,
+                        refill_per_minute: refill_per_minute * multiplier,
+                    },
+                    cost,
+                }),
+                PolicyLimit::Budget { period, quota } => {
+                    Limit::Budget(BudgetItem { position, key, period, quota: micros(quota), cost: cost_micros })
+                }
+                PolicyLimit::Window { limit, window_ms } => Limit::Window(WindowItem {
+                    position,
+                    key,
+                    limits: WindowLimits { limit: micros(limit), window_ms },
+                    cost: cost_micros,
+                }),
+            })
+            .collect()
+    }
+}
+
+fn limit(function: &'static str, v: &Value) -> Result<PolicyLimit> {
+    let o: &Map<String, Value> = v.as_object().ok_or_else(|| invalid(function, "must be a JSON object".into()))?;
+    let field = |name: &str| o.get(name).map_or(Arg::Null, json_arg);
+    let (allowed, kind): (&[&str], u8) = if o.contains_key("period") {
+        (&["period", "quota"], 1)
+    } else if o.contains_key("window_seconds") {
+        (&["limit", "window_seconds"], 2)
+    } else {
+        (&["burst", "refill_per_minute"], 0)
+    };
+    if let Some(extra) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(invalid(
+            function,
+            format!(
+                "unknown field \"{extra}\" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds)"
+            ),
+        ));
+    }
+    Ok(match kind {
+        1 => PolicyLimit::Budget {
+            period: args::period(function, &field("period"))?,
+            quota: args::amount_micros(function, "quota", &field("quota"))?,
+        },
+        2 => PolicyLimit::Window {
+            limit: args::amount_micros(function, "limit", &field("limit"))?,
+            window_ms: args::duration_ms(function, "window_seconds", &field("window_seconds"))?,
+        },
+        _ => PolicyLimit::Bucket {
+            burst: args::positive_number(function, "burst", &field("burst"))?,
+            refill_per_minute: args::positive_number(function, "refill_per_minute", &field("refill_per_minute"))?,
+        },
+    })
+}

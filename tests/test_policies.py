@@ -1,0 +1,125 @@
+"""Policies through real clients: who may change them in PostgreSQL (rl_admin), exact
+totals when many sessions check one policy and subject, and the listing on both engines.
+Each answer's exact values are in the conformance list (tests/test_conformance.py)."""
+import json
+
+import pytest
+
+from conftest import one, pg_connect, run_sessions, sqlite_connect
+
+psycopg2 = pytest.importorskip("psycopg2")
+
+LIMITS = '{"limits": [{"burst": 100, "refill_per_minute": 0.000001}, {"period": "month", "quota": 1000}]}'
+
+
+
+@pytest.fixture
+def roles(pg_db):
+    """An application role and a policy administrator (a member of rl_admin), used via SET ROLE."""
+    conn, name = pg_db
+    app, admin = f"app_{name}", f"ops_{name}"
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE ROLE {app} NOLOGIN")
+        cur.execute(f"CREATE ROLE {admin} NOLOGIN IN ROLE rl_admin")
+    yield app, admin
+    with conn.cursor() as cur:
+        cur.execute("RESET ROLE")
+        cur.execute(f"DROP ROLE {app}")
+        cur.execute(f"DROP ROLE {admin}")
+
+
+def test_only_rl_admin_changes_policies_and_resets_keys(pg_db, roles):
+    conn, _ = pg_db
+    app, admin = roles
+    with conn.cursor() as cur:
+        cur.execute(f"SET ROLE {admin}")
+        cur.execute("SELECT rl_policy_set('login', %s)", (LIMITS,))
+        cur.execute("SELECT count(*) FROM rl_policies")
+        assert cur.fetchone() == (1,)
+        cur.execute(f"SET ROLE {app}")
+        cur.execute("SELECT rl_check('login', 'ann') ->> 'admitted', rl_take('raw', 1, 1) ->> 'admitted'")
+        assert cur.fetchone() == ("true", "true")
+        # an application role, or a query injected into it, cannot loosen its own limits
+        for sql in ["SELECT rl_policy_set('login', '{\"limits\": [{\"burst\": 1e9, \"refill_per_minute\": 1e9}]}')",
+                    "SELECT rl_policy_drop('login')", "SELECT rl_reset('raw')", "SELECT * FROM rl_policies",
+                    "SELECT * FROM ratelimit.rl_policy"]:
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute(sql)
+        # it may record strikes and block (itself included), but never lift a block
+        cur.execute("SELECT rl_block('mallory', NULL) ->> 'blocked', rl_penalize('mallory') ->> 'strikes'")
+        assert cur.fetchone() == ("true", "1")
+        for sql in ["SELECT rl_unblock('mallory')", "SELECT * FROM rl_blocks"]:
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute(sql)
+        cur.execute(f"SET ROLE {admin}")
+        assert one(conn, "SELECT rl_reset('raw')") == 1
+        assert one(conn, "SELECT subject FROM rl_blocks") == "mallory"
+        assert one(conn, "SELECT rl_unblock('mallory')") is True
+        assert one(conn, "SELECT rl_policy_drop('login')") is True
+        cur.execute("RESET ROLE")
+
+
+def test_sixteen_sessions_checking_one_subject_admit_exactly_the_limit(pg_store_db):
+    conn, name = pg_store_db
+    one(conn, "SELECT rl_policy_set('hot', %s)", (LIMITS,))
+    admitted = [0] * 16
+
+    def work(i, c):
+        for _ in range(40):
+            admitted[i] += one(c, "SELECT rl_check('hot', 'ann')")["admitted"]
+
+    run_sessions(name, 16, work)
+    assert sum(admitted) == 100
+    left = one(conn, "SELECT rl_check('hot', 'ann')")
+    assert (left["admitted"], left["items"][0]["remaining"], left["items"][1]["used"]) == (False, 0, 100)
+
+
+def test_sqlite_lists_policies_and_blocks(sqlite_db):
+    conn, _ = sqlite_db
+    conn.execute("SELECT rl_policy_set('login', ?)", (LIMITS,))
+    rows = conn.execute("SELECT name, definition FROM rl_policies").fetchall()
+    assert [(n, json.loads(d)["limits"][1]["quota"]) for n, d in rows] == [("login", 1000)]
+    conn.execute("SELECT rl_block('a', NULL), rl_block('b', 60), rl_block('c', 60, 0), rl_penalize('d')")
+    rows = conn.execute("SELECT subject, strikes, blocked_until_ms IS NULL FROM rl_blocks ORDER BY 1").fetchall()
+    assert rows == [("a", 0, 1), ("b", 0, 0)], "c's block ended long ago; d has a strike, no block"
+
+
+def test_postgres_lists_blocks(pg_db):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+        cur.execute("SELECT rl_block('a', NULL), rl_block('b', 60), rl_block('c', 60, 0), rl_penalize('d')")
+        cur.execute("SELECT subject, strikes, blocked_until_ms IS NULL FROM rl_blocks ORDER BY 1")
+        assert cur.fetchall() == [("a", 0, True), ("b", 0, False)]
+
+
+def test_a_read_only_transaction_checks_nothing_and_changes_no_policy(pg_db):
+    from conftest import assert_refused_read_only
+
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("SELECT rl_policy_set('login', %s)", (LIMITS,))
+        cur.execute("BEGIN READ ONLY")
+        for sql, function in (("SELECT rl_check('login', 'ann')", "rl_check"),
+                              ("SELECT rl_policy_drop('login')", "rl_policy_drop")):
+            assert_refused_read_only(cur, sql, function)
+        cur.execute("ROLLBACK")
+
+
+def test_policy_changes_roll_back(pg_db):
+    _, name = pg_db
+    tx = pg_connect(name, autocommit=False)
+    one(tx, "SELECT rl_policy_set('login', %s)", (LIMITS,))
+    tx.rollback()
+    with pytest.raises(psycopg2.errors.InvalidParameterValue):
+        one(tx, "SELECT rl_check('login', 'ann')")
+    tx.rollback()
+    tx.close()
+
+
+def test_sqlite_sessions_share_policies(tmp_path):
+    path = str(tmp_path / "p.db")
+    admin, app = sqlite_connect(path), sqlite_connect(path)
+    admin.execute("SELECT rl_policy_set('login', ?)", (LIMITS,))
+    r = json.loads(app.execute("SELECT rl_check('login', 'ann', 1, NULL)").fetchone()[0])
+    assert (r["admitted"], r["items"][0]["remaining"]) == (True, 99)
