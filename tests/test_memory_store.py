@@ -147,11 +147,25 @@ def test_clean_restart_keeps_every_level_and_a_crash_starts_full():
 
         # a crashed backend makes the postmaster reinitialise shared memory: full again
         assert one(conn, f"SELECT rl_take('k1', {SLOW}, 4) ->> 'remaining'") == "6"
-        os.kill(one(conn, "SELECT pg_backend_pid()"), signal.SIGKILL)
+        kill_backend(one(conn, "SELECT pg_backend_pid()"))
         conn = reconnect(c, "app")
         assert one(conn, f"SELECT rl_peek('k1', {SLOW}) ->> 'remaining'") == "9"
         assert "terminated by signal 9" in c.log()
         conn.close()
+
+
+def kill_backend(pid):
+    """kill -9 of one backend, returning once the postmaster has reaped it: from then on it
+    refuses connections until it has reset shared memory, so a reconnect cannot slip in
+    before the crash is noticed (one did, under load)."""
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(300):
+        try:
+            os.kill(pid, 0)  # a zombie still answers: not reaped yet
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} was not reaped")
 
 
 def reconnect(c, dbname):
