@@ -198,12 +198,15 @@ KIND_SCRIPTS = {
     "rl_window": "SELECT rl_window('k' || :k, 1000000000, 60);",
     "rl_acquire + rl_release": "SELECT rl_release('k' || :k, rl_acquire('k' || :k, 10000, 60) ->> 'lease');",
     "rl_charge": f"SELECT rl_charge('k' || :k, {BIG}, 1);",
+    "rl_check (one bucket)": "SELECT rl_check('one', 'k' || :k);",
 }
+ONE_BUCKET_POLICY = json.dumps({"limits": [{"burst": 1e9, "refill_per_minute": 6e8}]})
 SQLITE_KIND_SQL = {
     "rl_take": f"SELECT rl_take(?1, {BIG})",
     "rl_window": "SELECT rl_window(?1, 1000000000, 60)",
     "rl_acquire + rl_release": "SELECT rl_release(?1, rl_acquire(?1, 10000, 60) ->> 'lease')",
     "rl_charge": f"SELECT rl_charge(?1, {BIG}, 1)",
+    "rl_check (one bucket)": "SELECT rl_check('one', ?1)",
 }
 
 
@@ -213,10 +216,13 @@ def kinds_section():
     of a window or a lease list by its number of entries."""
     print("kinds of limit: setup", file=sys.stderr)
     setup_postgres(KEYS)
+    psql(f"SELECT rl_policy_set('one', '{ONE_BUCKET_POLICY}')")
     matrix = {("postgres", 8, name, False): (lambda s=script: pgbench(s, 8, KEYS, False))
               for name, script in KIND_SCRIPTS.items()}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kinds.db")
+        subprocess.run(["sqlite3", path, ".load " + SQLITE_EXT, "PRAGMA journal_mode=wal",
+                        f"SELECT rl_policy_set('one', '{ONE_BUCKET_POLICY}')"], check=True, capture_output=True)
         for name, sql in SQLITE_KIND_SQL.items():
             matrix[("sqlite wal", 1, name, None)] = (lambda q=sql: sqlite_bench(path, "wal", q, KEYS))
         cells = run_matrix(matrix)

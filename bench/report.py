@@ -142,12 +142,13 @@ def write_memory_store(cells, wal, stats):
 
 def write_kinds(cells, sizes):
     reps, seconds = os.environ.get("RL_BENCH_REPS", "3"), os.environ.get("RL_BENCH_SECONDS", "3")
-    lines = ["# Sliding windows, leases and charges next to rl_take", "",
+    lines = ["# Sliding windows, leases, charges and policies next to rl_take", "",
              f"One interleaved run (`RL_BENCH_REPS={reps} RL_BENCH_SECONDS={seconds} RL_BENCH_ONLY=kinds bash "
              f"scripts/bench.sh`), medians of {reps} runs of {seconds} s per cell; 2 cores, 100,000 keys, every call "
              "admitted. PostgreSQL: pgbench, 8 clients, prepared statements, synchronous_commit off, table store. "
              "SQLite: one connection in a tight loop (bench/sqlite_driver.c), WAL journal. "
-             "`rl_acquire + rl_release` is one statement that takes a lease and gives it back.", "",
+             "`rl_acquire + rl_release` is one statement that takes a lease and gives it back; "
+             "`rl_check (one bucket)` checks a policy of one bucket (issue 13 wants >= 0.9x rl_take).", "",
              "| engine | function | calls/s | next to rl_take | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
     for key in sorted(cells, key=lambda k: (k[0], k[2] != "rl_take", k[2])):
         engine, _, name, sync = key

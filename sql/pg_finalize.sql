@@ -48,6 +48,10 @@ COMMENT ON FUNCTION rl_block(text, double precision, double precision) IS
   'block subject for seconds (NULL: until rl_unblock): rl_check refuses it for every enforced policy; returns jsonb';
 COMMENT ON FUNCTION rl_unblock(text, double precision) IS
   'lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)';
+COMMENT ON FUNCTION rl_policy_stats() IS
+  'counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked) since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)';
+COMMENT ON FUNCTION rl_stats_reset() IS
+  'forget the counts of rl_policy_stats; returns how many policies had some (rl_admin only)';
 COMMENT ON FUNCTION rl_headers(jsonb) IS
   'HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result';
 COMMENT ON FUNCTION rl_version() IS
@@ -60,13 +64,17 @@ REVOKE ALL ON FUNCTION
   rl_reset(text),
   rl_policy_set(text, jsonb),
   rl_policy_drop(text),
-  rl_unblock(text, double precision)
+  rl_unblock(text, double precision),
+  rl_policy_stats(),
+  rl_stats_reset()
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   rl_reset(text),
   rl_policy_set(text, jsonb),
   rl_policy_drop(text),
-  rl_unblock(text, double precision)
+  rl_unblock(text, double precision),
+  rl_policy_stats(),
+  rl_stats_reset()
 TO rl_admin;
 
 -- Internal: called only by the guarded UPDATEs of rl_take, rl_spend and the refunds.

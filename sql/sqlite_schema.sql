@@ -7,7 +7,7 @@
 -- records the layout of these tables (schema_version); PRAGMA user_version is the
 -- application's. A database without rl_meta was written by 0.1.0 or 0.2.0, in
 -- schema_version 1; schema_version 2 adds rl_entries, rl_policy and the views
--- rl_policies and rl_blocks (0.3.0), created on first use.
+-- rl_policies, rl_blocks and rl_stats (0.3.0), created on first use.
 CREATE TABLE IF NOT EXISTS main.rl_bucket (
     key         TEXT    NOT NULL PRIMARY KEY,
     level       REAL    NOT NULL,
@@ -42,6 +42,10 @@ CREATE VIEW IF NOT EXISTS main.rl_blocks AS
       AND (json_type(entries, '$.blocked_until') = 'null'
            OR (json_type(entries, '$.blocked_until') = 'integer'
                AND json_extract(entries, '$.blocked_until') > CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)));
+CREATE VIEW IF NOT EXISTS main.rl_stats AS
+    SELECT key AS policy, json_extract(value, '$.admitted') AS admitted, json_extract(value, '$.refused') AS refused,
+           json_extract(value, '$.would_refuse') AS would_refuse, json_extract(value, '$.refused_blocked') AS refused_blocked
+    FROM json_each(rl_policy_stats(), '$.policies');
 CREATE TABLE IF NOT EXISTS main.rl_meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL

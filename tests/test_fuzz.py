@@ -57,7 +57,7 @@ def json_text(rng):
 
 def random_call(rng, functions):
     function = rng.choice(functions)
-    if function in ("rl_memory_stats", "rl_version"):
+    if function in ("rl_memory_stats", "rl_version", "rl_policy_stats", "rl_stats_reset"):
         args = []
     elif function == "rl_sweep":
         args = [rng.choice(CLOCKS) for _ in range(rng.choice([0, 1, 1, 2]))]
@@ -156,7 +156,7 @@ def check_answer(function, value):
         r = value
         assert sorted(r) == sorted(RESULT_KEYS[function]) and 0 <= r["in_use"] <= r["capacity"]
         return
-    if function in ("rl_sweep", "rl_reset", "rl_in_flight"):
+    if function in ("rl_sweep", "rl_reset", "rl_in_flight", "rl_stats_reset"):
         assert isinstance(value, int) and value >= 0
         return
     if function == "rl_release":
@@ -173,6 +173,11 @@ def check_answer(function, value):
         return
     if function in ("rl_refund_budget", "rl_charge_budget"):
         assert sorted(r) == sorted(RESULT_KEYS[function]) and r["used"] >= 0
+        return
+    if function == "rl_policy_stats":
+        r = json.loads(value) if isinstance(value, str) else value
+        assert r["scope"] in ("server", "session", "process")
+        assert all(c["admitted"] >= c["would_refuse"] >= 0 for c in r["policies"].values())
         return
     if function in ("rl_penalize", "rl_block"):
         assert sorted(r) == sorted(RESULT_KEYS[function]) and r["strikes"] >= 0

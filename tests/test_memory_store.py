@@ -272,4 +272,12 @@ def test_without_preload_memory_bucket_calls_fail_clearly_and_the_rest_works():
         with conn.cursor() as cur:
             cur.execute("SET pg_ratelimit.buckets = 'table'")
         assert one(conn, "SELECT rl_take('k', 3, 60) ->> 'remaining'") == "2"
+        # without preload, rl_check's counters are each session's own, and say so
+        one(conn, "SELECT rl_policy_set('p', '{\"limits\": [{\"burst\": 1, \"refill_per_minute\": 1}]}')")
+        one(conn, "SELECT rl_check('p', 'a')")
+        assert one(conn, "SELECT rl_policy_stats() ->> 'scope'") == "session"
+        assert one(conn, "SELECT admitted FROM rl_stats WHERE policy = 'p'") == 1
+        other = c.connect("app")
+        assert one(other, "SELECT count(*) FROM rl_stats") == 0
+        other.close()
         conn.close()

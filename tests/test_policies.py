@@ -68,10 +68,57 @@ def test_sixteen_sessions_checking_one_subject_admit_exactly_the_limit(pg_store_
         for _ in range(40):
             admitted[i] += one(c, "SELECT rl_check('hot', 'ann')")["admitted"]
 
+    one(conn, "SELECT rl_stats_reset()")
     run_sessions(name, 16, work)
     assert sum(admitted) == 100
+    # the counters of the whole server (the test cluster preloads the library) agree
+    with conn.cursor() as cur:
+        cur.execute("SELECT rl_policy_stats() ->> 'scope', admitted, refused FROM rl_stats WHERE policy = 'hot'")
+        assert cur.fetchone() == ("server", 100, 16 * 40 - 100)
     left = one(conn, "SELECT rl_check('hot', 'ann')")
     assert (left["admitted"], left["items"][0]["remaining"], left["items"][1]["used"]) == (False, 0, 100)
+
+
+COUNTED = '{"limits": [{"burst": 2, "refill_per_minute": 0.000001}]}'
+
+
+def counts(rows, policy):
+    return next(tuple(r[1:]) for r in rows if r[0] == policy)
+
+
+def test_sqlite_counts_every_outcome_per_process(tmp_path):
+    path = str(tmp_path / "c.db")
+    a, b = sqlite_connect(path), sqlite_connect(path)
+    a.execute("SELECT rl_stats_reset()")
+    a.execute("SELECT rl_policy_set('enforced', ?), rl_policy_set('shadowed', ?)",
+              (COUNTED, COUNTED.replace("}]}", "}], \"shadow\": true}")))
+    for conn in (a, b, a):  # two connections of one process share the counts
+        conn.execute("SELECT rl_check('enforced', 'u'), rl_check('shadowed', 'u')").fetchall()
+    a.execute("SELECT rl_block('v', NULL)")
+    a.execute("SELECT rl_check('enforced', 'v'), rl_check('shadowed', 'v')").fetchall()
+    rows = a.execute("SELECT * FROM rl_stats").fetchall()
+    assert counts(rows, "enforced") == (2, 1, 0, 1)  # admitted, refused, would_refuse, refused_blocked
+    assert counts(rows, "shadowed") == (4, 0, 2, 0)  # shadow admits, and counts what it would refuse
+    assert json.loads(a.execute("SELECT rl_policy_stats()").fetchone()[0])["scope"] == "process"
+    assert a.execute("SELECT rl_stats_reset()").fetchone()[0] == 2
+    assert a.execute("SELECT count(*) FROM rl_stats").fetchone()[0] == 0
+
+
+def test_postgres_counts_and_only_rl_admin_reads_or_resets_them(pg_db, roles):
+    conn, _ = pg_db
+    app, admin = roles
+    with conn.cursor() as cur:
+        cur.execute("SELECT rl_stats_reset()")
+        cur.execute("SELECT rl_policy_set('enforced', %s)", (COUNTED,))
+        cur.execute(f"SET ROLE {app}")
+        cur.execute("SELECT rl_check('enforced', 'u'), rl_check('enforced', 'u'), rl_check('enforced', 'u')")
+        for sql in ["SELECT * FROM rl_stats", "SELECT rl_stats_reset()", "SELECT rl_policy_stats()"]:
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute(sql)
+        cur.execute(f"SET ROLE {admin}")
+        cur.execute("SELECT admitted, refused, would_refuse, refused_blocked FROM rl_stats WHERE policy = 'enforced'")
+        assert cur.fetchone() == (2, 1, 0, 0)
+        cur.execute("RESET ROLE")
 
 
 def test_sqlite_lists_policies_and_blocks(sqlite_db):

@@ -2,7 +2,8 @@
 -- sliding windows (rl_window, rl_window_peek), leases (rl_acquire, rl_release, rl_renew,
 -- rl_in_flight), charges after the fact (rl_charge, rl_charge_budget), and policies
 -- (rl_policy_set, rl_policy_drop, rl_check, the view rl_policies, the role rl_admin),
--- penalties and blocks (rl_penalize, rl_block, rl_unblock, the view rl_blocks).
+-- penalties and blocks (rl_penalize, rl_block, rl_unblock, the view rl_blocks), and
+-- rl_check's counters (rl_policy_stats, rl_stats_reset, the view rl_stats).
 -- pg_ratelimit.buckets = 'memory' keeps token buckets in shared memory (the library in
 -- shared_preload_libraries); rl_memory_stats() reports on that table. The state tables
 -- are marked for pg_dump, which left their rows out before (a restored backup had lost
@@ -165,3 +166,27 @@ COMMENT ON FUNCTION rl_unblock(text, double precision) IS
 
 REVOKE ALL ON FUNCTION rl_unblock(text, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION rl_unblock(text, double precision) TO rl_admin;
+
+-- rl_check's counters (rl_policy_stats, rl_stats_reset, the view rl_stats).
+CREATE FUNCTION "rl_policy_stats"() RETURNS jsonb
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_policy_stats_wrapper';
+COMMENT ON FUNCTION rl_policy_stats() IS
+  'counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked) since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)';
+
+CREATE FUNCTION "rl_stats_reset"() RETURNS bigint
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_stats_reset_wrapper';
+COMMENT ON FUNCTION rl_stats_reset() IS
+  'forget the counts of rl_policy_stats; returns how many policies had some (rl_admin only)';
+
+REVOKE ALL ON FUNCTION rl_policy_stats(), rl_stats_reset() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION rl_policy_stats(), rl_stats_reset() TO rl_admin;
+
+CREATE VIEW rl_stats AS
+    SELECT key AS policy, (value ->> 'admitted')::bigint AS admitted, (value ->> 'refused')::bigint AS refused,
+           (value ->> 'would_refuse')::bigint AS would_refuse, (value ->> 'refused_blocked')::bigint AS refused_blocked
+    FROM pg_catalog.jsonb_each(rl_policy_stats() -> 'policies');
+REVOKE ALL ON rl_stats FROM PUBLIC;
+GRANT SELECT ON rl_stats TO rl_admin;
+COMMENT ON VIEW rl_stats IS 'rl_check counts per policy since rl_stats_reset (see rl_policy_stats for their scope); readable by rl_admin';

@@ -23,6 +23,7 @@ use ratelimit_core::{calls, Answer, Arg, Clock, ErrorKind, StoreError, StoreResu
 ::pgrx::pg_module_magic!(name, version);
 
 pgrx::extension_sql_file!("../../sql/pg_schema.sql", name = "schema", bootstrap);
+pgrx::extension_sql_file!("../../sql/pg_stats_view.sql", name = "stats_view", requires = [rl_policy_stats]);
 pgrx::extension_sql_file!("../../sql/pg_finalize.sql", name = "comments", finalize);
 
 /// An explicit now_ms can refill a bucket early, so only a superuser may allow it.
@@ -59,6 +60,7 @@ pub extern "C-unwind" fn _PG_init() {
         GucFlags::default(),
     );
     shared_memory::init();
+    ratelimit_core::stats::install(&shared_memory::COUNTERS);
     ffi::reserve_setting_prefix();
 }
 
@@ -264,6 +266,16 @@ fn rl_memory_stats() -> JsonbResult {
         Some(stats) => JsonbResult(stats.to_json()),
         None => raise(ratelimit_core::Error::memory_store_not_loaded(f::RL_MEMORY_STATS.name)),
     }
+}
+
+#[pg_extern(volatile, parallel_safe)]
+fn rl_policy_stats() -> JsonbResult {
+    run(&f::RL_POLICY_STATS, &[])
+}
+
+#[pg_extern(volatile, parallel_safe)]
+fn rl_stats_reset() -> i64 {
+    run(&f::RL_STATS_RESET, &[])
 }
 
 #[pg_extern(immutable, parallel_safe)]
@@ -596,6 +608,7 @@ mod tests {
                 Entry::Pure(_) => ("i", "s", false, false, true),
                 Entry::Internal(_) => ("v", "u", false, true, false),
                 Entry::Server => ("v", "s", false, false, true),
+                Entry::Process(_) => ("v", "s", false, false, !f.admin_only),
             };
             let expected = [
                 f.pg_arguments(),

@@ -14,19 +14,25 @@
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pgrx::prelude::*;
 use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
 use ratelimit_core::memory::{self, save_file, Hash, MemoryStats, Part, PartRef, PARTS};
 use ratelimit_core::memory_store::SharedTable;
+use ratelimit_core::stats::{CounterSink, CounterSlots, Outcome, PolicyCounts, ProcessCounters, SLOT_WORDS};
 
 /// Buckets the table holds, fixed at server start.
 pub static MEMORY_BUCKETS: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
 
 const TRANCHE: &CStr = c"pg_ratelimit";
 const SEGMENT: &CStr = c"pg_ratelimit buckets";
+const COUNTER_SEGMENT: &CStr = c"pg_ratelimit counters";
+/// Policies the counters hold (rl_policy_stats); a policy beyond them is not counted.
+const COUNTER_SLOTS: usize = 1024;
+/// The lock after the parts' serializes claiming a counter slot and resetting them.
+const COUNTER_LOCK: usize = PARTS;
 /// In the data directory, like pg_stat_statements' file; removed once read, so a crash
 /// never brings back an old state.
 const SAVE_FILE: &str = "pg_stat/pg_ratelimit_buckets.dat";
@@ -46,6 +52,7 @@ const HEADER_BYTES: usize = 64;
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_BYTES);
 
 static TABLE: AtomicPtr<u8> = AtomicPtr::new(null_mut());
+static COUNTER_WORDS: AtomicPtr<AtomicU64> = AtomicPtr::new(null_mut());
 static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(null_mut());
 static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
@@ -92,7 +99,8 @@ unsafe extern "C-unwind" fn request_memory() {
             previous();
         }
         pg_sys::RequestAddinShmemSpace(total_bytes());
-        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), PARTS as i32);
+        pg_sys::RequestAddinShmemSpace(counter_bytes());
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), PARTS as i32 + 1);
     }
 }
 
@@ -113,7 +121,12 @@ unsafe extern "C-unwind" fn make_table() {
         if !found {
             format(base);
         }
+        let counters = pg_sys::ShmemInitStruct(COUNTER_SEGMENT.as_ptr(), counter_bytes(), &mut found).cast::<u8>();
+        if !found {
+            counters.write_bytes(0, counter_bytes()); // every slot free
+        }
         pg_sys::LWLockRelease(init_lock);
+        COUNTER_WORDS.store(counters.cast(), Ordering::Release);
         TABLE.store(base, Ordering::Release);
         LOCKS.store(locks, Ordering::Release);
         if !pg_sys::IsUnderPostmaster {
@@ -325,4 +338,60 @@ pub fn stats() -> Option<MemoryStats> {
         table.read(part, |p| stats.add(&p.header()));
     }
     Some(stats)
+}
+
+fn counter_bytes() -> usize {
+    COUNTER_SLOTS * SLOT_WORDS * 8
+}
+
+/// rl_check's counters: in shared memory when the library was preloaded (every session of
+/// the server), else in this backend (its own session's calls only).
+pub struct Counters {
+    session: std::sync::LazyLock<ProcessCounters>,
+}
+
+pub static COUNTERS: Counters = Counters { session: std::sync::LazyLock::new(ProcessCounters::default) };
+
+impl Counters {
+    fn slots(&self) -> Option<CounterSlots<'static>> {
+        let words = COUNTER_WORDS.load(Ordering::Acquire);
+        // SAFETY: the segment holds counter_bytes() of atomic words for the server's life;
+        // a slot's identity changes only under COUNTER_LOCK (CounterSlots' rule).
+        (!words.is_null())
+            .then(|| CounterSlots(unsafe { std::slice::from_raw_parts(words, COUNTER_SLOTS * SLOT_WORDS) }))
+    }
+}
+
+impl CounterSink for Counters {
+    fn count(&self, policy: &str, outcome: Outcome) {
+        let Some(slots) = self.slots() else { return self.session.count(policy, outcome) };
+        if !slots.add(policy, outcome) {
+            let _held = Held::take(&[COUNTER_LOCK], pg_sys::LWLockMode::LW_EXCLUSIVE);
+            if slots.claim(policy) {
+                slots.add(policy, outcome);
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(String, PolicyCounts)> {
+        self.slots().map_or_else(|| self.session.snapshot(), |s| s.snapshot())
+    }
+
+    fn reset(&self) -> usize {
+        match self.slots() {
+            None => self.session.reset(),
+            Some(slots) => {
+                let _held = Held::take(&[COUNTER_LOCK], pg_sys::LWLockMode::LW_EXCLUSIVE);
+                slots.reset()
+            }
+        }
+    }
+
+    fn scope(&self) -> &'static str {
+        if self.slots().is_some() {
+            "server"
+        } else {
+            "session"
+        }
+    }
 }

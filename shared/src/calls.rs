@@ -83,7 +83,7 @@ pub fn call<S: LockingStore>(f: &Function, store: &mut S, args: &[Arg], clock: &
     f.check_arity(args.len())?;
     match f.entry {
         Entry::State(which) => state(which, f.name, store, args, clock),
-        Entry::Pure(run) | Entry::Internal(run) => run(f, args),
+        Entry::Pure(run) | Entry::Internal(run) | Entry::Process(run) => run(f, args),
         Entry::Server => Err(Error::storage(f.name, "is answered by the PostgreSQL server")),
     }
 }
@@ -92,7 +92,7 @@ pub fn call<S: LockingStore>(f: &Function, store: &mut S, args: &[Arg], clock: &
 pub fn call_without_store(f: &Function, args: &[Arg]) -> Result<Answer> {
     f.check_arity(args.len())?;
     match f.entry {
-        Entry::Pure(run) | Entry::Internal(run) => run(f, args),
+        Entry::Pure(run) | Entry::Internal(run) | Entry::Process(run) => run(f, args),
         Entry::State(_) => Err(Error::storage(f.name, "needs the database it is called in")),
         Entry::Server => Err(Error::storage(f.name, "is answered by the PostgreSQL server")),
     }
@@ -166,6 +166,16 @@ fn state<S: LockingStore>(
 /// `rl_key(part, ...)`.
 pub fn rl_key(f: &Function, parts: &[Arg]) -> Result<Answer> {
     key::encode_key(f.name, parts).map(Answer::Text)
+}
+
+/// `rl_policy_stats()`.
+pub fn rl_policy_stats(_f: &Function, _args: &[Arg]) -> Result<Answer> {
+    Ok(Answer::Json(crate::stats::to_json(crate::stats::sink())))
+}
+
+/// `rl_stats_reset()`.
+pub fn rl_stats_reset(_f: &Function, _args: &[Arg]) -> Result<Answer> {
+    Ok(Answer::Int(crate::stats::sink().reset() as i64))
 }
 
 /// `rl_version()`.

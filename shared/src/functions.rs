@@ -75,6 +75,10 @@ pub enum Entry {
     /// PostgreSQL: in schema `ratelimit`, VOLATILE, no EXECUTE for PUBLIC. SQLite:
     /// DIRECTONLY, not deterministic (evaluated for each row, in order).
     Internal(fn(&Function, &[Arg]) -> Result<Answer>),
+    /// About this process's (PostgreSQL preloaded: the server's) counters, not the
+    /// database. PostgreSQL: VOLATILE, PARALLEL SAFE. SQLite: not deterministic;
+    /// INNOCUOUS when it only reads (views may call it), DIRECTONLY when it changes them.
+    Process(fn(&Function, &[Arg]) -> Result<Answer>),
     /// About the PostgreSQL server itself (its shared memory), answered by its glue.
     /// PostgreSQL: VOLATILE, PARALLEL SAFE, EXECUTE for PUBLIC. SQLite has no server and
     /// does not register it.
@@ -279,6 +283,12 @@ mod table {
     pub const RL_UNBLOCK: Function = Function { returns: Bool, admin_only: true,
         ..state("rl_unblock", StateCall::Unblock, &[SUBJECT, NOW_MS],
         "lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)") };
+    pub const RL_POLICY_STATS: Function = Function { admin_only: true,
+        ..function("rl_policy_stats", Entry::Process(calls::rl_policy_stats), &[], Jsonb, NOT_AN_OBJECT,
+        "counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked) since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)") };
+    pub const RL_STATS_RESET: Function = Function { admin_only: true,
+        ..function("rl_stats_reset", Entry::Process(calls::rl_stats_reset), &[], Int8, NOT_AN_OBJECT,
+        "forget the counts of rl_policy_stats; returns how many policies had some (rl_admin only)") };
     pub const RL_VERSION: Function = function("rl_version", Entry::Pure(calls::rl_version), &[], Text, NOT_AN_OBJECT,
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
@@ -342,6 +352,8 @@ pub const ALL: &[Function] = &[
     RL_PENALIZE,
     RL_BLOCK,
     RL_UNBLOCK,
+    RL_POLICY_STATS,
+    RL_STATS_RESET,
     RL_HEADERS,
     RL_VERSION,
     RL_MEMORY_STATS,
@@ -392,6 +404,7 @@ pub fn tests_json() -> String {
                 Entry::State(_) => "state",
                 Entry::Pure(_) => "pure",
                 Entry::Internal(_) => "internal",
+                Entry::Process(_) => "process",
                 Entry::Server => "server",
             };
             let params: Vec<serde_json::Value> = f

@@ -34,6 +34,7 @@ pub mod protocol;
 pub mod render;
 pub mod sql;
 pub mod sql_store;
+pub mod stats;
 pub mod store;
 pub mod units;
 pub mod window;

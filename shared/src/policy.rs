@@ -11,7 +11,7 @@ use crate::bucket::BucketLimits;
 use crate::error::{Error, Result};
 use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem};
 use crate::render::Json;
-use crate::units::{Period, MICROS_PER_UNIT};
+use crate::units::{Period, MAX_AMOUNT, MICROS_PER_UNIT};
 use crate::window::WindowLimits;
 
 /// Most limits one policy holds.
@@ -39,6 +39,22 @@ pub enum PolicyLimit {
         limit: i64,
         window_ms: i64,
     },
+}
+
+impl PolicyLimit {
+    /// Whether the limit times `m` is still a valid limit.
+    fn scales_by(&self, m: f64) -> bool {
+        let amount = |micros: i64| {
+            let scaled = (micros as f64 * m).round();
+            (1.0..=MAX_AMOUNT * MICROS_PER_UNIT as f64).contains(&scaled)
+        };
+        let rate = |v: f64| (v * m).is_finite() && v * m > 0.0;
+        match *self {
+            PolicyLimit::Bucket { burst, refill_per_minute } => rate(burst) && rate(refill_per_minute),
+            PolicyLimit::Budget { quota, .. } => amount(quota),
+            PolicyLimit::Window { limit, .. } => amount(limit),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +121,18 @@ impl Policy {
                 ))
             }
         };
+        for (name, m) in &tiers {
+            if let Some(i) = limits.iter().position(|l| !l.scales_by(*m)) {
+                return Err(invalid(
+                    function,
+                    format!(
+                        "definition.tiers.{name}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay finite and above 0, a quota or window limit from 0.000001 to 1000000000)",
+                        crate::render::number_text(*m),
+                        i + 1
+                    ),
+                ));
+            }
+        }
         let shadow = match o.get("shadow") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,

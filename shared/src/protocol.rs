@@ -16,6 +16,7 @@ use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
 use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
 use crate::policy::Policy;
 use crate::render::{self, Json};
+use crate::stats::{self, Outcome};
 use crate::store::{Changed, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreError, StoreResult};
 use crate::window::{self, WindowDecision};
 
@@ -522,6 +523,13 @@ pub fn check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckAr
         None => take_all(store, function, &args)?,
         Some(_) => multi::decide(read_rows(store, function, &args)?, a.now_ms),
     };
+    let outcome = match (policy.shadow, blocked.is_some() || !decision.admitted) {
+        (_, false) => Outcome::Admitted,
+        (true, true) => Outcome::WouldRefuse,
+        (false, true) if blocked.is_some() => Outcome::RefusedBlocked,
+        (false, true) => Outcome::Refused,
+    };
+    stats::sink().count(a.policy, outcome);
     Ok(render::check(&decision, a.policy, a.tier, policy.shadow, blocked, a.now_ms))
 }
 

@@ -19,6 +19,9 @@ use rusqlite::{ffi, Connection, OptionalExtension, MAIN_DB};
 /// triggers or schema of an untrusted database file, never assumed to give the same
 /// answer twice (so SQLite evaluates them for each row, in order).
 const STATEFUL: FunctionFlags = FunctionFlags::SQLITE_UTF8.union(FunctionFlags::SQLITE_DIRECTONLY);
+/// Reads this process's counters: no database state, no side effect, but not the same
+/// answer twice.
+const READS_PROCESS: FunctionFlags = FunctionFlags::SQLITE_UTF8.union(FunctionFlags::SQLITE_INNOCUOUS);
 /// Pure functions: safe anywhere.
 const PURE: FunctionFlags =
     FunctionFlags::SQLITE_UTF8.union(FunctionFlags::SQLITE_DETERMINISTIC).union(FunctionFlags::SQLITE_INNOCUOUS);
@@ -42,6 +45,11 @@ fn register_all(db: Connection) -> rusqlite::Result<bool> {
             Entry::State(_) => register_stateful(&h, f)?,
             Entry::Pure(_) => register_without_store(&h, f, PURE)?,
             Entry::Internal(_) => register_without_store(&h, f, STATEFUL)?,
+            // Counts of this process: a view may read them; resetting them is a call's own act.
+            Entry::Process(_) if f.returns == functions::SqlType::Jsonb => {
+                register_without_store(&h, f, READS_PROCESS)?
+            }
+            Entry::Process(_) => register_without_store(&h, f, STATEFUL)?,
             // The database file is the state every connection shares: no server memory.
             Entry::Server => {}
         }
