@@ -102,7 +102,7 @@ pub fn wait_for(state: Option<&BucketState>, limits: &BucketLimits, now: i64, ta
 pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: i64) -> TakeDecision {
     let level = level_at(state, limits, now);
     if cost <= level {
-        charge(state, limits, cost, now)
+        taken(state, limits, level, cost, now)
     } else {
         let retry_after_ms = if cost > limits.burst {
             // Never admitted: report the time to refill a whole bucket.
@@ -131,7 +131,11 @@ pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: 
 /// Takes `amount` tokens whatever the level: the cost of work already done, which may
 /// leave the bucket in debt. Answers like an admitted take.
 pub fn charge(state: Option<&BucketState>, limits: &BucketLimits, amount: f64, now: i64) -> TakeDecision {
-    let level = level_at(state, limits, now);
+    taken(state, limits, level_at(state, limits, now), amount, now)
+}
+
+/// The admitted answer of `amount` taken from `level` (the bucket's level now).
+fn taken(state: Option<&BucketState>, limits: &BucketLimits, level: f64, amount: f64, now: i64) -> TakeDecision {
     let refilled_at = state.map_or(now, |s| s.refilled_at.max(now));
     let mut new_state = BucketState { level: level - amount, refilled_at, full_at: refilled_at };
     let reset_after_ms = wait_for(Some(&new_state), limits, now, limits.burst);

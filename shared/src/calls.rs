@@ -57,23 +57,16 @@ impl StateCall {
     /// Whether the call reads or writes buckets (and so needs the memory store when
     /// buckets live there).
     pub fn touches_buckets(self) -> bool {
-        !matches!(
+        matches!(
             self,
-            StateCall::Spend
-                | StateCall::Budget
-                | StateCall::RefundBudget
-                | StateCall::ChargeBudget
-                | StateCall::Window
-                | StateCall::WindowPeek
-                | StateCall::Acquire
-                | StateCall::Release
-                | StateCall::Renew
-                | StateCall::InFlight
-                | StateCall::PolicySet
-                | StateCall::PolicyDrop
-                | StateCall::Penalize
-                | StateCall::Block
-                | StateCall::Unblock
+            StateCall::Take
+                | StateCall::Peek
+                | StateCall::Refund
+                | StateCall::Charge
+                | StateCall::Sweep
+                | StateCall::Reset
+                | StateCall::TakeAll
+                | StateCall::Check
         )
     }
 }

@@ -57,8 +57,15 @@ impl Leases {
         Leases { next_seq: self.next_seq, held: self.held_at(now).copied().collect() }
     }
 
+    /// The held lease named `id` (as [`Lease::id`] writes it), found without writing ids.
     fn find(&self, id: &str, now: i64) -> Option<usize> {
-        self.held.iter().position(|l| l.is_held(now) && l.id() == id)
+        let (issued, seq) = id.split_once('-')?;
+        let (issued_at, seq): (i64, i64) = (issued.parse().ok()?, seq.parse().ok()?);
+        // parse() also reads "+5" and "05": only the exact form names the lease
+        if id != format!("{issued_at}-{seq}") {
+            return None;
+        }
+        self.held.iter().position(|l| l.is_held(now) && l.issued_at == issued_at && l.seq == seq)
     }
 
     /// When the last lease expires (the sweep removes the row from then on).

@@ -539,8 +539,9 @@ fn strikes_of<S: RowStore>(store: &mut S, function: &'static str, subject: &str)
         .ok_or_else(|| damaged(function, EntryKind::Block))
 }
 
+/// A subject's row; strikes are remembered `window_ms` after the last (0 for rl_unblock's
+/// empty state, which the sweep removes at once).
 fn strikes_row(s: &Strikes, window_ms: i64) -> EntriesRow {
-    // (for rl_unblock: the default state, removable by the sweep at once)
     EntriesRow { entries: s.encode(), empty_at: s.empty_at(window_ms) }
 }
 
