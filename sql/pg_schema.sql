@@ -31,7 +31,8 @@ CREATE TABLE ratelimit.rl_entries (
 );
 CREATE TABLE ratelimit.rl_policy (
     name       text NOT NULL PRIMARY KEY,
-    definition text NOT NULL
+    definition text NOT NULL,
+    revision   bigint NOT NULL
 );
 REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy FROM PUBLIC;
 -- Who may change policies, lift blocks and reset keys: members of rl_admin (a role of the
@@ -71,4 +72,4 @@ COMMENT ON SCHEMA ratelimit IS 'pg_ratelimit state; change it only through the r
 COMMENT ON TABLE ratelimit.rl_bucket IS 'token buckets: level tokens at refilled_at (epoch ms), full again at full_at';
 COMMENT ON TABLE ratelimit.rl_budget IS 'calendar budgets: used millionths in the period ending at resets_at (epoch ms)';
 COMMENT ON TABLE ratelimit.rl_entries IS 'sliding windows (kind window) and leases (kind lease): a list per key, no entry counting from empty_at (epoch ms)';
-COMMENT ON TABLE ratelimit.rl_policy IS 'policies: a name and its definition (canonical JSON text), set by rl_policy_set';
+COMMENT ON TABLE ratelimit.rl_policy IS 'policies set by rl_policy_set: a name, its definition (canonical JSON text) and a revision drawn anew by each set';

@@ -1,2 +1,2 @@
-INSERT INTO ratelimit.rl_policy (name, definition) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET definition = EXCLUDED.definition
+INSERT INTO ratelimit.rl_policy (name, definition, revision) VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE SET definition = EXCLUDED.definition, revision = EXCLUDED.revision

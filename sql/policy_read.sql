@@ -1,1 +1,1 @@
-SELECT definition FROM ratelimit.rl_policy WHERE name OPERATOR(pg_catalog.=) $1
+SELECT definition, revision FROM ratelimit.rl_policy WHERE name OPERATOR(pg_catalog.=) $1

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS main.rl_entries (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS main.rl_policy (
     name       TEXT NOT NULL PRIMARY KEY,
-    definition TEXT NOT NULL
+    definition TEXT NOT NULL,
+    revision   INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE VIEW IF NOT EXISTS main.rl_policies AS SELECT name, definition FROM main.rl_policy;
 CREATE VIEW IF NOT EXISTS main.rl_blocks AS

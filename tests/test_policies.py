@@ -170,3 +170,76 @@ def test_sqlite_sessions_share_policies(tmp_path):
     admin.execute("SELECT rl_policy_set('login', ?)", (LIMITS,))
     r = json.loads(app.execute("SELECT rl_check('login', 'ann', 1, NULL)").fetchone()[0])
     assert (r["admitted"], r["items"][0]["remaining"]) == (True, 99)
+
+
+def bucket_policy(burst):
+    return json.dumps({"limits": [{"burst": burst, "refill_per_minute": 0.000001}]})
+
+
+def follows_other_sessions(q, app, admin):
+    """`app` checks a one-bucket policy often enough to hold it (and to take the
+    one-statement path); every change `admin` makes applies to app's next check."""
+    def check():
+        r = q(app, "SELECT rl_check('p', 'ann')")
+        return (r["admitted"], r["blocked"], r["items"][0]["remaining"])
+
+    q(admin, "SELECT rl_policy_set('p', %s)", bucket_policy(100))
+    assert [check() for _ in range(3)] == [(True, False, 99), (True, False, 98), (True, False, 97)]
+    q(admin, "SELECT rl_policy_set('p', %s)", bucket_policy(10))
+    assert check() == (True, False, 9)  # the stored 97 capped by the new burst
+    q(admin, "SELECT rl_block('ann', 3600)")
+    assert check() == (False, True, 9)
+    q(admin, "SELECT rl_unblock('ann')")
+    assert [check() for _ in range(2)] == [(True, False, 8), (True, False, 7)]
+    q(admin, "SELECT rl_policy_drop('p')")
+    with pytest.raises(Exception, match="there is no policy named 'p'"):
+        check()
+    q(admin, "SELECT rl_policy_set('p', %s)", bucket_policy(100))
+    assert check() == (True, False, 6)
+    q(admin, "SELECT rl_penalize('ann', 5)")  # a strike, no block: checks still pass
+    assert [check() for _ in range(2)] == [(True, False, 5), (True, False, 4)]
+    return check
+
+
+def test_postgres_sessions_follow_policy_changes_blocks_and_rollbacks(pg_db):
+    _, name = pg_db
+    app, admin = pg_connect(name), pg_connect(name)
+
+    def q(conn, sql, *params):
+        return one(conn, sql, params)
+
+    check = follows_other_sessions(q, app, admin)
+    # app's own change, rolled back, is forgotten
+    app.autocommit = False
+    q(app, "SELECT rl_policy_set('p', %s)", bucket_policy(2))
+    assert check() == (True, False, 1)
+    app.rollback()
+    assert check() == (True, False, 3)
+    app.commit()
+    # a repeatable-read transaction keeps the policy of its snapshot, then sees the change
+    with app.cursor() as cur:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    assert check() == (True, False, 2)
+    q(admin, "SELECT rl_policy_set('p', %s)", bucket_policy(1))
+    assert check() == (True, False, 1)
+    app.commit()
+    assert check() == (True, False, 0)
+    assert check() == (False, False, 0)
+    app.close()
+    admin.close()
+
+
+def test_sqlite_connections_follow_policy_changes_blocks_and_rollbacks(tmp_path):
+    path = str(tmp_path / "p.db")
+    app, admin = sqlite_connect(path), sqlite_connect(path)
+
+    def q(conn, sql, *params):
+        value = conn.execute(sql.replace("%s", "?"), params).fetchone()[0]
+        return json.loads(value) if isinstance(value, str) else value
+
+    check = follows_other_sessions(q, app, admin)
+    app.execute("BEGIN")
+    q(app, "SELECT rl_policy_set('p', %s)", bucket_policy(2))
+    assert check() == (True, False, 1)
+    app.execute("ROLLBACK")
+    assert check() == (True, False, 3)

@@ -90,11 +90,12 @@ COMMENT ON FUNCTION rl_charge_budget(text, text, double precision, double precis
 -- them or reset keys: rl_reset loses PUBLIC's EXECUTE.
 CREATE TABLE ratelimit.rl_policy (
     name       text NOT NULL PRIMARY KEY,
-    definition text NOT NULL
+    definition text NOT NULL,
+    revision   bigint NOT NULL
 );
 REVOKE ALL ON ratelimit.rl_policy FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_policy', '');
-COMMENT ON TABLE ratelimit.rl_policy IS 'policies: a name and its definition (canonical JSON text), set by rl_policy_set';
+COMMENT ON TABLE ratelimit.rl_policy IS 'policies set by rl_policy_set: a name, its definition (canonical JSON text) and a revision drawn anew by each set';
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'rl_admin') THEN

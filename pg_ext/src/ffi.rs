@@ -1,6 +1,6 @@
 //! One of the two modules of this crate that write `unsafe` themselves (the workspace
 //! denies it elsewhere; the other is [`crate::shared_memory`]): a result handed to
-//! PostgreSQL as `jsonb`, and a backend-global flag read.
+//! PostgreSQL as `jsonb`, backend-global flags read, and the watch on policy changes.
 
 #![allow(unsafe_code)]
 
@@ -12,6 +12,7 @@ use pgrx::{pg_sys, IntoDatum};
 use ratelimit_core::render::{number_form, Json, NumberForm};
 use std::ffi::CString;
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// A result of the core, returned as `jsonb` built value by value (PostgreSQL's
 /// pushJsonbValue): no JSON text is printed only to be parsed again by `jsonb_in`.
@@ -111,6 +112,10 @@ unsafe fn push(state: &mut *mut pg_sys::JsonbParseState, value: &Json, key: Opti
                 return pg_sys::pushJsonbValue(state, WJB_END_ARRAY, null_mut());
             }
             Json::Object(fields) => {
+                // In jsonb's key order (shorter first, then bytewise), the sort that
+                // closing the object runs finds its input sorted at once.
+                let mut fields: Vec<&(&str, Json)> = fields.iter().collect();
+                fields.sort_unstable_by(|(a, _), (b, _)| a.len().cmp(&b.len()).then(a.cmp(b)));
                 pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, null_mut());
                 for (k, v) in fields {
                     push(state, v, Some(k));
@@ -160,4 +165,68 @@ pub fn transaction_is_read_only() -> bool {
 pub fn reserve_setting_prefix() {
     // SAFETY: called from _PG_init with a static NUL-terminated name, as PostgreSQL expects.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_ratelimit".as_ptr()) }
+}
+
+/// Policy changes as this backend has been told of them: moved by every relcache
+/// invalidation of `ratelimit.rl_policy` (which [`policies_changed`] sends when a
+/// transaction that set or dropped a policy commits, and runs locally at once or on
+/// rollback) and by every invalidation of everything (a sinval queue overflow).
+static POLICY_EPOCH: AtomicU64 = AtomicU64::new(0);
+/// The oid of `ratelimit.rl_policy` (0: not looked up yet, or invalidated since).
+static POLICY_TABLE: AtomicU32 = AtomicU32::new(0);
+
+/// Registers [`on_relcache_invalidation`]; from _PG_init, once per process.
+pub fn watch_policy_changes() {
+    // SAFETY: a callback PostgreSQL keeps for the life of the process; it calls nothing.
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache_invalidation), pg_sys::Datum::from(0)) }
+}
+
+unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let table = POLICY_TABLE.load(Ordering::Relaxed);
+    // Before the oid is known, any invalidation may be the table's.
+    if relid == pg_sys::InvalidOid || table == 0 || relid.to_u32() == table {
+        POLICY_EPOCH.fetch_add(1, Ordering::Relaxed);
+        POLICY_TABLE.store(0, Ordering::Relaxed);
+    }
+}
+
+fn policy_table() -> pg_sys::Oid {
+    // SAFETY: catalog lookups by NUL-terminated names inside a transaction; both return
+    // InvalidOid when missing.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"ratelimit".as_ptr(), true);
+        if schema == pg_sys::InvalidOid {
+            return pg_sys::InvalidOid;
+        }
+        pg_sys::get_relname_relid(c"rl_policy".as_ptr(), schema)
+    }
+}
+
+/// The policy epoch after taking in the invalidations other sessions sent; None in a
+/// transaction whose snapshot may be older than a change this backend was told of.
+pub fn policy_epoch() -> Option<u64> {
+    // SAFETY: a backend-global setting, read on the backend's only thread.
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        return None;
+    }
+    // SAFETY: what every lock acquisition does; runs the callbacks of what others changed.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    if POLICY_TABLE.load(Ordering::Relaxed) == 0 {
+        let table = policy_table();
+        if table == pg_sys::InvalidOid {
+            return None;
+        }
+        POLICY_TABLE.store(table.to_u32(), Ordering::Relaxed);
+    }
+    Some(POLICY_EPOCH.load(Ordering::Relaxed))
+}
+
+/// Has every session's [`policy_epoch`] move when this transaction commits (and this
+/// session's at once).
+pub fn policies_changed() {
+    let table = policy_table();
+    if table != pg_sys::InvalidOid {
+        // SAFETY: queues a relcache invalidation of an existing relation in this transaction.
+        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(table) }
+    }
 }

@@ -62,6 +62,7 @@ pub extern "C-unwind" fn _PG_init() {
     shared_memory::init();
     ratelimit_core::stats::install(&shared_memory::COUNTERS);
     ffi::reserve_setting_prefix();
+    ffi::watch_policy_changes();
 }
 
 /// Raises a core error as a PostgreSQL ERROR with the SQLSTATE its kind calls for.
@@ -488,6 +489,15 @@ impl SqlEngine for PgEngine<'_, '_> {
     }
 
     fn end_unit(&mut self, _owned: bool, _commit: bool) -> StoreResult<()> {
+        Ok(())
+    }
+
+    fn policy_epoch(&mut self) -> Option<u64> {
+        ffi::policy_epoch()
+    }
+
+    fn policies_changed(&mut self) -> StoreResult<()> {
+        ffi::policies_changed();
         Ok(())
     }
 }

@@ -7,7 +7,7 @@ use crate::budget::BudgetState;
 use crate::decision_slot::Decide;
 use crate::memory::{part_of, Hash, Part, PartRef, PARTS};
 use crate::multi::BucketItem;
-use crate::store::{ChangeResult, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreResult};
+use crate::store::{ChangeResult, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreResult, StoredPolicy};
 use crate::units::Period;
 
 /// What the engine provides: the table's parts under its locks. Work done under a lock is
@@ -103,17 +103,24 @@ impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
         self.table.sweep_entries(cutoff_ms, limit)
     }
 
-    fn read_policy(&mut self, name: &str) -> StoreResult<Option<String>> {
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
         self.table.read_policy(name)
     }
 
-    fn put_policy(&mut self, name: &str, definition: &str) -> StoreResult<()> {
-        self.table.put_policy(name, definition)
+    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
+        self.table.put_policy(name, definition, revision)
     }
 
     fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
         self.table.delete_policy(name)
     }
+
+    fn policy_epoch(&mut self) -> Option<u64> {
+        self.table.policy_epoch()
+    }
+
+    // change_bucket_for_policy keeps the trait's default (no row): the guard's rows live
+    // in tables and the bucket here, so no one statement can test one and change the other.
 }
 
 impl<M: SharedTable, T: LockingStore> LockingStore for MemoryStore<M, T> {

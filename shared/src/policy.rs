@@ -2,7 +2,12 @@
 //! tier's multiplier. Pure: a definition is parsed and validated here, and each policy
 //! limit becomes an rl_take_all item under a key derived from the policy and the subject.
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::rc::Rc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
@@ -11,6 +16,7 @@ use crate::bucket::BucketLimits;
 use crate::error::{Error, Result};
 use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem};
 use crate::render::Json;
+use crate::store::StoredPolicy;
 use crate::units::{Period, MAX_AMOUNT, MICROS_PER_UNIT};
 use crate::window::WindowLimits;
 
@@ -185,7 +191,7 @@ impl Policy {
     /// The key of limit `i` for `subject`: distinct for every policy, subject and limit,
     /// and never a key a caller can pass.
     pub fn key(policy: &str, subject: &str, i: usize) -> String {
-        let parts = serde_json::Value::from(vec![policy.to_owned(), subject.to_owned(), i.to_string()]);
+        let parts = serde_json::to_string(&[policy, subject, &i.to_string()]).expect("strings serialize");
         format!("{POLICY_KEY_MARK}{parts}")
     }
 
@@ -255,4 +261,58 @@ fn limit(function: &'static str, v: &Value) -> Result<PolicyLimit> {
             refill_per_minute: args::positive_number(function, "refill_per_minute", &field("refill_per_minute"))?,
         },
     })
+}
+
+/// A revision for a newly stored definition: random, so that a policy dropped and set
+/// again never comes back under a revision a connection still has cached.
+pub fn new_revision() -> i64 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish() as i64
+}
+
+/// Most policies one thread keeps parsed; past it the cache starts again.
+const CACHED_POLICIES: usize = 256;
+
+/// A policy as this thread last read it.
+#[derive(Clone)]
+pub struct CachedPolicy {
+    pub policy: Rc<Policy>,
+    pub revision: i64,
+    /// The store's policy epoch over the read (None: unknown, or it moved meanwhile).
+    pub epoch: Option<u64>,
+}
+
+thread_local! {
+    /// Policies parsed by this thread (in PostgreSQL, this session), by name. Never
+    /// trusted alone: a write checks the revision in its own statement unless the store's
+    /// policy epoch has not moved since the read.
+    static POLICIES: RefCell<HashMap<String, CachedPolicy>> = RefCell::new(HashMap::new());
+}
+
+/// The policy `name` as this thread last read it.
+pub fn cached(name: &str) -> Option<CachedPolicy> {
+    POLICIES.with(|c| c.borrow().get(name).cloned())
+}
+
+/// The parsed policy of `stored`, read at `epoch`: from the cache when its revision is
+/// known, else parsed and kept.
+pub fn parsed(function: &'static str, name: &str, stored: &StoredPolicy, epoch: Option<u64>) -> Result<Rc<Policy>> {
+    let policy = match cached(name) {
+        Some(c) if c.revision == stored.revision => c.policy,
+        _ => Rc::new(Policy::parse(function, &stored.definition)?),
+    };
+    POLICIES.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() >= CACHED_POLICIES && !c.contains_key(name) {
+            c.clear();
+        }
+        c.insert(name.to_owned(), CachedPolicy { policy: policy.clone(), revision: stored.revision, epoch });
+    });
+    Ok(policy)
+}
+
+/// Forgets what this thread read of policy `name` (it has just set or dropped it).
+pub fn forget(name: &str) {
+    POLICIES.with(|c| c.borrow_mut().remove(name));
 }

@@ -14,10 +14,12 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
 use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
 use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
-use crate::policy::Policy;
+use crate::policy::{self, Policy, PolicyLimit};
 use crate::render::{self, Json};
 use crate::stats::{self, Outcome};
-use crate::store::{Changed, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreError, StoreResult};
+use crate::store::{
+    Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreError, StoreResult,
+};
 use crate::window::{self, WindowDecision};
 
 /// Attempts before a call gives up on a row that keeps appearing and disappearing under it
@@ -492,25 +494,34 @@ pub fn in_flight<S: RowStore>(store: &mut S, function: &'static str, key: &str, 
 pub fn policy_set<S: RowStore>(store: &mut S, function: &'static str, name: &str, definition: &str) -> Result<Policy> {
     let policy = Policy::parse(function, definition)?;
     writable(store, function, Rows::Policies)?;
-    store.put_policy(name, &policy.to_json().to_text()).map_err(|e| e.in_call(function))?;
+    let revision = policy::new_revision();
+    store.put_policy(name, &policy.to_json().to_text(), revision).map_err(|e| e.in_call(function))?;
+    policy::forget(name);
     Ok(policy)
 }
 
 /// rl_policy_drop: whether the policy existed.
 pub fn policy_drop<S: RowStore>(store: &mut S, function: &'static str, name: &str) -> Result<bool> {
     writable(store, function, Rows::Policies)?;
-    store.delete_policy(name).map_err(|e| e.in_call(function))
+    let existed = store.delete_policy(name).map_err(|e| e.in_call(function))?;
+    policy::forget(name);
+    Ok(existed)
 }
 
 /// rl_check: every limit of a policy on a subject, all or nothing, as rl_take_all decides
 /// them. A shadow policy changes state exactly as enforcement would (charged when it would
 /// admit, untouched when it would refuse) and reports the refusal it would have made.
 pub fn check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckArgs) -> Result<Json> {
+    if let Some(answer) = check_one_bucket(store, function, a)? {
+        return Ok(answer);
+    }
+    let epoch = store.policy_epoch();
     let stored = store.read_policy(a.policy).map_err(|e| e.in_call(function))?;
     let Some(stored) = stored else {
         return Err(Error::invalid(function, format!("there is no policy named '{}'", a.policy)));
     };
-    let policy = Policy::parse(function, &stored)?;
+    let epoch = epoch.filter(|&e| store.policy_epoch() == Some(e));
+    let policy = policy::parsed(function, a.policy, &stored, epoch)?;
     let multiplier = policy.multiplier(function, a.tier)?;
     let keys: Vec<String> = (0..policy.limits.len()).map(|i| Policy::key(a.policy, a.subject, i)).collect();
     let blocked = strikes_of(store, function, a.subject)?.block_at(a.now_ms);
@@ -531,6 +542,34 @@ pub fn check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckAr
     };
     stats::sink().count(a.policy, outcome);
     Ok(render::check(&decision, a.policy, a.tier, policy.shadow, blocked, a.now_ms))
+}
+
+/// rl_check of a cached one-bucket policy on an unblocked subject, as rl_take is: one
+/// guarded UPDATE, which also finds no strikes or block on the subject and, unless the
+/// store's policy epoch vouches for the cached policy, the policy at its revision. None when that statement wrote nothing (a refusal, a new key,
+/// a changed policy, strikes, or a store that cannot): the general path decides then.
+fn check_one_bucket<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckArgs) -> Result<Option<Json>> {
+    let Some(cached) = policy::cached(a.policy) else { return Ok(None) };
+    let current = cached.epoch.is_some() && cached.epoch == store.policy_epoch();
+    let policy = cached.policy;
+    let ([PolicyLimit::Bucket { .. }], Ok(multiplier)) =
+        (policy.limits.as_slice(), policy.multiplier(function, a.tier))
+    else {
+        return Ok(None);
+    };
+    let keys = [Policy::key(a.policy, a.subject, 0)];
+    let limits = policy.items(&keys, multiplier, a.cost);
+    let Limit::Bucket(item) = &limits[0] else { unreachable!("a bucket policy gives a bucket item") };
+    writable(store, function, Rows::Buckets)?;
+    let (bucket_limits, cost, now) = (item.limits, item.cost, a.now_ms);
+    let decide: Decide<BucketState> = Rc::new(move |row| bucket::take(Some(row), &bucket_limits, cost, now).new_row());
+    let revision = (!current).then_some(cached.revision);
+    let guard = PolicyGuard { policy: a.policy, revision, subject: a.subject, now_ms: a.now_ms };
+    let changed = store.change_bucket_for_policy(&keys[0], &guard, decide).map_err(|e| e.in_call(function))?;
+    let Changed { decided_on: Some(row), written: true } = changed else { return Ok(None) };
+    let decision = multi::decide(vec![ItemRow::Bucket(item, Some(row))], a.now_ms);
+    stats::sink().count(a.policy, Outcome::Admitted);
+    Ok(Some(render::check(&decision, a.policy, a.tier, policy.shadow, None, a.now_ms)))
 }
 
 fn strikes_of<S: RowStore>(store: &mut S, function: &'static str, subject: &str) -> Result<Strikes> {

@@ -86,10 +86,12 @@ pub enum Statement {
     PolicyRead,
     PolicyPut,
     PolicyDelete,
+    BucketChangeForPolicy,
+    BucketChangeUnblocked,
 }
 
 impl Statement {
-    pub const ALL: [Statement; 23] = [
+    pub const ALL: [Statement; 25] = [
         Statement::BucketRead,
         Statement::BucketLock,
         Statement::BucketInsert,
@@ -113,6 +115,8 @@ impl Statement {
         Statement::PolicyRead,
         Statement::PolicyPut,
         Statement::PolicyDelete,
+        Statement::BucketChangeForPolicy,
+        Statement::BucketChangeUnblocked,
     ];
 
     /// The types of the columns a reading statement returns (empty for the others).
@@ -121,13 +125,14 @@ impl Statement {
             Statement::BucketRead | Statement::BucketLock => &[SqlType::Float8, SqlType::Int8, SqlType::Int8],
             Statement::BudgetRead | Statement::BudgetLock => &[SqlType::Int8, SqlType::Int8],
             Statement::EntriesRead | Statement::EntriesLock => &[SqlType::Text, SqlType::Int8],
-            Statement::PolicyRead => &[SqlType::Text],
+            Statement::PolicyRead => &[SqlType::Text, SqlType::Int8],
             _ => &[],
         }
     }
 
     /// The PostgreSQL text. The `Lock` statements (FOR UPDATE) are PostgreSQL only;
-    /// BucketChange and BudgetChange are the guarded UPDATEs (see [`crate::guard`]).
+    /// BucketChange, BudgetChange and the two BucketChange...s of rl_check are the guarded UPDATEs (see
+    /// [`crate::decision_slot`]).
     pub const fn text(self) -> &'static str {
         match self {
             Statement::BucketRead => include_str!("../../sql/bucket_read.sql"),
@@ -153,6 +158,8 @@ impl Statement {
             Statement::PolicyRead => include_str!("../../sql/policy_read.sql"),
             Statement::PolicyPut => include_str!("../../sql/policy_put.sql"),
             Statement::PolicyDelete => include_str!("../../sql/policy_delete.sql"),
+            Statement::BucketChangeForPolicy => include_str!("../../sql/bucket_change_for_policy.sql"),
+            Statement::BucketChangeUnblocked => include_str!("../../sql/bucket_change_unblocked.sql"),
         }
     }
 }

@@ -9,7 +9,8 @@ use crate::decision_slot::{self, Decide};
 use crate::multi::BucketItem;
 use crate::sql::{Statement, Value};
 use crate::store::{
-    ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreError, StoreResult,
+    ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreError, StoreResult,
+    StoredPolicy,
 };
 use crate::units::Period;
 
@@ -27,6 +28,15 @@ pub trait SqlEngine {
     fn begin_unit(&mut self) -> StoreResult<bool>;
     /// See [`LockingStore::end_unit`].
     fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()>;
+    /// See [`RowStore::policy_epoch`].
+    fn policy_epoch(&mut self) -> Option<u64> {
+        None
+    }
+    /// Tells the engine's other sessions, when the transaction commits, that the policies
+    /// changed (for their [`SqlEngine::policy_epoch`]).
+    fn policies_changed(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
 }
 
 /// A store over an SQL engine.
@@ -130,16 +140,46 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
         Ok(self.0.execute(Statement::SweepEntries, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
     }
 
-    fn read_policy(&mut self, name: &str) -> StoreResult<Option<String>> {
-        Ok(self.0.query_row(Statement::PolicyRead, &[Value::Text(name)])?.map(|row| row[0].as_text().to_owned()))
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
+        Ok(self
+            .0
+            .query_row(Statement::PolicyRead, &[Value::Text(name)])?
+            .map(|row| StoredPolicy { definition: row[0].as_text().to_owned(), revision: row[1].as_i64() }))
     }
 
-    fn put_policy(&mut self, name: &str, definition: &str) -> StoreResult<()> {
-        self.0.execute(Statement::PolicyPut, &[Value::Text(name), Value::Text(definition)]).map(|_| ())
+    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
+        let params = [Value::Text(name), Value::Text(definition), Value::Int(revision)];
+        self.0.execute(Statement::PolicyPut, &params)?;
+        self.0.policies_changed()
     }
 
     fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
-        Ok(self.0.execute(Statement::PolicyDelete, &[Value::Text(name)])? == 1)
+        let existed = self.0.execute(Statement::PolicyDelete, &[Value::Text(name)])? == 1;
+        self.0.policies_changed()?;
+        Ok(existed)
+    }
+
+    fn policy_epoch(&mut self) -> Option<u64> {
+        self.0.policy_epoch()
+    }
+
+    fn change_bucket_for_policy(
+        &mut self,
+        key: &str,
+        guard: &PolicyGuard,
+        decide: Decide<BucketState>,
+    ) -> ChangeResult<BucketState> {
+        let (subject, now) = (Value::Text(guard.subject), Value::Int(guard.now_ms));
+        let (statement, params) = match guard.revision {
+            Some(revision) => (
+                Statement::BucketChangeForPolicy,
+                vec![Value::Text(key), Value::Text(guard.policy), Value::Int(revision), subject, now],
+            ),
+            None => (Statement::BucketChangeUnblocked, vec![Value::Text(key), subject, now]),
+        };
+        let (written, decided_on) =
+            decision_slot::with_decision(&decision_slot::BUCKET, decide, || self.0.execute(statement, &params));
+        Ok(Changed { decided_on, written: written? == 1 })
     }
 }
 

@@ -110,11 +110,49 @@ pub trait RowStore {
     /// Deletes at most `limit` rows of entries empty by `cutoff_ms`.
     fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
     /// The stored definition of policy `name`.
-    fn read_policy(&mut self, name: &str) -> StoreResult<Option<String>>;
-    /// Stores `definition` as policy `name`, replacing any.
-    fn put_policy(&mut self, name: &str, definition: &str) -> StoreResult<()>;
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>>;
+    /// Stores `definition` as policy `name` under a new `revision`, replacing any.
+    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()>;
     /// Deletes policy `name`; returns whether it existed.
     fn delete_policy(&mut self, name: &str) -> StoreResult<bool>;
+    /// [`RowStore::change_bucket`], in the same statement only while `guard` holds: the
+    /// subject has no row of strikes or block that still matters and, when the guard
+    /// names a revision, the policy is still at it. Otherwise, or where the store cannot
+    /// test both in that statement, it writes nothing and reports no row (this default),
+    /// and rl_check takes its general path.
+    /// A number that moves whenever a policy may have changed as this connection sees
+    /// the database, so that a policy read at the same number is still current. None
+    /// where the store cannot tell (then each use checks the stored revision).
+    fn policy_epoch(&mut self) -> Option<u64> {
+        None
+    }
+    fn change_bucket_for_policy(
+        &mut self,
+        _key: &str,
+        _guard: &PolicyGuard,
+        _decide: Decide<BucketState>,
+    ) -> ChangeResult<BucketState> {
+        Ok(Changed { decided_on: None, written: false })
+    }
+}
+
+/// A policy as stored: its definition and the revision every rl_policy_set gives it anew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPolicy {
+    pub definition: String,
+    pub revision: i64,
+}
+
+/// What rl_check's one-statement path must still find true when it writes
+/// ([`RowStore::change_bucket_for_policy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyGuard<'a> {
+    pub policy: &'a str,
+    /// The revision the caller decided with; None when the store's policy epoch already
+    /// says it is current.
+    pub revision: Option<i64>,
+    pub subject: &'a str,
+    pub now_ms: i64,
 }
 
 /// Several rows changed as one unit.

@@ -9,7 +9,9 @@ use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::memory;
 use ratelimit_core::memory_store::{MemoryStore, SharedTable};
 use ratelimit_core::multi::BucketItem;
-use ratelimit_core::store::{ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreResult};
+use ratelimit_core::store::{
+    ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreResult, StoredPolicy,
+};
 use ratelimit_core::units::{Period, MAX_WAIT_MS};
 use ratelimit_core::ErrorKind;
 use serde_json::{json, Value};
@@ -23,7 +25,13 @@ struct MapStore {
     buckets: HashMap<String, BucketState>,
     budgets: HashMap<(String, Period), BudgetState>,
     entries: HashMap<(String, EntryKind), EntriesRow>,
-    policies: HashMap<String, String>,
+    policies: HashMap<String, StoredPolicy>,
+    /// Whether rl_check may take its one-statement path (an engine's guarded UPDATE).
+    checks_in_one_statement: bool,
+    /// rl_checks the one-statement path answered.
+    one_statement_checks: usize,
+    /// The policy epoch, where the store keeps one: moved by every policy write.
+    policy_epoch: Option<u64>,
     read_only: bool,
     writes: usize,
     lost_races: usize,
@@ -132,15 +140,41 @@ impl RowStore for MapStore {
     fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         Ok(Self::sweep(&mut self.entries, |e| e.empty_at <= cutoff_ms, limit))
     }
-    fn read_policy(&mut self, name: &str) -> StoreResult<Option<String>> {
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
         Ok(self.policies.get(name).cloned())
     }
-    fn put_policy(&mut self, name: &str, definition: &str) -> StoreResult<()> {
+    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
         self.writes += 1;
-        self.policies.insert(name.to_owned(), definition.to_owned());
+        self.policies.insert(name.to_owned(), StoredPolicy { definition: definition.to_owned(), revision });
+        self.policy_epoch = self.policy_epoch.map(|e| e + 1);
         Ok(())
     }
+    fn policy_epoch(&mut self) -> Option<u64> {
+        self.policy_epoch
+    }
+    fn change_bucket_for_policy(
+        &mut self,
+        key: &str,
+        guard: &PolicyGuard,
+        decide: Decide<BucketState>,
+    ) -> ChangeResult<BucketState> {
+        let policy_unchanged = match guard.revision {
+            None => true,
+            Some(r) => self.policies.get(guard.policy).is_some_and(|p| p.revision == r),
+        };
+        let subject_clear = self
+            .entries
+            .get(&(guard.subject.to_owned(), EntryKind::Block))
+            .is_none_or(|row| row.empty_at <= guard.now_ms);
+        if !(self.checks_in_one_statement && policy_unchanged && subject_clear) {
+            return Ok(Changed { decided_on: None, written: false });
+        }
+        let changed = self.change_bucket(key, decide)?;
+        self.one_statement_checks += changed.written as usize;
+        Ok(changed)
+    }
     fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
+        self.policy_epoch = self.policy_epoch.map(|e| e + 1);
         Ok(self.policies.remove(name).is_some())
     }
 }
@@ -249,6 +283,9 @@ mod calls {
         rl_acquire => RL_ACQUIRE;
         rl_renew => RL_RENEW;
         rl_charge => RL_CHARGE;
+        rl_policy_set => RL_POLICY_SET;
+        rl_check => RL_CHECK;
+        rl_penalize => RL_PENALIZE;
     }
 
     pub fn rl_release(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<bool> {
@@ -1279,4 +1316,54 @@ fn a_charge_into_debt_is_repaid_by_refill_to_the_millisecond() {
     assert_eq!(r["retry_after_ms"], 4_000);
     assert_eq!(take(&mut s, "c", 2.0, 60.0, 1.0, 3_999)["admitted"], false);
     assert_eq!(take(&mut s, "c", 2.0, 60.0, 1.0, 4_000)["admitted"], true);
+}
+
+/// rl_check of a one-bucket policy answers alike whether the store can take the
+/// one-statement path (with a policy epoch or by checking revisions) or not: through
+/// admissions, refusals, a tier, a policy changed by another session and a strike; once
+/// the policy is cached, an admitted check is that one statement.
+#[test]
+fn one_bucket_checks_answer_alike_on_either_path() {
+    let policy = |refill: i64| {
+        format!(r#"{{"limits": [{{"burst": 3, "refill_per_minute": {refill}}}], "tiers": {{"pro": 2}}}}"#)
+    };
+    let mut stores = [
+        MapStore { checks_in_one_statement: true, policy_epoch: Some(0), ..MapStore::default() },
+        MapStore { checks_in_one_statement: true, ..MapStore::default() },
+        MapStore::default(),
+    ];
+    let mut answers = Vec::new();
+    for s in stores.iter_mut() {
+        let mut out = Vec::new();
+        let check = |s: &mut MapStore, subject: &str, tier: Arg, now: i64| {
+            let args = [Arg::Text("p"), Arg::Text(subject), Arg::Integer(1), tier, Arg::Integer(now)];
+            calls::rl_check(s, &args, &TEST_CLOCK).unwrap()
+        };
+        calls::rl_policy_set(s, &[Arg::Text("p"), Arg::Text(&policy(60))], &TEST_CLOCK).unwrap();
+        let t = 1_000_000;
+        for i in 0..5 {
+            out.push(check(s, "alice", Arg::Null, t + i));
+        }
+        out.push(check(s, "bob", Arg::Text("pro"), t));
+        out.push(check(s, "bob", Arg::Text("pro"), t + 1));
+        // another session's new refill rate: 10 ms of it give alice a token the old one would not
+        s.put_policy("p", &policy(6000), 7).unwrap();
+        out.push(check(s, "alice", Arg::Null, t + 12));
+        out.push(check(s, "alice", Arg::Null, t + 22));
+        let strike = [0, 60, 3600, 3600].map(Arg::Integer);
+        let strike = [&[Arg::Text("bob")], &strike[..], &[Arg::Integer(t + 20)]].concat();
+        calls::rl_penalize(s, &strike, &TEST_CLOCK).unwrap();
+        out.push(check(s, "bob", Arg::Text("pro"), t + 30));
+        out.push(check(s, "bob", Arg::Text("pro"), t + 120_021));
+        answers.push(out);
+    }
+    assert_eq!(answers[0], answers[2]);
+    assert_eq!(answers[1], answers[2]);
+    // alice's 2nd and 3rd, bob's 2nd, alice's 2nd under the new policy: a known policy, an
+    // existing row, an admission, no strikes
+    let counts = stores.each_ref().map(|s| s.one_statement_checks);
+    assert_eq!(counts, [4, 4, 0]);
+    let admitted: Vec<bool> = answers[0].iter().map(|a| parsed(a.clone())["admitted"].as_bool().unwrap()).collect();
+    // bob's strike (no free ones) blocks him for 120 s
+    assert_eq!(admitted, [true, true, true, false, false, true, true, true, true, false, true]);
 }
