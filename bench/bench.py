@@ -201,6 +201,9 @@ KIND_SCRIPTS = {
     "rl_check (one bucket)": "SELECT rl_check('one', 'k' || :k);",
 }
 ONE_BUCKET_POLICY = json.dumps({"limits": [{"burst": 1e9, "refill_per_minute": 6e8}]})
+# The key rl_check derives for subject 'k' || g and the policy's only limit (policy.rs).
+# (U+0001 is chr(1) in PostgreSQL, char(1) in SQLite.)
+POLICY_KEY_SQL = "{mark}(1) || '[\"one\",\"k' || g || '\",\"0\"]'"
 SQLITE_KIND_SQL = {
     "rl_take": f"SELECT rl_take(?1, {BIG})",
     "rl_window": "SELECT rl_window(?1, 1000000000, 60)",
@@ -217,12 +220,19 @@ def kinds_section():
     print("kinds of limit: setup", file=sys.stderr)
     setup_postgres(KEYS)
     psql(f"SELECT rl_policy_set('one', '{ONE_BUCKET_POLICY}')")
+    # every subject's bucket already exists, as every rl_take key's does (steady state)
+    psql(f"INSERT INTO ratelimit.rl_bucket SELECT {POLICY_KEY_SQL.format(mark='chr')}, 1000000000, 0, 0 "
+         f"FROM generate_series(1, {KEYS}) g")
+    psql("VACUUM ANALYZE ratelimit.rl_bucket")
     matrix = {("postgres", 8, name, False): (lambda s=script: pgbench(s, 8, KEYS, False))
               for name, script in KIND_SCRIPTS.items()}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kinds.db")
         subprocess.run(["sqlite3", path, ".load " + SQLITE_EXT, "PRAGMA journal_mode=wal",
-                        f"SELECT rl_policy_set('one', '{ONE_BUCKET_POLICY}')"], check=True, capture_output=True)
+                        f"SELECT rl_policy_set('one', '{ONE_BUCKET_POLICY}')",
+                        "WITH RECURSIVE n(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM n WHERE g < "
+                        f"{KEYS}) INSERT INTO rl_bucket SELECT {POLICY_KEY_SQL.format(mark='char')}, 1000000000, 0, 0 FROM n"],
+                       check=True, capture_output=True)
         for name, sql in SQLITE_KIND_SQL.items():
             matrix[("sqlite wal", 1, name, None)] = (lambda q=sql: sqlite_bench(path, "wal", q, KEYS))
         cells = run_matrix(matrix)
