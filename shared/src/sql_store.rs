@@ -169,13 +169,17 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
         guard: &PolicyGuard,
         decide: Decide<BucketState>,
     ) -> ChangeResult<BucketState> {
-        let (subject, now) = (Value::Text(guard.subject), Value::Int(guard.now_ms));
+        // BucketChangeUnblocked's parameters are the first three of BucketChangeForPolicy's.
+        let params = [
+            Value::Text(key),
+            Value::Text(guard.subject),
+            Value::Int(guard.now_ms),
+            Value::Text(guard.policy),
+            Value::Int(guard.revision.unwrap_or(0)),
+        ];
         let (statement, params) = match guard.revision {
-            Some(revision) => (
-                Statement::BucketChangeForPolicy,
-                vec![Value::Text(key), Value::Text(guard.policy), Value::Int(revision), subject, now],
-            ),
-            None => (Statement::BucketChangeUnblocked, vec![Value::Text(key), subject, now]),
+            Some(_) => (Statement::BucketChangeForPolicy, &params[..]),
+            None => (Statement::BucketChangeUnblocked, &params[..3]),
         };
         let (written, decided_on) =
             decision_slot::with_decision(&decision_slot::BUCKET, decide, || self.0.execute(statement, &params));
