@@ -182,7 +182,7 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
             None => (Statement::BucketChangeUnblocked, &params[..3]),
         };
         let (written, decided_on) =
-            decision_slot::with_decision(&decision_slot::BUCKET, decide, || self.0.execute(statement, &params));
+            decision_slot::with_decision(&decision_slot::BUCKET, decide, || self.0.execute(statement, params));
         Ok(Changed { decided_on, written: written? == 1 })
     }
 }
