@@ -12,7 +12,7 @@ use pgrx::{pg_sys, IntoDatum};
 use ratelimit_core::render::{number_form, Json, NumberForm};
 use std::ffi::CString;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// A result of the core, returned as `jsonb` built value by value (PostgreSQL's
 /// pushJsonbValue): no JSON text is printed only to be parsed again by `jsonb_in`.
@@ -182,15 +182,21 @@ pub fn watch_policy_changes() {
 }
 
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let everything = relid == pg_sys::InvalidOid;
     let table = POLICY_TABLE.load(Ordering::Relaxed);
     // Before the oid is known, any invalidation may be the table's.
-    if relid == pg_sys::InvalidOid || table == 0 || relid.to_u32() == table {
+    if everything || table == 0 || relid.to_u32() == table {
         POLICY_EPOCH.fetch_add(1, Ordering::Relaxed);
         POLICY_TABLE.store(0, Ordering::Relaxed);
     }
+    // Citus invalidates a table it distributes (or undistributes).
+    if everything || STATE_TABLES.iter().any(|t| t.load(Ordering::Relaxed) == relid.to_u32()) {
+        DISTRIBUTED.store(UNKNOWN, Ordering::Relaxed);
+    }
 }
 
-fn policy_table() -> pg_sys::Oid {
+/// The oid of table `name` of the schema ratelimit (InvalidOid when missing).
+fn state_table(name: &std::ffi::CStr) -> pg_sys::Oid {
     // SAFETY: catalog lookups by NUL-terminated names inside a transaction; both return
     // InvalidOid when missing.
     unsafe {
@@ -198,8 +204,42 @@ fn policy_table() -> pg_sys::Oid {
         if schema == pg_sys::InvalidOid {
             return pg_sys::InvalidOid;
         }
-        pg_sys::get_relname_relid(c"rl_policy".as_ptr(), schema)
+        pg_sys::get_relname_relid(name.as_ptr(), schema)
     }
+}
+
+fn policy_table() -> pg_sys::Oid {
+    state_table(c"rl_policy")
+}
+
+const UNKNOWN: u8 = 0;
+const LOCAL: u8 = 1;
+const SHARDED: u8 = 2;
+/// Whether Citus distributes rl_bucket or rl_budget, as last looked up (UNKNOWN again after
+/// an invalidation of either).
+static DISTRIBUTED: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// The oids of rl_bucket and rl_budget when DISTRIBUTED was looked up.
+static STATE_TABLES: [AtomicU32; 2] = [AtomicU32::new(0), AtomicU32::new(0)];
+
+/// Whether Citus distributes the bucket or budget table: looked up once, again only after
+/// either table is invalidated. `sharded` asks Citus's catalog, present only with Citus.
+pub fn state_is_distributed(sharded: impl FnOnce() -> Result<bool, String>) -> Result<bool, String> {
+    match DISTRIBUTED.load(Ordering::Relaxed) {
+        LOCAL => return Ok(false),
+        SHARDED => return Ok(true),
+        _ => {}
+    }
+    let tables = [state_table(c"rl_bucket"), state_table(c"rl_budget")];
+    // SAFETY: a catalog lookup by a NUL-terminated name; InvalidOid when missing.
+    let citus = unsafe {
+        pg_sys::get_relname_relid(c"pg_dist_partition".as_ptr(), pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE))
+    };
+    let distributed = citus != pg_sys::InvalidOid && sharded()?;
+    for (slot, oid) in STATE_TABLES.iter().zip(tables) {
+        slot.store(oid.to_u32(), Ordering::Relaxed);
+    }
+    DISTRIBUTED.store(if distributed { SHARDED } else { LOCAL }, Ordering::Relaxed);
+    Ok(distributed)
 }
 
 /// The policy epoch after taking in the invalidations other sessions sent; None in a

@@ -496,6 +496,18 @@ impl SqlEngine for PgEngine<'_, '_> {
         ffi::policy_epoch()
     }
 
+    fn runs_guarded_updates(&mut self) -> StoreResult<bool> {
+        let sharded = || {
+            let query = "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid \
+                         OPERATOR(pg_catalog.=) ANY (ARRAY['ratelimit.rl_bucket'::pg_catalog.regclass, \
+                         'ratelimit.rl_budget'::pg_catalog.regclass]))";
+            Spi::get_one::<bool>(query).map(|b| b.unwrap_or(false)).map_err(|e| e.to_string())
+        };
+        ffi::state_is_distributed(sharded)
+            .map(|distributed| !distributed)
+            .map_err(|message| StoreError { message, engine_code: None })
+    }
+
     fn policies_changed(&mut self) -> StoreResult<()> {
         ffi::policies_changed();
         Ok(())
