@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# A Citus test cluster on one machine: a coordinator and two workers of PostgreSQL 15 on
+# private ports and one socket folder, run as the postgres user, with citus and
+# pg_ratelimit preloaded (explicit clocks allowed, for the conformance list). Test-only:
+# Citus is built from the tarball in
+# ../shared/vendor (RL_CITUS_TARBALL) and never ships with the project.
+#   scripts/citus.sh build   install Citus 13.2.2 into PostgreSQL 15 (skipped when present)
+#   scripts/citus.sh start   build if needed, create the three nodes if missing, start them,
+#                            join the workers; prints the coordinator's settings to eval
+#   scripts/citus.sh stop    stop the nodes and delete them
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=13.2.2
+BIN=/usr/lib/postgresql/15/bin
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+TARBALL=${RL_CITUS_TARBALL:-$(pwd)/../shared/vendor/citus-$VERSION.tar.gz}
+SHA256=dd2453caec20a830e5e63f1def5c5a98cb6f57ae510407cdcd800916fcdab430
+DIR=${RL_CITUS_DIR:-/tmp/pg_ratelimit_citus}
+PORT=${RL_CITUS_PORT:-54340}   # coordinator; workers on the next two ports
+DB=${RL_CITUS_DB:-rl}
+NODES="coordinator:$PORT worker1:$((PORT + 1)) worker2:$((PORT + 2))"
+log() { printf '\033[1m[citus]\033[0m %s\n' "$*" >&2; }
+as_pg() { runuser -u postgres -- "$@"; }
+
+installed() {
+  local lib
+  lib=$("$PG_CONFIG" --pkglibdir)/citus.so
+  [ -f "$lib" ] && grep -q "default_version = '${VERSION%.*}" "$($PG_CONFIG --sharedir)/extension/citus.control" 2>/dev/null
+}
+
+build() {
+  if installed; then
+    log "Citus $VERSION already installed for PostgreSQL 15"
+    return
+  fi
+  local missing=() pkg
+  for pkg in postgresql-15 postgresql-server-dev-15 build-essential liblz4-dev libzstd-dev libcurl4-openssl-dev \
+      libkrb5-dev libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "apt-get install ${missing[*]}"
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  echo "$SHA256  $TARBALL" | sha256sum -c --quiet -
+  local src
+  src=$(mktemp -d /tmp/citus-build.XXXXXX)
+  tar -xzf "$TARBALL" -C "$src"
+  src=$(find "$src" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+  # Debian's 15.20 headers declare have_createdb_privilege(); Citus's own shim of it then
+  # clashes. Drop the shim from this unpacked copy (see ../shared/vendor/README.md).
+  python3 - "$src/src/include/pg_version_compat.h" <<'PY'
+import re, sys
+path = sys.argv[1]
+text = open(path).read()
+shim = re.compile(r"static inline bool\s*\nhave_createdb_privilege\(void\)\s*\n\{.*?\n\}\n", re.S)
+text, n = shim.subn("", text, count=1)
+if n != 1 and "have_createdb_privilege" in text:
+    sys.exit("citus.sh: the have_createdb_privilege shim was not found where expected")
+open(path, "w").write(text)
+PY
+  log "building Citus $VERSION (about 12 minutes on 2 cores)"
+  (cd "$src" && ./configure -q PG_CONFIG="$PG_CONFIG" >/dev/null && make -s -j"$(nproc)" >/dev/null && make -s install >/dev/null)
+  rm -rf "$(dirname "$src")"
+  installed || { log "Citus did not install"; exit 1; }
+}
+
+psql_on() { as_pg "$BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$DIR" -p "$1" "${@:2}"; }
+
+start() {
+  build
+  mkdir -p "$DIR"
+  chown postgres "$DIR"
+  local node name port
+  for node in $NODES; do
+    name=${node%%:*}
+    port=${node##*:}
+    if [ ! -d "$DIR/$name" ]; then
+      as_pg "$BIN/initdb" -D "$DIR/$name" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$DIR/$name.initdb.log"
+    fi
+    if ! as_pg "$BIN/pg_ctl" -D "$DIR/$name" status >/dev/null 2>&1; then
+      as_pg "$BIN/pg_ctl" -D "$DIR/$name" -l "$DIR/$name.log" -w -t 120 -o "-p $port -k $DIR \
+        -c listen_addresses='' -c max_connections=200 -c shared_preload_libraries=citus,pg_ratelimit \
+        -c pg_ratelimit.allow_explicit_clock=on" start >/dev/null
+    fi
+    if [ -z "$(psql_on "$port" -d postgres -Atc "SELECT 1 FROM pg_database WHERE datname = '$DB'")" ]; then
+      psql_on "$port" -d postgres -c "CREATE DATABASE $DB"
+      psql_on "$port" -d "$DB" -c "CREATE EXTENSION citus"
+    fi
+  done
+  if [ "$(psql_on "$PORT" -d "$DB" -Atc "SELECT count(*) FROM pg_dist_node")" -lt 3 ]; then
+    psql_on "$PORT" -d "$DB" -c "SELECT citus_set_coordinator_host('$DIR', $PORT)" \
+      -c "SELECT citus_add_node('$DIR', $((PORT + 1)))" -c "SELECT citus_add_node('$DIR', $((PORT + 2)))" >/dev/null
+  fi
+  echo "export PGHOST=$DIR PGPORT=$PORT PGUSER=postgres PGDATABASE=$DB RL_CITUS_DIR=$DIR"
+}
+
+stop() {
+  local node name
+  for node in $NODES; do
+    name=${node%%:*}
+    if [ -d "$DIR/$name" ]; then
+      as_pg "$BIN/pg_ctl" -D "$DIR/$name" -m fast -w stop >/dev/null 2>&1 || true
+    fi
+  done
+  rm -rf "$DIR"
+}
+
+case "${1:-}" in
+  build) build ;;
+  start) start ;;
+  stop) stop ;;
+  *) echo "usage: $0 build|start|stop" >&2; exit 2 ;;
+esac
