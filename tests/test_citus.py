@@ -1,7 +1,8 @@
 """pg_ratelimit on a Citus cluster (a coordinator and two workers, scripts/citus.sh), run
 by scripts/test_citus.sh: the README's distribution block, the conformance list through
 the coordinator equal to the same node undistributed, delegation to the worker that owns
-the key, exact totals under concurrency, and rl_take_all all or nothing across workers.
+the key, exact totals under concurrency, rl_take_all all or nothing across workers, a
+worker restart, and the one-node privilege and search_path tests through the coordinator.
 Skipped unless RL_CITUS=1 (with PGHOST/PGPORT/PGDATABASE naming the coordinator)."""
 import os
 import re
@@ -243,3 +244,33 @@ def test_a_restarted_worker_loses_no_committed_admission(cluster):
         # every admission a client saw is kept; a call cut off may have committed unseen
         unseen = (100000 - sum(1 for k, _ in committed if k == key)) - remaining
         assert 0 <= unseen <= failed.count(key), (key, unseen)
+
+
+@pytest.fixture
+def app_role(cluster):
+    """An application role (LOGIN: Citus opens the worker connections of a delegated call as
+    the current role), used via SET ROLE; Citus creates it on the workers too."""
+    role = "rl_citus_app"
+    with cluster.cursor() as cur:
+        cur.execute(f"CREATE ROLE {role} LOGIN")
+        cur.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
+    yield role
+    with cluster.cursor() as cur:
+        cur.execute("RESET ROLE")
+        cur.execute("RESET search_path")
+        cur.execute(f"DROP OWNED BY {role}")
+        cur.execute(f"DROP ROLE {role}")
+
+
+def test_an_application_role_calls_functions_but_cannot_touch_state(cluster, app_role):
+    import test_postgres
+
+    fresh(cluster)
+    test_postgres.test_ordinary_role_calls_functions_but_cannot_touch_state((cluster, DB), app_role)
+
+
+def test_a_search_path_hijack_is_ignored(cluster, app_role):
+    import test_postgres
+
+    fresh(cluster)
+    test_postgres.test_search_path_hijack_is_ignored((cluster, DB), app_role)
