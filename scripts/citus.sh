@@ -8,6 +8,7 @@
 #   scripts/citus.sh start   build if needed, create the three nodes if missing, start them,
 #                            join the workers; prints the coordinator's settings to eval
 #   scripts/citus.sh stop    stop the nodes and delete them
+#   scripts/citus.sh available  succeeds when Citus is installed or its tarball is at hand
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=13.2.2
@@ -111,5 +112,6 @@ case "${1:-}" in
   build) build ;;
   start) start ;;
   stop) stop ;;
-  *) echo "usage: $0 build|start|stop" >&2; exit 2 ;;
+  available) installed || [ -f "$TARBALL" ] ;;
+  *) echo "usage: $0 build|start|stop|available" >&2; exit 2 ;;
 esac

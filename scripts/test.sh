@@ -4,7 +4,9 @@
 #                                 needs (apt packages, cargo-pgrx, PostgreSQL 15, 16 and 18), runs the
 #                                 core's tests, then for each PostgreSQL version in turn the in-server
 #                                 pgrx tests and the client tests of both built extensions against a
-#                                 throwaway cluster of that version. CI runs this.
+#                                 throwaway cluster of that version, then the Citus target
+#                                 (scripts/test_citus.sh) when Citus or its source tarball is
+#                                 at hand. CI runs this.
 #   bash scripts/test.sh --fast   the core's tests and the SQLite client tests: no root, no apt, no
 #                                 PostgreSQL; under a minute once built. Needs cargo, sqlite3 and
 #                                 Debian's python3 with pytest (scripts/setup.sh installs them once).
@@ -81,3 +83,10 @@ done
 
 step "postgres packages: the .deb (15) and the tarball (18), installed and tested"
 bash scripts/test_system_packages.sh
+
+step "Citus: a coordinator and two workers (bash scripts/test_citus.sh)"
+if bash scripts/citus.sh available; then
+  bash scripts/test_citus.sh
+else
+  echo "skipped: Citus is not installed and its source tarball is not in ../shared/vendor (set RL_CITUS_TARBALL)"
+fi
