@@ -77,4 +77,15 @@ if [ "$want_pg" = 1 ]; then
     CC=clang cargo pgrx init --pg15 "${PG_CONFIG}" --pg16 "${PG16_CONFIG}" --pg18 "${PG18_CONFIG}" >/dev/null
   fi
 fi
+# The web integrations' tests (integrations/python): Starlette, uvicorn, httpx and psycopg 3
+# from PyPI in a virtualenv of Debian's python3 (whose sqlite3 can load extensions).
+if [ "$want_pg" = 1 ]; then
+  if [ -x "$WEB_VENV/bin/python" ] && "$WEB_VENV/bin/python" -c 'import starlette, uvicorn, httpx, psycopg_pool, pytest' 2>/dev/null; then
+    log "web test packages already in $WEB_VENV"
+  else
+    log "pip install the web test packages into $WEB_VENV"
+    /usr/bin/python3 -m venv "$WEB_VENV"
+    "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check "${WEB_TEST_PACKAGES[@]}"
+  fi
+fi
 log "done"

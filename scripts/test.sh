@@ -78,6 +78,11 @@ for v in "${PG_VERSIONS[@]}"; do
   eval "$(bash scripts/pg_cluster.sh start)"
   first=$([ "$v" = "${PG_VERSIONS[0]}" ] && echo 1 || echo 0)
   RL_REQUIRE_PG=1 RL_REQUIRE_PACKAGES=$first RL_SKIP_PACKAGES=$((1 - first)) "${PYTEST[@]}" -v tests
+  if [ "$first" = 1 ]; then
+    step "postgres $v: the web integrations (uvicorn, real HTTP clients; SQLite's too)"
+    "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
+    "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests
+  fi
   bash scripts/pg_cluster.sh stop
 done
 

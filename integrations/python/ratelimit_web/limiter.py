@@ -1,0 +1,182 @@
+"""The database side: one SQL statement per check, on PostgreSQL (psycopg 3, async pool) or
+SQLite (the loadable extension, in worker threads)."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import anyio
+import anyio.to_thread
+
+
+class DatabaseUnavailable(Exception):
+    """The database did not answer: connection refused or lost, pool exhausted, locked."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the database answered for one check: the rl_check / rl_take_all result and
+    the HTTP headers rl_headers made of it."""
+
+    result: dict
+    headers: dict
+
+    @property
+    def admitted(self) -> bool:
+        return bool(self.result["admitted"])
+
+
+def limit_key(route_name: str, subject: str, index: int) -> str:
+    """The key of a route's explicit limit `index` for `subject`: rl_key('web', route,
+    subject, index), so routes and subjects never share a bucket."""
+    return json.dumps(["web", route_name, subject, str(index)], ensure_ascii=False, separators=(",", ":"))
+
+
+def take_items(route, subject: str, multiplier: float, cost: float) -> list:
+    """The rl_take_all items of a route with explicit limits, scaled by the tier."""
+    items = []
+    for i, limit in enumerate(route.limits):
+        item = {"key": limit_key(route.name, subject, i), "cost": cost}
+        if "period" in limit:
+            item.update(period=limit["period"], quota=limit["quota"] * multiplier)
+        else:
+            item.update(burst=limit["burst"] * multiplier, refill_per_minute=limit["refill_per_minute"] * multiplier)
+        items.append(item)
+    return items
+
+
+class _Statements:
+    """The SQL texts, written once with the engine's placeholder."""
+
+    def __init__(self, placeholder: str, json_param: str):
+        p = placeholder
+        # MATERIALIZED: the limit is taken once, then its headers are read (neither engine
+        # may inline a call that writes).
+        self.check = (f"WITH c(r) AS MATERIALIZED (SELECT rl_check({p}, {p}, {p}, {p})) "
+                      "SELECT r, rl_headers(r) FROM c")
+        self.take_all = (f"WITH c(r) AS MATERIALIZED (SELECT rl_take_all({json_param})) "
+                         "SELECT r, rl_headers(r) FROM c")
+        self.placeholder = p
+
+    def refund_items(self, items: list) -> tuple:
+        """One statement giving every item its cost back (rl_refund, rl_refund_budget)."""
+        p, calls, params = self.placeholder, [], []
+        for item in items:
+            if "period" in item:
+                calls.append(f"rl_refund_budget({p}, {p}, {p})")
+                params += [item["key"], item["period"], item["cost"]]
+            else:
+                calls.append(f"rl_refund({p}, {p}, {p}, {p})")
+                params += [item["key"], item["burst"], item["refill_per_minute"], item["cost"]]
+        return "SELECT " + ", ".join(calls), params
+
+
+def _decoded(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+class _Limiter:
+    statements: _Statements
+
+    async def _run(self, sql: str, params: list) -> Optional[tuple]:
+        raise NotImplementedError
+
+    async def check(self, route, subject: str, tier: Optional[str], cost: float) -> Answer:
+        """Takes `cost` from the route's limits for `subject` (all or nothing)."""
+        if route.policy is not None:
+            row = await self._run(self.statements.check, [route.policy, subject, cost, tier])
+        else:
+            items = take_items(route, subject, route.multiplier(tier), cost)
+            row = await self._run(self.statements.take_all, [json.dumps(items)])
+        return Answer(_decoded(row[0]), _decoded(row[1]))
+
+    async def refund(self, route, subject: str, tier: Optional[str], cost: float) -> None:
+        """Gives back what an admitted check of explicit limits took (a handler failed).
+        Policies have no SQL refund yet: a policy route keeps what it took."""
+        if route.policy is None:
+            sql, params = self.statements.refund_items(take_items(route, subject, route.multiplier(tier), cost))
+            await self._run(sql, params)
+
+
+class PostgresLimiter(_Limiter):
+    """Checks on PostgreSQL with pg_ratelimit installed, through a psycopg 3 async pool.
+    The pool reconnects by itself; `open()` does not wait for the database, so an
+    application starts (and falls back) while it is down."""
+
+    def __init__(self, conninfo: str = "", *, min_size: int = 2, max_size: int = 10, pool=None):
+        from psycopg_pool import AsyncConnectionPool
+
+        self.pool = pool or AsyncConnectionPool(conninfo, min_size=min_size, max_size=max_size, open=False,
+                                                kwargs={"autocommit": True}, reconnect_timeout=0)
+        self.statements = _Statements("%s", "%s::jsonb")
+
+    async def open(self) -> None:
+        await self.pool.open(wait=False)
+
+    async def aclose(self) -> None:
+        await self.pool.close()
+
+    async def _run(self, sql: str, params: list) -> Optional[tuple]:
+        import psycopg
+        import psycopg_pool
+
+        try:
+            # no wait of its own: the middleware's per-check timeout bounds the whole call
+            async with self.pool.connection(timeout=3600) as conn:
+                cur = await conn.execute(sql, params)
+                return await cur.fetchone()
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout, OSError) as e:
+            raise DatabaseUnavailable(str(e).strip()) from e
+
+
+class SQLiteLimiter(_Limiter):
+    """Checks on a SQLite database file with the loadable extension, one connection per
+    worker thread. Writers queue for SQLite's lock for up to `busy_timeout` seconds; the
+    middleware's per-check timeout gives up on them sooner (a check abandoned that way
+    may still take its cost when the lock comes free)."""
+
+    def __init__(self, path: str, *, extension: Optional[str] = None, threads: int = 4, busy_timeout: float = 1.0):
+        if extension is None:
+            import sqlite_ratelimit  # the extension's own package (pip install sqlite-ratelimit)
+
+            extension = sqlite_ratelimit.loadable_path()
+        self.path, self.extension, self.busy_timeout = path, extension, busy_timeout
+        self.threads = anyio.CapacityLimiter(threads)
+        self.local = threading.local()
+        self.statements = _Statements("?", "?")
+
+    async def open(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+    def _connection(self) -> sqlite3.Connection:
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+            conn.enable_load_extension(True)
+            try:
+                conn.load_extension(self.extension)
+            finally:
+                conn.enable_load_extension(False)
+            conn.execute("PRAGMA journal_mode=wal")
+            self.local.conn = conn
+        return conn
+
+    def _run_here(self, sql: str, params: list) -> Optional[tuple]:
+        try:
+            return self._connection().execute(sql, params).fetchone()
+        except sqlite3.OperationalError as e:
+            if "locked" in str(e) or "busy" in str(e) or "unable to open" in str(e):
+                raise DatabaseUnavailable(str(e)) from e
+            raise
+
+    async def _run(self, sql: str, params: list) -> Optional[tuple]:
+        # abandon_on_cancel: a check past its timeout frees the request at once (its
+        # thread finishes the statement; what it took stays taken)
+        return await anyio.to_thread.run_sync(self._run_here, sql, params, limiter=self.threads,
+                                              abandon_on_cancel=True)

@@ -1,0 +1,58 @@
+"""The application the middleware tests run under uvicorn, configured by environment:
+RL_WEB_ENGINE (sqlite or postgres), RL_WEB_DB (a file, or a libpq connection string),
+RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT (the per-check timeout)."""
+import contextlib
+import os
+
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route as Path
+
+from ratelimit_web import PostgresLimiter, RateLimitMiddleware, Route, SQLiteLimiter
+
+NEVER_REFILLS = 1e-6  # tokens per minute: a run sees exactly the burst
+ENGINE = os.environ["RL_WEB_ENGINE"]
+if ENGINE == "sqlite":
+    limiter = SQLiteLimiter(os.environ["RL_WEB_DB"], extension=os.environ["RL_WEB_EXTENSION"])
+else:
+    limiter = PostgresLimiter(os.environ["RL_WEB_DB"], min_size=2, max_size=8)
+
+
+async def ok(request):
+    return JSONResponse({"ok": True, "path": request.url.path})
+
+
+async def fail(request):
+    if request.query_params.get("how") == "503":
+        return JSONResponse({"ok": False}, status_code=503)
+    raise RuntimeError("the handler failed")
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    await limiter.open()
+    yield
+    await limiter.aclose()
+
+
+def user(request):
+    return request.headers.get("x-user") and "user:" + request.headers["x-user"]
+
+
+app = Starlette(
+    routes=[Path("/health", ok), Path("/ready", ok), Path("/exact", ok), Path("/policy", ok), Path("/login", ok, methods=["GET", "POST"]),
+            Path("/api/{name}", ok), Path("/fail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok)],
+    lifespan=lifespan)
+app.add_middleware(
+    RateLimitMiddleware, limiter=limiter, identify=user, tier=lambda r: r.headers.get("x-plan"),
+    trusted_proxies=["127.0.0.1/32"], check_timeout=float(os.environ.get("RL_WEB_TIMEOUT", "0.05")),
+    routes={
+        "/exact": Route(limits=[{"burst": 300, "refill_per_minute": NEVER_REFILLS}]),
+        "/policy": Route(policy="web_exact"),
+        "/login": Route(policy="web_login", sensitive=True),
+        "GET /api/*": Route(limits=[{"burst": 5, "refill_per_minute": NEVER_REFILLS}, {"period": "day", "quota": 8}],
+                            tiers={"free": 1, "pro": 2}),
+        "/fail": Route(limits=[{"burst": 2, "refill_per_minute": NEVER_REFILLS}]),
+        "/open": Route(limits=[{"burst": 40, "refill_per_minute": NEVER_REFILLS}]),
+        "/retry": Route(limits=[{"burst": 1, "refill_per_minute": 60}]),
+    })

@@ -1,0 +1,267 @@
+"""The ASGI middleware and the retrying httpx transport, through uvicorn on loopback and
+real HTTP clients, on SQLite and (when a cluster is up: PGHOST) PostgreSQL."""
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import anyio
+import httpx
+import pytest
+
+from ratelimit_web.client import RetryTransport, retry_after_seconds
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+EXTENSION = os.path.join(ROOT, "target", "release", "libratelimit")
+PG_DIR = os.environ.get("RL_PG_DIR")
+POLICIES = {"web_exact": {"limits": [{"burst": 300, "refill_per_minute": 1e-6}]},
+            "web_login": {"limits": [{"burst": 3, "refill_per_minute": 1e-6}]}}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Database:
+    """The application's database, as the test sees it."""
+
+    def __init__(self, engine, tmp_path):
+        self.engine = engine
+        if engine == "sqlite":
+            self.dsn = str(tmp_path / "app.db")
+            self.conn = sqlite3.connect(self.dsn, isolation_level=None, timeout=30)
+            self.conn.enable_load_extension(True)
+            self.conn.load_extension(EXTENSION)
+            self.conn.execute("PRAGMA journal_mode=wal")
+        else:
+            import psycopg
+
+            name = "rl_web_" + tmp_path.name.replace("-", "_").lower()[-40:]
+            with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+                admin.execute(f"DROP DATABASE IF EXISTS {name}")
+                admin.execute(f"CREATE DATABASE {name}")
+            self.dsn = f"dbname={name}"
+            self.conn = psycopg.connect(self.dsn, autocommit=True)
+            self.conn.execute("CREATE EXTENSION pg_ratelimit")
+        for name, definition in POLICIES.items():
+            self.sql("SELECT rl_policy_set(?, ?)", name, json.dumps(definition))
+
+    def sql(self, statement, *args):
+        if self.engine == "postgres":
+            statement = statement.replace("?", "%s")
+        row = self.conn.execute(statement, args).fetchone()
+        return None if row is None else row[0]
+
+
+ENGINES = ["sqlite"] + (["postgres"] if os.environ.get("PGHOST") else [])
+
+
+@pytest.fixture(params=ENGINES)
+def db(request, tmp_path):
+    if request.param == "postgres" and os.environ.get("RL_REQUIRE_PG") != "1" and not os.environ.get("PGHOST"):
+        pytest.skip("no PostgreSQL cluster (PGHOST)")
+    return Database(request.param, tmp_path)
+
+
+class Server:
+    def __init__(self, db, timeout):
+        self.port = free_port()
+        env = dict(os.environ, RL_WEB_ENGINE=db.engine, RL_WEB_DB=db.dsn, RL_WEB_EXTENSION=EXTENSION,
+                   RL_WEB_TIMEOUT=str(timeout), PYTHONPATH=HERE)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "warning", "--no-access-log"], env=env, cwd=HERE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(self.url + "/health", timeout=1)
+                return
+            except httpx.TransportError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("uvicorn did not start: " + self.process.stdout.read())
+                time.sleep(0.1)
+
+    def output(self):
+        self.process.terminate()
+        return self.process.communicate(timeout=30)[0]
+
+
+@pytest.fixture
+def server(db):
+    s = Server(db, timeout=5.0)  # generous: the exact-count tests must never fall back
+    yield s
+    s.output()
+
+
+def hammer(url, path, clients=8, each=2000, headers=None):
+    """`clients` concurrent keep-alive clients sending `each` requests: every response."""
+    def client(_):
+        with httpx.Client(base_url=url, headers=headers or {}, timeout=30) as c:
+            return [c.get(path) for _ in range(each)]
+
+    with ThreadPoolExecutor(clients) as pool:
+        return [r for responses in pool.map(client, range(clients)) for r in responses]
+
+
+@pytest.mark.parametrize("path", ["/exact", "/policy"])
+def test_concurrent_clients_get_exactly_the_admissions_the_database_allows(server, path):
+    responses = hammer(server.url, path)
+    admitted = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(admitted) == 300 and len(refused) == 16_000 - 300
+    # each admission saw its own remaining count: 299 down to 0, once each
+    assert sorted(int(r.headers["X-RateLimit-Remaining"]) for r in admitted) == list(range(300))
+    for r in admitted + refused:
+        assert r.headers["X-RateLimit-Limit"] == "300" and "RateLimit-Policy" in r.headers and "RateLimit" in r.headers
+    body = refused[-1].json()
+    assert body["detail"] == "Too Many Requests" and body["limit"] == 300 and body["remaining"] == 0
+    assert body["retry_after"] == int(refused[-1].headers["Retry-After"]) and body["reset"] >= 0
+
+
+def test_routes_tiers_and_subjects_are_limited_apart(server):
+    with httpx.Client(base_url=server.url) as c:
+        free = [c.get("/api/a", headers={"X-User": "ann"}).status_code for _ in range(7)]
+        pro = [c.get("/api/b", headers={"X-User": "bob", "X-Plan": "pro"}).status_code for _ in range(12)]
+        # the bucket (5, x2 for pro) binds before the day's quota (8, x2)
+        assert free == [200] * 5 + [429] * 2
+        assert pro == [200] * 10 + [429] * 2
+        # another route, and another subject, have their own limits
+        assert c.get("/exact", headers={"X-User": "ann"}).status_code == 200
+        assert c.get("/api/a", headers={"X-User": "cy"}).status_code == 200
+        logins = [c.post("/login", headers={"X-User": "dee"}).status_code for _ in range(4)]
+        assert logins == [200, 200, 200, 429]
+        # the subject is the client address when nobody is signed in; a trusted proxy's
+        # X-Forwarded-For names it
+        for _ in range(5):
+            c.get("/api/x", headers={"X-Forwarded-For": "203.0.113.9"})
+        assert c.get("/api/x", headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 429
+        assert c.get("/api/x", headers={"X-Forwarded-For": "203.0.113.10"}).status_code == 200
+
+
+def test_skip_paths_are_never_limited(server):
+    with httpx.Client(base_url=server.url) as c:
+        for path in ("/health", "/ready", "/free"):
+            for _ in range(400):
+                r = c.get(path)
+                assert r.status_code == 200 and "X-RateLimit-Limit" not in r.headers
+
+
+def test_a_failing_handler_gives_back_what_it_took(server, db):
+    # a connection each: uvicorn closes one whose handler raised
+    statuses = [httpx.get(server.url + "/fail", headers={"X-User": "eve"}).status_code for _ in range(6)]
+    statuses += [httpx.get(server.url + "/fail?how=503", headers={"X-User": "eve"}).status_code for _ in range(6)]
+    assert statuses == [500] * 6 + [503] * 6  # the burst of 2 never ran out
+    key = json.dumps(["web", "/fail", "user:eve", "0"], separators=(",", ":"))
+    assert db.sql("SELECT rl_peek(?, 2, 0.000001, 0) ->> 'remaining'", key) in (2, "2")
+
+
+def test_the_client_waits_as_told_and_gives_up_at_its_deadline(server):
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, transport=RetryTransport(jitter=0.1)) as c:
+            assert (await c.get("/retry", headers={"X-User": "fay"})).status_code == 200
+            started = time.monotonic()
+            r = await c.get("/retry", headers={"X-User": "fay"})  # refused, Retry-After: 1, then admitted
+            waited = time.monotonic() - started
+            assert r.status_code == 200 and 0.9 <= waited < 3, waited
+        async with httpx.AsyncClient(base_url=server.url, transport=RetryTransport(deadline=0.3)) as c:
+            await c.get("/retry", headers={"X-User": "gus"})
+            started = time.monotonic()
+            r = await c.get("/retry", headers={"X-User": "gus"})
+            assert r.status_code == 429 and time.monotonic() - started < 0.3
+        async with httpx.AsyncClient(base_url=server.url, transport=RetryTransport()) as c:
+            await c.get("/retry", headers={"X-User": "hal"})
+            started = time.monotonic()
+            # not idempotent: answered as is, unless the request says it is safe
+            assert (await c.post("/retry", headers={"X-User": "hal"})).status_code == 429
+            assert time.monotonic() - started < 0.5
+            started = time.monotonic()
+            r = await c.post("/retry", headers={"X-User": "hal"}, extensions={"retry_safe": True})
+            assert r.status_code == 200 and time.monotonic() - started >= 0.9
+            await c.get("/retry", headers={"X-User": "ivy"})
+            started = time.monotonic()
+            with anyio.move_on_after(0.2) as scope:  # cancelled while it waits
+                await c.get("/retry", headers={"X-User": "ivy"})
+            assert scope.cancelled_caught and time.monotonic() - started < 0.5
+
+    anyio.run(main)
+
+
+def test_retry_after_is_read_as_seconds_or_a_date():
+    assert retry_after_seconds("7") == 7
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470) == 10
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490) == 0
+    assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None
+
+
+def test_backoff_without_retry_after_is_capped_exponential_with_jitter():
+    class Fixed:
+        def uniform(self, low, high):
+            return high
+
+    t = RetryTransport(backoff_base=0.5, backoff_max=3, rng=Fixed())
+    response = httpx.Response(503)
+    assert [t.wait_for(response, a) for a in range(5)] == [0.5, 1, 2, 3, 3]
+
+
+def stop_postgres():
+    subprocess.run(["runuser", "-u", "postgres", "--", os.environ["RL_PG_BIN"] + "/pg_ctl", "-D",
+                    os.path.join(PG_DIR, "data"), "-m", "fast", "-w", "stop"], check=True, capture_output=True)
+
+
+def start_postgres():
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "pg_cluster.sh"), "start"], check=True, capture_output=True)
+
+
+def test_an_unreachable_database_fails_closed_on_sensitive_routes_and_open_elsewhere(db, tmp_path):
+    if db.engine == "postgres" and not (PG_DIR and os.environ.get("RL_PG_BIN")):
+        pytest.skip("needs the test cluster's RL_PG_DIR and RL_PG_BIN to stop and start it")
+    server = Server(db, timeout=0.05)
+    try:
+        with httpx.Client(base_url=server.url, timeout=5) as c:
+            assert c.get("/open", headers={"X-User": "jo"}).status_code == 200
+            lock = None
+            if db.engine == "sqlite":
+                lock = sqlite3.connect(db.dsn, isolation_level=None)
+                lock.execute("BEGIN EXCLUSIVE")  # every other connection now waits, then gives up
+            else:
+                db.conn.close()
+                stop_postgres()
+            try:
+                timings, statuses = [], []
+                for _ in range(30):
+                    started = time.monotonic()
+                    statuses.append(c.get("/open", headers={"X-User": "jo"}).status_code)
+                    timings.append(time.monotonic() - started)
+                login = c.post("/login", headers={"X-User": "jo"})
+                assert login.status_code == 503 and int(login.headers["Retry-After"]) > 0
+                # a local bucket at half the limit (40): 20 admitted, then refused
+                assert statuses == [200] * 20 + [429] * 10, statuses
+                assert max(timings) < 1.0, timings  # nobody waits past the check's timeout for long
+            finally:
+                if lock is not None:
+                    lock.execute("ROLLBACK")
+                else:
+                    start_postgres()
+            # it recovers by itself: the database decides again (it held 39 tokens; checks
+            # abandoned at their timeout may have taken theirs when the lock came free)
+            deadline = time.monotonic() + 60
+            while True:
+                r = c.get("/open", headers={"X-User": "jo"})
+                if "X-RateLimit-Remaining" in r.headers or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert r.status_code == 200 and 30 <= int(r.headers["X-RateLimit-Remaining"]) <= 38
+    finally:
+        log = server.output()
+    assert log.count("the database did not answer") == 1, log
+    assert "the database answers again" in log, log
