@@ -82,6 +82,10 @@ for v in "${PG_VERSIONS[@]}"; do
     step "postgres $v: the web integrations (uvicorn, real HTTP clients; SQLite's too)"
     "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
     "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests
+    step "postgres $v: the Node web integrations (Express, Fetch API; real HTTP clients; SQLite's too)"
+    # better-sqlite3 builds against the local Node headers (no download)
+    (cd integrations/node && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
+      && npm ci --no-audit --no-fund --loglevel=error && npm test)
   fi
   bash scripts/pg_cluster.sh stop
 done

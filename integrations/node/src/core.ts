@@ -1,0 +1,197 @@
+// What the Express middleware and the Fetch-API (Next.js) wrapper share: route matching,
+// the subject, the decision, the fallback when the database does not answer.
+import { BlockList, isIP } from "node:net";
+import { DatabaseUnavailable, Limiter, Route } from "./limiter";
+
+export interface Options {
+  limiter: Limiter;
+  /** `"/login"`, `"POST /login"`, `"/api/*"` (a glob; the first match applies) -> Route. */
+  routes: Record<string, Route>;
+  /** The subject (e.g. the signed-in user's id); undefined: the default. */
+  identify?: (request: any) => string | undefined | Promise<string | undefined>;
+  /** The tier (policies: the policy's tier; explicit limits: a key of the route's tiers). */
+  tier?: (request: any) => string | undefined | Promise<string | undefined>;
+  /** Never limited. Default: /health and /ready. */
+  skip?: string[];
+  /** Proxies whose X-Forwarded-For is believed (addresses or CIDR blocks). */
+  trustedProxies?: string[];
+  /** Per-check timeout. Default 50 ms. */
+  checkTimeoutMs?: number;
+  /** The share of a route's limit its local fallback bucket gets. Default 0.5. */
+  fallbackShare?: number;
+  /** Retry-After of a 503 from a sensitive route. Default 5 s. */
+  unavailableRetryAfter?: number;
+  /** At most one outage message per interval. Default 60 s. */
+  logIntervalMs?: number;
+  log?: (message: string) => void;
+}
+
+export type Decision =
+  | { kind: "admitted"; headers: Record<string, string> }
+  | { kind: "fallback" }
+  | { kind: "answer"; status: number; body: Record<string, unknown>; headers: Record<string, string> };
+
+/** Token buckets per subject in this process only, at most `maxSubjects` (least recently
+ * used forgotten). take() answers 0 when admitted, else the seconds until it would be. */
+export class LocalBucket {
+  private buckets = new Map<string, [number, number]>();
+  constructor(readonly burst: number, readonly refillPerMinute: number, private maxSubjects = 10_000,
+    private clock: () => number = () => performance.now() / 1000) {}
+
+  take(subject: string, cost = 1): number {
+    const now = this.clock();
+    const perSecond = this.refillPerMinute / 60;
+    const [stored, at] = this.buckets.get(subject) ?? [this.burst, now];
+    this.buckets.delete(subject);
+    const level = Math.min(this.burst, stored + (now - at) * perSecond);
+    const admitted = cost <= level;
+    this.buckets.set(subject, [admitted ? level - cost : level, now]);
+    if (this.buckets.size > this.maxSubjects) this.buckets.delete(this.buckets.keys().next().value!);
+    if (admitted) return 0;
+    return cost > this.burst || perSecond <= 0 ? Infinity : (cost - level) / perSecond;
+  }
+}
+
+function globToRegExp(glob: string): RegExp {
+  const body = glob.replace(/[.+^${}()|[\]\\]/g, "\\$&").replace(/\*/g, ".*").replace(/\?/g, ".");
+  return new RegExp(`^${body}$`);
+}
+
+function blockList(addresses: string[]): BlockList {
+  const list = new BlockList();
+  for (const a of addresses) {
+    const [address, bits] = a.split("/");
+    const family = isIP(address) === 6 ? "ipv6" : "ipv4";
+    if (bits === undefined) list.addAddress(address, family);
+    else list.addSubnet(address, Number(bits), family);
+  }
+  return list;
+}
+
+export class RateLimitCore {
+  private routes: { method?: string; pattern: RegExp; route: Route }[] = [];
+  private skip: Set<string>;
+  private trusted: BlockList;
+  private learned = new Map<string, [number, number]>();
+  private local = new Map<string, LocalBucket>();
+  private outageSince?: number;
+  private loggedAt = -Infinity;
+  readonly log: (message: string) => void;
+
+  constructor(readonly options: Options) {
+    for (const [spec, route] of Object.entries(options.routes)) {
+      if ((route.policy === undefined) === (route.limits === undefined)) {
+        throw new Error(`route ${spec}: give either policy or limits`);
+      }
+      const space = spec.lastIndexOf(" ");
+      const method = space > 0 ? spec.slice(0, space).toUpperCase() : undefined;
+      this.routes.push({ method, pattern: globToRegExp(spec.slice(space + 1)), route: { ...route, name: route.name ?? spec } });
+    }
+    this.skip = new Set(options.skip ?? ["/health", "/ready"]);
+    this.trusted = blockList(options.trustedProxies ?? []);
+    this.log = options.log ?? ((m) => console.warn(m));
+  }
+
+  /** The route limiting this request, or undefined (skipped, or no route matches). */
+  match(method: string, path: string): Route | undefined {
+    if (this.skip.has(path)) return undefined;
+    return this.routes.find((r) => (!r.method || r.method === method) && r.pattern.test(path))?.route;
+  }
+
+  private isTrusted(address: string): boolean {
+    const family = isIP(address);
+    return family !== 0 && this.trusted.check(address, family === 6 ? "ipv6" : "ipv4");
+  }
+
+  /** The client's address: the peer's, or, when the peer is a trusted proxy, the nearest
+   * address in X-Forwarded-For that is not one (right to left). */
+  clientAddress(peer: string | undefined, forwardedFor: string | string[] | undefined): string {
+    const from = (peer ?? "unknown").replace(/^::ffff:/, "");
+    if (!this.isTrusted(from)) return from;
+    const hops = ([] as string[]).concat(forwardedFor ?? []).join(",").split(",").map((s) => s.trim()).filter(Boolean);
+    for (let i = hops.length - 1; i >= 0; i--) if (!this.isTrusted(hops[i])) return hops[i];
+    return hops[0] ?? from;
+  }
+
+  /** Asks the database (within the timeout), or the fallback when it does not answer. */
+  async decide(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Decision> {
+    let answer;
+    try {
+      answer = await withTimeout(this.options.limiter.check(route, subject, tier, cost), this.options.checkTimeoutMs ?? 50);
+    } catch (e) {
+      if (!(e instanceof DatabaseUnavailable)) throw e;
+      return this.unavailable(route, subject, tier, cost, e);
+    }
+    if (this.outageSince !== undefined) {
+      this.log(`ratelimit-web: the database answers again after ${((Date.now() - this.outageSince) / 1000).toFixed(1)} s`);
+      this.outageSince = undefined;
+    }
+    if (route.policy !== undefined) {
+      const bucket = (answer.result.items ?? []).find((i: any) => i.refill_seconds);
+      if (bucket) this.learned.set(`${route.name}\u0000${tier}`, [bucket.limit, (bucket.limit * 60) / bucket.refill_seconds]);
+    }
+    if (answer.admitted) return { kind: "admitted", headers: answer.headers };
+    const h = answer.headers;
+    const retryAfter = h["Retry-After"] === undefined ? null : Number(h["Retry-After"]);
+    const body = {
+      detail: answer.result.blocked ? "Blocked" : "Too Many Requests",
+      limit: Number(h["X-RateLimit-Limit"] ?? 0),
+      remaining: Number(h["X-RateLimit-Remaining"] ?? 0),
+      reset: Number(h["X-RateLimit-Reset"] ?? 0),
+      retry_after: retryAfter,
+    };
+    return { kind: "answer", status: 429, body, headers: h };
+  }
+
+  /** Gives back what an admitted check took (the handler failed); never throws. */
+  async refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void> {
+    try {
+      await withTimeout(this.options.limiter.refund(route, subject, tier, cost), this.options.checkTimeoutMs ?? 50);
+    } catch (e: any) {
+      this.log(`ratelimit-web: could not refund ${route.name} for ${subject}: ${e?.message ?? e}`);
+    }
+  }
+
+  private unavailable(route: Route, subject: string, tier: string | undefined, cost: number, error: Error): Decision {
+    const now = Date.now();
+    this.outageSince ??= now;
+    const share = this.options.fallbackShare ?? 0.5;
+    if (now - this.loggedAt >= (this.options.logIntervalMs ?? 60_000)) {
+      this.loggedAt = now;
+      this.log(`ratelimit-web: the database did not answer (${error.message}): sensitive routes answer 503, the others use local buckets at ${share} of their limit`);
+    }
+    const key = `${route.name}\u0000${tier}`;
+    const limit = route.sensitive ? undefined : this.learned.get(key) ?? firstBucket(route, tier);
+    if (!limit) {
+      const retryAfter = this.options.unavailableRetryAfter ?? 5;
+      return { kind: "answer", status: 503, body: { detail: "Service Unavailable", retry_after: retryAfter },
+        headers: { "Retry-After": String(retryAfter) } };
+    }
+    let bucket = this.local.get(key);
+    if (!bucket) this.local.set(key, (bucket = new LocalBucket(limit[0] * share, limit[1] * share)));
+    const wait = bucket.take(subject, cost);
+    if (wait === 0) return { kind: "fallback" };
+    const retryAfter = Number.isFinite(wait) ? Math.max(1, Math.ceil(wait)) : null;
+    return { kind: "answer", status: 429, headers: retryAfter ? { "Retry-After": String(retryAfter) } : {},
+      body: { detail: "Too Many Requests", limit: Math.floor(bucket.burst), remaining: 0, reset: retryAfter ?? 0, retry_after: retryAfter } };
+  }
+}
+
+function firstBucket(route: Route, tier: string | undefined): [number, number] | undefined {
+  const m = tier === undefined ? 1 : route.tiers?.[tier] ?? 1;
+  for (const l of route.limits ?? []) if ("burst" in l) return [l.burst * m, l.refill_per_minute * m];
+  return route.fallback;
+}
+
+/** `promise`, or DatabaseUnavailable after `ms` (the check goes on; what it takes stays taken). */
+export function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new DatabaseUnavailable(`no answer within ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+export function costOf(route: Route, request: unknown): number {
+  return typeof route.cost === "function" ? route.cost(request) : route.cost ?? 1;
+}

@@ -1,0 +1,37 @@
+// Express middleware: app.use(rateLimit({ limiter, routes })).
+import { costOf, Options, RateLimitCore } from "./core";
+
+type Req = { method: string; path: string; headers: Record<string, string | string[] | undefined>; socket: { remoteAddress?: string }; user?: any };
+type Res = { statusCode: number; status(code: number): Res; set(headers: Record<string, string>): Res; json(body: unknown): void; on(event: string, listener: () => void): void };
+
+/**
+ * Limits the requests whose route is in `options.routes`. The subject is
+ * `identify(req)`, else `req.user.id` (e.g. Passport), else the client address. Every
+ * limited response carries the rl_headers headers; a refusal is a 429 JSON body; a
+ * response that ends 5xx gives back what its explicit limits took.
+ */
+export function rateLimit(options: Options) {
+  const core = new RateLimitCore(options);
+  return async function rateLimitMiddleware(req: Req, res: Res, next: (error?: unknown) => void) {
+    try {
+      const route = core.match(req.method, req.path);
+      if (!route) return next();
+      const user = req.user?.id ?? undefined;
+      const subject = (await options.identify?.(req)) ??
+        (user !== undefined ? `user:${user}` : `ip:${core.clientAddress(req.socket.remoteAddress, req.headers["x-forwarded-for"])}`);
+      const tier = await options.tier?.(req);
+      const cost = costOf(route, req);
+      const decision = await core.decide(route, subject, tier, cost);
+      if (decision.kind === "answer") return res.status(decision.status).set(decision.headers).json(decision.body);
+      if (decision.kind === "admitted") {
+        res.set(decision.headers);
+        res.on("finish", () => {
+          if (res.statusCode >= 500) void core.refund(route, subject, tier, cost);
+        });
+      }
+      next();
+    } catch (error) {
+      next(error);
+    }
+  };
+}

@@ -1,0 +1,171 @@
+// The database side: one SQL statement per check, on PostgreSQL (node-postgres) or SQLite
+// (better-sqlite3 with the loadable extension).
+
+/** A bucket, or a budget for a period ("minute", "hour", "day", "month"). */
+export type Limit = { burst: number; refill_per_minute: number } | { period: string; quota: number };
+
+/**
+ * How one route is limited: a policy's name (rl_check, with the request's tier), or
+ * explicit `limits` (rl_take_all) with `tiers` giving their multipliers. A `sensitive`
+ * route fails closed (503) while the database is unreachable; the others admit through a
+ * local bucket at `fallbackShare` of their first bucket (a policy's as its last answer
+ * reported, or `fallback` = [burst, refill_per_minute] until there was one).
+ */
+export interface Route {
+  policy?: string;
+  limits?: Limit[];
+  tiers?: Record<string, number>;
+  cost?: number | ((request: any) => number);
+  sensitive?: boolean;
+  fallback?: [number, number];
+  name?: string;
+}
+
+/** What the database answered: the rl_check / rl_take_all result and its rl_headers. */
+export interface Answer {
+  result: any;
+  headers: Record<string, string>;
+  admitted: boolean;
+}
+
+/** The database did not answer: connection refused or lost, or locked. */
+export class DatabaseUnavailable extends Error {}
+
+export interface Limiter {
+  check(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer>;
+  /** Gives back what an admitted check of explicit limits took (policies: nothing yet). */
+  refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void>;
+}
+
+/** A route's explicit limit `index` for `subject`: rl_key('web', route, subject, index). */
+export function limitKey(routeName: string, subject: string, index: number): string {
+  return JSON.stringify(["web", routeName, subject, String(index)]);
+}
+
+export function multiplier(route: Route, tier: string | undefined): number {
+  if (tier === undefined || tier === null) return 1;
+  const m = route.tiers?.[tier];
+  if (m === undefined) throw new Error(`route ${route.name}: unknown tier ${JSON.stringify(tier)}`);
+  return m;
+}
+
+type Item = { key: string; cost: number } & Record<string, unknown>;
+
+function takeItems(route: Route, subject: string, tier: string | undefined, cost: number): Item[] {
+  const m = multiplier(route, tier);
+  return (route.limits ?? []).map((limit, i) => {
+    const key = limitKey(route.name ?? "", subject, i);
+    return "period" in limit
+      ? { key, cost, period: limit.period, quota: limit.quota * m }
+      : { key, cost, burst: limit.burst * m, refill_per_minute: limit.refill_per_minute * m };
+  });
+}
+
+/** The SQL texts, for one engine's placeholders ($n or ?). */
+class Statements {
+  readonly check: string;
+  readonly takeAll: string;
+  constructor(private readonly param: (n: number) => string, jsonParam: string) {
+    const p = param;
+    // MATERIALIZED: the limit is taken once, then its headers are read
+    this.check = `WITH c(r) AS MATERIALIZED (SELECT rl_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)})) SELECT r, rl_headers(r) AS h FROM c`;
+    this.takeAll = `WITH c(r) AS MATERIALIZED (SELECT rl_take_all(${jsonParam})) SELECT r, rl_headers(r) AS h FROM c`;
+  }
+
+  /** One statement giving every item its cost back (rl_refund, rl_refund_budget). */
+  refund(items: Item[]): [string, unknown[]] {
+    const calls: string[] = [];
+    const params: unknown[] = [];
+    const call = (fn: string, args: unknown[]) => {
+      const placeholders = args.map((arg) => this.param(params.push(arg)));
+      calls.push(`${fn}(${placeholders.join(", ")})`);
+    };
+    for (const item of items) {
+      if ("period" in item) call("rl_refund_budget", [item.key, item.period, item.cost]);
+      else call("rl_refund", [item.key, item.burst, item.refill_per_minute, item.cost]);
+    }
+    return ["SELECT " + calls.join(", "), params];
+  }
+}
+
+abstract class SqlLimiter implements Limiter {
+  protected abstract statements: Statements;
+  protected abstract run(sql: string, params: unknown[]): Promise<{ r: unknown; h: unknown } | undefined>;
+
+  async check(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer> {
+    const row = route.policy !== undefined
+      ? await this.run(this.statements.check, [route.policy, subject, cost, tier ?? null])
+      : await this.run(this.statements.takeAll, [JSON.stringify(takeItems(route, subject, tier, cost))]);
+    const decode = (v: unknown) => (typeof v === "string" ? JSON.parse(v) : v);
+    const result = decode(row!.r);
+    return { result, headers: decode(row!.h), admitted: Boolean(result.admitted) };
+  }
+
+  async refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void> {
+    if (route.policy !== undefined) return; // no SQL refund for policies yet
+    const [sql, params] = this.statements.refund(takeItems(route, subject, tier, cost));
+    await this.run(sql, params);
+  }
+}
+
+/** A SQLSTATE of class 08 (connection) or 57 (operator intervention: shutdown), or no
+ * SQLSTATE at all (a socket error): the database is not there. */
+function unreachable(e: any): boolean {
+  const code = typeof e?.code === "string" ? e.code : "";
+  if (/^[0-9A-Z]{5}$/.test(code)) return code.startsWith("08") || code.startsWith("57");
+  return true;
+}
+
+/** Checks on PostgreSQL with pg_ratelimit installed, through a node-postgres Pool (give it
+ * a connectionTimeoutMillis: the per-check timeout bounds a check, not the pool). */
+export class PostgresLimiter extends SqlLimiter {
+  protected statements = new Statements((n) => `$${n}`, "$1::jsonb");
+  constructor(readonly pool: { query: (sql: string, params: unknown[]) => Promise<{ rows: any[] }> }) {
+    super();
+  }
+
+  protected async run(sql: string, params: unknown[]) {
+    try {
+      return (await this.pool.query(sql, params)).rows[0];
+    } catch (e: any) {
+      if (unreachable(e)) throw new DatabaseUnavailable(String(e?.message ?? e));
+      throw e;
+    }
+  }
+}
+
+/** Checks on SQLite through a better-sqlite3 Database with the extension loaded. Calls are
+ * synchronous: a database another process holds locked blocks for up to `busyTimeoutMs`
+ * (50 by default, set on the connection), then counts as unavailable. */
+export class SqliteLimiter extends SqlLimiter {
+  protected statements = new Statements(() => "?", "?");
+  private prepared = new Map<string, any>();
+  constructor(readonly db: any, { busyTimeoutMs = 50 }: { busyTimeoutMs?: number } = {}) {
+    super();
+    db.pragma(`busy_timeout = ${Math.max(0, Math.floor(busyTimeoutMs))}`);
+  }
+
+  /** Opens `path` with better-sqlite3, loads the extension (by default from the
+   * sqlite-ratelimit package) and turns on WAL. */
+  static open(path: string, { extension, busyTimeoutMs }: { extension?: string; busyTimeoutMs?: number } = {}) {
+    const Database = require("better-sqlite3");
+    const db = new Database(path);
+    db.loadExtension(extension ?? require("sqlite-ratelimit").getLoadablePath());
+    db.pragma("journal_mode = WAL");
+    return new SqliteLimiter(db, { busyTimeoutMs });
+  }
+
+  protected async run(sql: string, params: unknown[]) {
+    let statement = this.prepared.get(sql);
+    if (!statement) this.prepared.set(sql, (statement = this.db.prepare(sql)));
+    try {
+      return statement.get(...params);
+    } catch (e: any) {
+      // the extension's own calls report a lock as SQLITE_ERROR with SQLite's message in it
+      if (/^SQLITE_(BUSY|LOCKED)/.test(e?.code ?? "") || /database is locked/.test(e?.message ?? "")) {
+        throw new DatabaseUnavailable(e.message);
+      }
+      throw e;
+    }
+  }
+}

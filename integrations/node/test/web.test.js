@@ -1,0 +1,268 @@
+// The Express middleware, the Fetch-API wrapper and fetchWithRateLimit, through real
+// servers on loopback and real HTTP clients, on SQLite and (when a cluster is up:
+// PGHOST) PostgreSQL.
+"use strict";
+const test = require("node:test");
+const assert = require("node:assert/strict");
+const { spawn, execFileSync } = require("node:child_process");
+const fs = require("node:fs");
+const os = require("node:os");
+const path = require("node:path");
+const { fetchWithRateLimit, retryAfterMs, backoffMs, limitKey } = require("..");
+
+const ROOT = path.resolve(__dirname, "../../..");
+const EXTENSION = path.join(ROOT, "target", "release", "libratelimit");
+const POLICIES = {
+  web_exact: { limits: [{ burst: 300, refill_per_minute: 1e-6 }] },
+  web_login: { limits: [{ burst: 3, refill_per_minute: 1e-6 }] },
+};
+const ENGINES = ["sqlite", ...(process.env.PGHOST ? ["postgres"] : [])];
+let serial = 0;
+
+/** The application's database, as the test sees it. */
+async function database(engine) {
+  if (engine === "sqlite") {
+    const Database = require("better-sqlite3");
+    const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "rl-web-")), "app.db");
+    const db = new Database(file);
+    db.loadExtension(EXTENSION);
+    db.pragma("journal_mode = WAL");
+    const sql = async (text, ...args) => Object.values(db.prepare(text).get(...args) ?? {})[0];
+    for (const [name, d] of Object.entries(POLICIES)) await sql("SELECT rl_policy_set(?, ?)", name, JSON.stringify(d));
+    return { engine, name: file, sql, close: async () => db.close() };
+  }
+  const { Client } = require("pg");
+  const name = `rl_web_node_${process.pid}_${serial++}`;
+  const admin = new Client({ database: "postgres" });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${name}`);
+  await admin.query(`CREATE DATABASE ${name}`);
+  await admin.end();
+  let client = new Client({ database: name });
+  await client.connect();
+  await client.query("CREATE EXTENSION pg_ratelimit");
+  const sql = async (text, ...args) => {
+    let n = 0;
+    const rows = (await client.query(text.replace(/\?/g, () => `$${++n}`), args)).rows;
+    return rows[0] && Object.values(rows[0])[0];
+  };
+  for (const [name2, d] of Object.entries(POLICIES)) await sql("SELECT rl_policy_set(?, ?)", name2, JSON.stringify(d));
+  return { engine, name, sql, close: async () => client.end().catch(() => {}) };
+}
+
+/** The two servers (Express, Fetch API) in a child process. */
+async function server(db, timeoutMs) {
+  const child = spawn(process.execPath, [path.join(__dirname, "app-server.js")], {
+    env: { ...process.env, RL_WEB_ENGINE: db.engine, RL_WEB_DB: db.name, RL_WEB_EXTENSION: EXTENSION, RL_WEB_TIMEOUT_MS: String(timeoutMs) },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let log = "";
+  child.stderr.on("data", (d) => (log += d));
+  const ports = await new Promise((resolve, reject) => {
+    let out = "";
+    child.stdout.on("data", (d) => {
+      out += d;
+      const m = /listening (\d+) (\d+)/.exec(out);
+      if (m) resolve([m[1], m[2]]);
+    });
+    child.on("exit", (code) => reject(new Error(`server exited ${code}: ${log}`)));
+  });
+  return {
+    express: `http://127.0.0.1:${ports[0]}`,
+    fetch: `http://127.0.0.1:${ports[1]}`,
+    stop: async () => {
+      child.kill();
+      await new Promise((r) => child.once("exit", r));
+      return log;
+    },
+  };
+}
+
+async function hammer(url, clients = 8, each = 2000, headers = {}) {
+  const one = async () => {
+    const out = [];
+    for (let i = 0; i < each; i++) {
+      const r = await fetch(url, { headers });
+      await r.arrayBuffer();
+      out.push(r);
+    }
+    return out;
+  };
+  return (await Promise.all(Array.from({ length: clients }, one))).flat();
+}
+
+const get = (url, headers = {}, init = {}) => fetch(url, { headers, ...init }).then(async (r) => ({ r, body: await r.json() }));
+const statusesOf = async (url, n, headers, init) => {
+  const out = [];
+  for (let i = 0; i < n; i++) out.push((await get(url, headers, init)).r.status);
+  return out;
+};
+
+for (const engine of ENGINES) {
+  test(`${engine}: concurrent clients get exactly the admissions the database allows`, async () => {
+    const db = await database(engine);
+    const s = await server(db, 5000); // generous: the exact counts must never fall back
+    try {
+      // the two servers share the database: each run has a subject of its own
+      for (const [url, who] of [[s.express + "/exact", "e"], [s.express + "/policy", "e"], [s.fetch + "/exact", "f"]]) {
+        const responses = await hammer(url, 8, 2000, { "x-user": who });
+        const admitted = responses.filter((r) => r.status === 200);
+        const refused = responses.filter((r) => r.status === 429);
+        assert.equal(admitted.length, 300, url);
+        assert.equal(refused.length, 16000 - 300, url);
+        const remaining = admitted.map((r) => Number(r.headers.get("x-ratelimit-remaining"))).sort((a, b) => a - b);
+        assert.deepEqual(remaining, Array.from({ length: 300 }, (_, i) => i), url);
+        for (const r of responses) {
+          assert.equal(r.headers.get("x-ratelimit-limit"), "300");
+          assert.ok(r.headers.get("ratelimit-policy") && r.headers.get("ratelimit"));
+        }
+      }
+      const { r, body } = await get(s.express + "/exact", { "x-user": "e" });
+      assert.equal(r.status, 429);
+      assert.deepEqual(Object.keys(body), ["detail", "limit", "remaining", "reset", "retry_after"]);
+      assert.equal(body.limit, 300);
+      assert.equal(body.retry_after, Number(r.headers.get("retry-after")));
+    } finally {
+      await s.stop();
+      await db.close();
+    }
+  });
+
+  test(`${engine}: routes, tiers and subjects are limited apart; skip paths never`, async () => {
+    const db = await database(engine);
+    const s = await server(db, 5000);
+    try {
+      for (const base of [s.express, s.fetch]) {
+        const tag = base === s.express ? "e" : "f";
+        assert.deepEqual(await statusesOf(base + "/api/a", 7, { "x-user": "ann" + tag }), [...Array(5).fill(200), 429, 429]);
+        assert.deepEqual(await statusesOf(base + "/api/b", 12, { "x-user": "bob" + tag, "x-plan": "pro" }), [...Array(10).fill(200), 429, 429]);
+        assert.deepEqual(await statusesOf(base + "/api/a", 1, { "x-user": "cy" + tag }), [200]);
+        assert.deepEqual(await statusesOf(base + "/login", 4, { "x-user": "dee" + tag }, { method: "POST" }), [200, 200, 200, 429]);
+        // the client address when nobody is signed in; a trusted proxy's X-Forwarded-For names it
+        const xff = { "x-forwarded-for": `203.0.113.${tag === "e" ? 9 : 19}` };
+        assert.deepEqual(await statusesOf(base + "/api/x", 6, xff), [...Array(5).fill(200), 429]);
+        assert.deepEqual(await statusesOf(base + "/api/x", 1, { "x-forwarded-for": "203.0.113.200" }), [200]);
+        for (const p of ["/health", "/ready", "/free"]) {
+          for (let i = 0; i < 100; i++) {
+            const { r } = await get(base + p);
+            assert.equal(r.status, 200);
+            assert.equal(r.headers.get("x-ratelimit-limit"), null);
+          }
+        }
+      }
+    } finally {
+      await s.stop();
+      await db.close();
+    }
+  });
+
+  test(`${engine}: a failing handler gives back what it took`, async () => {
+    const db = await database(engine);
+    const s = await server(db, 5000);
+    try {
+      for (const [base, who] of [[s.express, "eve"], [s.fetch, "fay"]]) {
+        const statuses = [...await statusesOf(base + "/fail", 6, { "x-user": who }), ...await statusesOf(base + "/fail?how=503", 6, { "x-user": who })];
+        assert.deepEqual(statuses, [...Array(6).fill(500), ...Array(6).fill(503)]); // the burst of 2 never ran out
+        const key = limitKey("/fail", `user:${who}`, 0);
+        const deadline = Date.now() + 2000; // Express refunds when the response has finished
+        let remaining;
+        do remaining = Number(await db.sql("SELECT rl_peek(?, 2, 0.000001, 0) ->> 'remaining'", key));
+        while (remaining !== 2 && Date.now() < deadline);
+        assert.equal(remaining, 2);
+      }
+    } finally {
+      await s.stop();
+      await db.close();
+    }
+  });
+
+  test(`${engine}: an unreachable database fails closed on sensitive routes and open elsewhere`, async (t) => {
+    if (engine === "postgres" && !(process.env.RL_PG_DIR && process.env.RL_PG_BIN)) return t.skip("needs RL_PG_DIR and RL_PG_BIN");
+    const db = await database(engine);
+    const s = await server(db, 50);
+    let lock;
+    try {
+      assert.equal((await get(s.express + "/open", { "x-user": "jo" })).r.status, 200);
+      if (engine === "sqlite") {
+        lock = new (require("better-sqlite3"))(db.name);
+        lock.exec("BEGIN EXCLUSIVE");
+      } else {
+        await db.close();
+        execFileSync("runuser", ["-u", "postgres", "--", `${process.env.RL_PG_BIN}/pg_ctl`, "-D", path.join(process.env.RL_PG_DIR, "data"), "-m", "fast", "-w", "stop"]);
+      }
+      try {
+        const statuses = [];
+        const timings = [];
+        for (let i = 0; i < 30; i++) {
+          const started = Date.now();
+          statuses.push((await get(s.express + "/open", { "x-user": "jo" })).r.status);
+          timings.push(Date.now() - started);
+        }
+        const { r } = await get(s.express + "/login", { "x-user": "jo" }, { method: "POST" });
+        assert.equal(r.status, 503);
+        assert.ok(Number(r.headers.get("retry-after")) > 0);
+        assert.deepEqual(statuses, [...Array(20).fill(200), ...Array(10).fill(429)]); // half of 40, locally
+        assert.ok(Math.max(...timings) < 1000, String(timings));
+      } finally {
+        if (lock) lock.exec("ROLLBACK");
+        else execFileSync("bash", [path.join(ROOT, "scripts", "pg_cluster.sh"), "start"]);
+      }
+      let r;
+      const deadline = Date.now() + 60_000;
+      do {
+        r = (await get(s.express + "/open", { "x-user": "jo" })).r;
+        if (r.headers.get("x-ratelimit-remaining") !== null) break;
+        await new Promise((ok) => setTimeout(ok, 200));
+      } while (Date.now() < deadline);
+      assert.equal(r.status, 200);
+      assert.equal(r.headers.get("x-ratelimit-remaining"), "38");
+    } finally {
+      const log = await s.stop();
+      if (lock) lock.close();
+      assert.equal(log.split("the database did not answer").length - 1, 1, log);
+      assert.match(log, /the database answers again/);
+    }
+  });
+}
+
+test("fetchWithRateLimit waits as told, gives up at its deadline, retries POST only when safe, and can be cancelled", async () => {
+  const db = await database("sqlite");
+  const s = await server(db, 5000);
+  try {
+    const url = s.express + "/retry";
+    const as = (user) => ({ headers: { "x-user": user } });
+    assert.equal((await fetchWithRateLimit(url, { ...as("a"), jitterMs: 100 })).status, 200);
+    let started = Date.now();
+    assert.equal((await fetchWithRateLimit(url, { ...as("a"), jitterMs: 100 })).status, 200); // after Retry-After: 1
+    assert.ok(Date.now() - started >= 900 && Date.now() - started < 3000);
+
+    await fetchWithRateLimit(url, as("b"));
+    started = Date.now();
+    assert.equal((await fetchWithRateLimit(url, { ...as("b"), deadlineMs: 300 })).status, 429);
+    assert.ok(Date.now() - started < 300);
+
+    await fetchWithRateLimit(url, as("c"));
+    started = Date.now();
+    assert.equal((await fetchWithRateLimit(url, { ...as("c"), method: "POST" })).status, 429);
+    assert.ok(Date.now() - started < 500);
+    assert.equal((await fetchWithRateLimit(url, { ...as("c"), method: "POST", retrySafe: true })).status, 200);
+
+    await fetchWithRateLimit(url, as("d"));
+    started = Date.now();
+    await assert.rejects(fetchWithRateLimit(url, { ...as("d"), signal: AbortSignal.timeout(200) }), { name: "TimeoutError" });
+    assert.ok(Date.now() - started < 500);
+  } finally {
+    await s.stop();
+    await db.close();
+  }
+});
+
+test("Retry-After is read as seconds or a date; backoff is capped, exponential, jittered", () => {
+  assert.equal(retryAfterMs("7"), 7000);
+  assert.equal(retryAfterMs("Wed, 21 Oct 2015 07:28:00 GMT", Date.UTC(2015, 9, 21, 7, 27, 50)), 10000);
+  assert.equal(retryAfterMs("Wed, 21 Oct 2015 07:28:00 GMT", Date.UTC(2015, 9, 21, 7, 28, 10)), 0);
+  assert.equal(retryAfterMs("soon"), undefined);
+  assert.equal(retryAfterMs(null), undefined);
+  const top = { backoffBaseMs: 500, backoffMaxMs: 3000, random: () => 1 };
+  assert.deepEqual([0, 1, 2, 3, 4].map((a) => backoffMs(a, top)), [500, 1000, 2000, 3000, 3000]);
+});
