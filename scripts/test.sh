@@ -38,6 +38,9 @@ cargo test -p ratelimit_core
 step "Rust: register(&conn) on an application's own rusqlite connection (its own build)"
 cargo test -p sqlite_ratelimit --no-default-features
 
+step "the Python web package (integrations/python) into $WEB_VENV: examples/service.py runs on it"
+"$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
+
 step "build: SQLite extension; packages (bash scripts/package.sh)"
 cargo build --release -p sqlite_ratelimit
 bash scripts/package.sh
@@ -80,7 +83,6 @@ for v in "${PG_VERSIONS[@]}"; do
   RL_REQUIRE_PG=1 RL_REQUIRE_PACKAGES=$first RL_SKIP_PACKAGES=$((1 - first)) "${PYTEST[@]}" -v tests
   if [ "$first" = 1 ]; then
     step "postgres $v: the web integrations (uvicorn, real HTTP clients; SQLite's too)"
-    "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
     "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests
     step "postgres $v: the Node web integrations (Express, Fetch API; real HTTP clients; SQLite's too)"
     # better-sqlite3 builds against the local Node headers (no download)

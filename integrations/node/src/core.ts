@@ -1,7 +1,7 @@
 // What the Express middleware and the Fetch-API (Next.js) wrapper share: route matching,
 // the subject, the decision, the fallback when the database does not answer.
 import { BlockList, isIP } from "node:net";
-import { DatabaseUnavailable, Limiter, Route } from "./limiter";
+import { DatabaseUnavailable, Limiter, multiplier, Route } from "./limiter";
 
 export interface Options {
   limiter: Limiter;
@@ -131,16 +131,19 @@ export class RateLimitCore {
       if (bucket) this.learned.set(`${route.name}\u0000${tier}`, [bucket.limit, (bucket.limit * 60) / bucket.refill_seconds]);
     }
     if (answer.admitted) return { kind: "admitted", headers: answer.headers };
+    // 429, or 413 for a cost above a limit, which no wait admits
     const h = answer.headers;
+    const r = answer.result;
+    const tooLarge = Boolean(r.exceeds_limit) || (r.items ?? []).some((i: any) => i.exceeds_limit);
     const retryAfter = h["Retry-After"] === undefined ? null : Number(h["Retry-After"]);
     const body = {
-      detail: answer.result.blocked ? "Blocked" : "Too Many Requests",
+      detail: r.blocked ? "Blocked" : tooLarge ? "Cost Above Limit" : "Too Many Requests",
       limit: Number(h["X-RateLimit-Limit"] ?? 0),
       remaining: Number(h["X-RateLimit-Remaining"] ?? 0),
       reset: Number(h["X-RateLimit-Reset"] ?? 0),
       retry_after: retryAfter,
     };
-    return { kind: "answer", status: 429, body, headers: h };
+    return { kind: "answer", status: tooLarge ? 413 : 429, body, headers: h };
   }
 
   /** Gives back what an admitted check took (the handler failed); never throws. */
@@ -178,7 +181,7 @@ export class RateLimitCore {
 }
 
 function firstBucket(route: Route, tier: string | undefined): [number, number] | undefined {
-  const m = tier === undefined ? 1 : route.tiers?.[tier] ?? 1;
+  const m = multiplier(route, tier);
   for (const l of route.limits ?? []) if ("burst" in l) return [l.burst * m, l.refill_per_minute * m];
   return route.fallback;
 }

@@ -43,7 +43,7 @@ export function limitKey(routeName: string, subject: string, index: number): str
 }
 
 export function multiplier(route: Route, tier: string | undefined): number {
-  if (tier === undefined || tier === null) return 1;
+  if (tier === undefined || tier === null || !route.tiers) return 1; // a route without tiers is the same for all
   const m = route.tiers?.[tier];
   if (m === undefined) throw new Error(`route ${route.name}: unknown tier ${JSON.stringify(tier)}`);
   return m;

@@ -32,6 +32,7 @@ const options = {
     "/fail": { limits: [{ burst: 2, refill_per_minute: NEVER_REFILLS }] },
     "/open": { limits: [{ burst: 40, refill_per_minute: NEVER_REFILLS }] },
     "/retry": { limits: [{ burst: 1, refill_per_minute: 60 }] },
+    "/big": { limits: [{ burst: 5, refill_per_minute: 60 }], cost: 10 },
   },
 };
 

@@ -142,6 +142,11 @@ for (const engine of ENGINES) {
         const xff = { "x-forwarded-for": `203.0.113.${tag === "e" ? 9 : 19}` };
         assert.deepEqual(await statusesOf(base + "/api/x", 6, xff), [...Array(5).fill(200), 429]);
         assert.deepEqual(await statusesOf(base + "/api/x", 1, { "x-forwarded-for": "203.0.113.200" }), [200]);
+        // a cost above the limit: 413, no Retry-After (no wait admits it)
+        const big = await get(base + "/big", { "x-user": "gil" + tag });
+        assert.equal(big.r.status, 413);
+        assert.equal(big.r.headers.get("retry-after"), null);
+        assert.equal(big.body.detail, "Cost Above Limit");
         for (const p of ["/health", "/ready", "/free"]) {
           for (let i = 0; i < 100; i++) {
             const { r } = await get(base + p);

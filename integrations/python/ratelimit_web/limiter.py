@@ -3,6 +3,7 @@ SQLite (the loadable extension, in worker threads)."""
 from __future__ import annotations
 
 import json
+import queue
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -81,16 +82,19 @@ def _decoded(value: Any) -> Any:
 class _Limiter:
     statements: _Statements
 
-    async def _run(self, sql: str, params: list) -> Optional[tuple]:
+    async def fetchone(self, sql: str, params: list) -> Optional[tuple]:
+        """Runs one statement on the limiter's connections (placeholders: %s on PostgreSQL,
+        ? on SQLite) and returns its first row: for an application's own calls, such as
+        rl_penalize."""
         raise NotImplementedError
 
     async def check(self, route, subject: str, tier: Optional[str], cost: float) -> Answer:
         """Takes `cost` from the route's limits for `subject` (all or nothing)."""
         if route.policy is not None:
-            row = await self._run(self.statements.check, [route.policy, subject, cost, tier])
+            row = await self.fetchone(self.statements.check, [route.policy, subject, cost, tier])
         else:
             items = take_items(route, subject, route.multiplier(tier), cost)
-            row = await self._run(self.statements.take_all, [json.dumps(items)])
+            row = await self.fetchone(self.statements.take_all, [json.dumps(items)])
         return Answer(_decoded(row[0]), _decoded(row[1]))
 
     async def refund(self, route, subject: str, tier: Optional[str], cost: float) -> None:
@@ -98,7 +102,7 @@ class _Limiter:
         Policies have no SQL refund yet: a policy route keeps what it took."""
         if route.policy is None:
             sql, params = self.statements.refund_items(take_items(route, subject, route.multiplier(tier), cost))
-            await self._run(sql, params)
+            await self.fetchone(sql, params)
 
 
 class PostgresLimiter(_Limiter):
@@ -119,7 +123,7 @@ class PostgresLimiter(_Limiter):
     async def aclose(self) -> None:
         await self.pool.close()
 
-    async def _run(self, sql: str, params: list) -> Optional[tuple]:
+    async def fetchone(self, sql: str, params: list) -> Optional[tuple]:
         import psycopg
         import psycopg_pool
 
@@ -127,56 +131,67 @@ class PostgresLimiter(_Limiter):
             # no wait of its own: the middleware's per-check timeout bounds the whole call
             async with self.pool.connection(timeout=3600) as conn:
                 cur = await conn.execute(sql, params)
-                return await cur.fetchone()
+                return await cur.fetchone() if cur.description is not None else None
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout, OSError) as e:
             raise DatabaseUnavailable(str(e).strip()) from e
 
 
 class SQLiteLimiter(_Limiter):
-    """Checks on a SQLite database file with the loadable extension, one connection per
-    worker thread. Writers queue for SQLite's lock for up to `busy_timeout` seconds; the
-    middleware's per-check timeout gives up on them sooner (a check abandoned that way
-    may still take its cost when the lock comes free)."""
+    """Checks on a SQLite database file with the loadable extension, on `threads`
+    connections opened by `open()` and used from worker threads. Writers queue for
+    SQLite's lock for up to `busy_timeout` seconds; the middleware's per-check timeout
+    gives up on them sooner (a check abandoned that way may still take its cost when the
+    lock comes free)."""
 
     def __init__(self, path: str, *, extension: Optional[str] = None, threads: int = 4, busy_timeout: float = 1.0):
         if extension is None:
             import sqlite_ratelimit  # the extension's own package (pip install sqlite-ratelimit)
 
             extension = sqlite_ratelimit.loadable_path()
-        self.path, self.extension, self.busy_timeout = path, extension, busy_timeout
+        self.path, self.extension, self.busy_timeout, self.size = path, extension, busy_timeout, threads
         self.threads = anyio.CapacityLimiter(threads)
-        self.local = threading.local()
+        self.idle: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()
         self.statements = _Statements("?", "?")
 
-    async def open(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-    def _connection(self) -> sqlite3.Connection:
-        conn = getattr(self.local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
-            conn.enable_load_extension(True)
-            try:
-                conn.load_extension(self.extension)
-            finally:
-                conn.enable_load_extension(False)
-            conn.execute("PRAGMA journal_mode=wal")
-            self.local.conn = conn
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+        conn.enable_load_extension(True)
+        try:
+            conn.load_extension(self.extension)
+        finally:
+            conn.enable_load_extension(False)
+        conn.execute("PRAGMA journal_mode=wal")
         return conn
 
-    def _run_here(self, sql: str, params: list) -> Optional[tuple]:
+    async def open(self) -> None:
+        """Opens the connections now, so that no check pays for one."""
+        for _ in range(self.size):
+            self.idle.put(await anyio.to_thread.run_sync(self._connect))
+
+    async def aclose(self) -> None:
+        while not self.idle.empty():
+            self.idle.get().close()
+
+    def _run_here(self, sql: str, params: list, abandoned: threading.Event) -> Optional[tuple]:
+        conn = self.idle.get()
         try:
-            return self._connection().execute(sql, params).fetchone()
+            if abandoned.is_set():  # given up while it waited for a connection: never run it
+                raise DatabaseUnavailable("abandoned before it ran")
+            return conn.execute(sql, params).fetchone()
         except sqlite3.OperationalError as e:
             if "locked" in str(e) or "busy" in str(e) or "unable to open" in str(e):
                 raise DatabaseUnavailable(str(e)) from e
             raise
+        finally:
+            self.idle.put(conn)
 
-    async def _run(self, sql: str, params: list) -> Optional[tuple]:
-        # abandon_on_cancel: a check past its timeout frees the request at once (its
-        # thread finishes the statement; what it took stays taken)
-        return await anyio.to_thread.run_sync(self._run_here, sql, params, limiter=self.threads,
-                                              abandon_on_cancel=True)
+    async def fetchone(self, sql: str, params: list) -> Optional[tuple]:
+        # abandon_on_cancel: a check past its timeout frees the request at once; a statement
+        # already running finishes (what it took stays taken), one still waiting never runs
+        abandoned = threading.Event()
+        try:
+            return await anyio.to_thread.run_sync(self._run_here, sql, params, abandoned, limiter=self.threads,
+                                                  abandon_on_cancel=True)
+        except BaseException:
+            abandoned.set()
+            raise

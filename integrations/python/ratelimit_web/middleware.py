@@ -47,7 +47,7 @@ class Route:
                 raise ValueError(f"Route: limit {limit!r} is neither a bucket nor a budget")
 
     def multiplier(self, tier: Optional[str]) -> float:
-        if tier is None:
+        if tier is None or not self.tiers:  # a route without tiers is the same for all
             return 1.0
         if tier not in self.tiers:
             raise ValueError(f"Route {self.name!r}: unknown tier {tier!r}")
@@ -187,15 +187,18 @@ class RateLimitMiddleware:
             log.warning("ratelimit_web: could not refund %s for %s: %s", route.name, subject, e or "timed out")
 
     async def refuse(self, answer: Answer, send):
+        """429 with the headers; 413 for a cost above a limit, which no wait admits."""
         h = answer.headers
-        blocked = bool(answer.result.get("blocked"))
+        r = answer.result
+        too_large = bool(r.get("exceeds_limit")) or any(i.get("exceeds_limit") for i in r.get("items", ()))
         retry_after = h.get("Retry-After")
-        body = {"detail": "Blocked" if blocked else "Too Many Requests",
+        detail = "Blocked" if r.get("blocked") else "Cost Above Limit" if too_large else "Too Many Requests"
+        body = {"detail": detail,
                 "limit": int(h.get("X-RateLimit-Limit", 0)),
                 "remaining": int(h.get("X-RateLimit-Remaining", 0)),
                 "reset": int(h.get("X-RateLimit-Reset", 0)),
                 "retry_after": int(retry_after) if retry_after is not None else None}
-        await self.respond(send, 429, body, h)
+        await self.respond(send, 413 if too_large else 429, body, h)
 
     @staticmethod
     async def respond(send, status: int, body: dict, headers: dict):

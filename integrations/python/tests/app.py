@@ -41,7 +41,7 @@ def user(request):
 
 app = Starlette(
     routes=[Path("/health", ok), Path("/ready", ok), Path("/exact", ok), Path("/policy", ok), Path("/login", ok, methods=["GET", "POST"]),
-            Path("/api/{name}", ok), Path("/fail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok)],
+            Path("/api/{name}", ok), Path("/fail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok)],
     lifespan=lifespan)
 app.add_middleware(
     RateLimitMiddleware, limiter=limiter, identify=user, tier=lambda r: r.headers.get("x-plan"),
@@ -55,4 +55,5 @@ app.add_middleware(
         "/fail": Route(limits=[{"burst": 2, "refill_per_minute": NEVER_REFILLS}]),
         "/open": Route(limits=[{"burst": 40, "refill_per_minute": NEVER_REFILLS}]),
         "/retry": Route(limits=[{"burst": 1, "refill_per_minute": 60}]),
+        "/big": Route(limits=[{"burst": 5, "refill_per_minute": 60}], cost=10),
     })
