@@ -42,6 +42,8 @@ COMMENT ON FUNCTION rl_policy_drop(text) IS
   'delete a policy; returns whether it existed (rl_admin only)';
 COMMENT ON FUNCTION rl_check(text, text, double precision, text, double precision) IS
   'apply every limit of a policy to subject, all or nothing, scaled by the tier''s multiplier; returns jsonb';
+COMMENT ON FUNCTION rl_refund_check(text, text, double precision, text, double precision) IS
+  'give cost back to every limit of a policy for subject, scaled by the tier (after an admitted rl_check whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
 COMMENT ON FUNCTION rl_penalize(text, bigint, double precision, double precision, double precision, double precision) IS
   'record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last; returns jsonb';
 COMMENT ON FUNCTION rl_block(text, double precision, double precision) IS

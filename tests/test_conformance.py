@@ -409,6 +409,14 @@ STEPS = [
              would_refuse=True)),
     ("rl_check", ("login", "bea", 1, "pro", 0),
      checked([bucket_item(True, 24, 25, 0, 3, 60), day_budget_item(True, 1, 500)], "login", tier="pro")),
+    # a check whose work failed is given back, at the tier's scale (never above the burst,
+    # never below 0): twice gives back no more than once
+    *[("rl_refund_check", ("login", "bea", 1, "pro", 0),
+       {"policy": "login", "tier": "pro",
+        "items": [{"remaining": 25, "limit": 25, "reset_after_seconds": 0}, {"used": 0, "resets_at": 86400}]})] * 2,
+    ("rl_refund_check", ("login", "bea", 1, "gold", 0),
+     ("error", "rl_refund_check: tier 'gold' is not one of this policy's tiers (pro)")),
+    ("rl_refund_check", ("nope", "bea"), ("error", "rl_refund_check: there is no policy named 'nope'")),
     ("rl_check", ("login", "ann", 1, "gold", 0), ("error", "rl_check: tier 'gold' is not one of this policy's tiers (pro)")),
     ("rl_check", ("nope", "ann"), ("error", "rl_check: there is no policy named 'nope'")),
     ("rl_check", ("login", None), ("error", "rl_check: subject must be text, got NULL")),
@@ -434,6 +442,10 @@ STEPS = [
      {"limits": [{"limit": 1, "window_seconds": 10}], "tiers": {}, "shadow": False}),
     ("rl_check", ("trial", "cy", 1, None, 10_000),  # the would-be refusal at 1 s charged nothing
      checked([{**window(True, 0, 1, 0, 10, 10), "exceeds_limit": False}], "trial")),
+    # a window forgets the newest admission given back: the next check is admitted again
+    ("rl_refund_check", ("trial", "cy", 1, None, 10_000),
+     {"policy": "trial", "tier": None, "items": [{**window(True, 1, 1, 0, 0, 10), "exceeds_limit": False}]}),
+    ("rl_check", ("trial", "cy", 1, None, 10_000), checked([{**window(True, 0, 1, 0, 10, 10), "exceeds_limit": False}], "trial")),
     # a definition is validated whole; a bad one writes nothing
     ("rl_policy_set", ("x", '{"limits": []}'), ("error", "rl_policy_set: definition.limits must hold 1 to 16 items, got 0")),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 0, "refill_per_minute": 5}]}'),

@@ -112,7 +112,7 @@ def random_call(rng, functions):
             args.append(rng.choice(CLOCKS))
     elif function == "rl_policy_drop":
         args = [rng.choice(POLICIES + [None, ""])]
-    elif function == "rl_check":
+    elif function in ("rl_check", "rl_refund_check"):
         args = [rng.choice(POLICIES + [None]), keys(rng)]
         if rng.random() < 0.7:
             args += [rng.choice(NUMBERS), rng.choice([None, "pro", "x", "", 5])]
@@ -188,6 +188,11 @@ def check_answer(function, value):
         return
     if function == "rl_policy_set":
         assert sorted(r) == ["limits", "shadow", "tiers"] and 1 <= len(r["limits"]) <= 16
+        return
+    if function == "rl_refund_check":
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and isinstance(r["items"], list)
+        for item in r["items"]:  # a refund never leaves more than the limit, nor a negative use
+            assert item.get("remaining", 0) <= item.get("limit", math.inf) and item.get("used", 0) >= 0
         return
     if function == "rl_check":
         assert sorted(r) == sorted(RESULT_KEYS[function])

@@ -129,6 +129,12 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'rl_check_wrapper';
 COMMENT ON FUNCTION rl_check(text, text, double precision, text, double precision) IS
   'apply every limit of a policy to subject, all or nothing, scaled by the tier''s multiplier; returns jsonb';
 
+CREATE FUNCTION "rl_refund_check"("policy" TEXT, "subject" TEXT, "cost" double precision DEFAULT 1, "tier" TEXT DEFAULT NULL, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_refund_check_wrapper';
+COMMENT ON FUNCTION rl_refund_check(text, text, double precision, text, double precision) IS
+  'give cost back to every limit of a policy for subject, scaled by the tier (after an admitted rl_check whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
+
 REVOKE ALL ON FUNCTION rl_policy_set(text, jsonb), rl_policy_drop(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION rl_policy_set(text, jsonb), rl_policy_drop(text) TO rl_admin;
 

@@ -216,15 +216,25 @@ fn rl_policy_drop(name: Option<&str>) -> bool {
     run(&f::RL_POLICY_DROP, &[text(name)])
 }
 
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn rl_check(
-    policy: Option<&str>,
-    subject: Option<&str>,
-    cost: default!(Option<f64>, 1),
-    tier: default!(Option<&str>, "NULL"),
-    now_ms: default!(Option<f64>, "NULL"),
-) -> JsonbResult {
-    run(&f::RL_CHECK, &[text(policy), text(subject), real(cost), text(tier), real(now_ms)])
+/// rl_check and rl_refund_check: `(policy, subject [, cost = 1 [, tier [, now_ms]]])`.
+macro_rules! policy_wrappers {
+    ($($name:ident => $descriptor:ident;)*) => {$(
+        #[pg_extern(volatile, parallel_unsafe, security_definer)]
+        fn $name(
+            policy: Option<&str>,
+            subject: Option<&str>,
+            cost: default!(Option<f64>, 1),
+            tier: default!(Option<&str>, "NULL"),
+            now_ms: default!(Option<f64>, "NULL"),
+        ) -> JsonbResult {
+            run(&f::$descriptor, &[text(policy), text(subject), real(cost), text(tier), real(now_ms)])
+        }
+    )*};
+}
+
+policy_wrappers! {
+    rl_check => RL_CHECK;
+    rl_refund_check => RL_REFUND_CHECK;
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]

@@ -48,6 +48,7 @@ pub enum StateCall {
     PolicySet,
     PolicyDrop,
     Check,
+    RefundCheck,
     Penalize,
     Block,
     Unblock,
@@ -67,6 +68,7 @@ impl StateCall {
                 | StateCall::Reset
                 | StateCall::TakeAll
                 | StateCall::Check
+                | StateCall::RefundCheck
         )
     }
 }
@@ -146,6 +148,9 @@ fn state<S: LockingStore>(
             Answer::Bool(protocol::policy_drop(store, name, args::name(name, "name", &args::nth(args, 0))?)?)
         }
         StateCall::Check => Answer::Json(protocol::check(store, name, &CheckArgs::parse(name, args, clock)?)?),
+        StateCall::RefundCheck => {
+            Answer::Json(protocol::refund_check(store, name, &CheckArgs::parse(name, args, clock)?)?)
+        }
         StateCall::Penalize => json(&protocol::penalize(store, name, &PenalizeArgs::parse(name, args, clock)?)?),
         StateCall::Block => json(&protocol::block(store, name, &BlockArgs::parse(name, args, clock)?)?),
         StateCall::Unblock => {

@@ -272,6 +272,10 @@ mod table {
         ..state("rl_check", StateCall::Check,
         &[required("policy", Text), required("subject", Text), COST, optional("tier", Text, "NULL"), NOW_MS],
         "apply every limit of a policy to subject, all or nothing, scaled by the tier's multiplier; returns jsonb") };
+    pub const RL_REFUND_CHECK: Function = Function { result_keys: &["policy", "tier", "items"],
+        ..state("rl_refund_check", StateCall::RefundCheck,
+        &[required("policy", Text), required("subject", Text), COST, optional("tier", Text, "NULL"), NOW_MS],
+        "give cost back to every limit of a policy for subject, scaled by the tier (after an admitted rl_check whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb") };
     pub const RL_PENALIZE: Function = Function { result_keys: BLOCK_KEYS,
         ..state("rl_penalize", StateCall::Penalize,
         &[SUBJECT, optional("free_strikes", Int8, "3"), optional("base_seconds", Float8, "60"),
@@ -349,6 +353,7 @@ pub const ALL: &[Function] = &[
     RL_POLICY_SET,
     RL_POLICY_DROP,
     RL_CHECK,
+    RL_REFUND_CHECK,
     RL_PENALIZE,
     RL_BLOCK,
     RL_UNBLOCK,

@@ -15,7 +15,7 @@ use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
 use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
 use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
 use crate::policy::{self, Policy, PolicyLimit};
-use crate::render::{self, Json};
+use crate::render::{self, Json, ToJson};
 use crate::stats::{self, Outcome};
 use crate::store::{
     Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreError, StoreResult,
@@ -515,13 +515,7 @@ pub fn check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckAr
     if let Some(answer) = check_one_bucket(store, function, a)? {
         return Ok(answer);
     }
-    let epoch = store.policy_epoch();
-    let stored = store.read_policy(a.policy).map_err(|e| e.in_call(function))?;
-    let Some(stored) = stored else {
-        return Err(Error::invalid(function, format!("there is no policy named '{}'", a.policy)));
-    };
-    let epoch = epoch.filter(|&e| store.policy_epoch() == Some(e));
-    let policy = policy::parsed(function, a.policy, &stored, epoch)?;
+    let policy = stored_policy(store, function, a.policy)?;
     let multiplier = policy.multiplier(function, a.tier)?;
     let keys: Vec<String> = (0..policy.limits.len()).map(|i| Policy::key(a.policy, a.subject, i)).collect();
     let blocked = strikes_of(store, function, a.subject)?.block_at(a.now_ms);
@@ -542,6 +536,59 @@ pub fn check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckAr
     };
     stats::sink().count(a.policy, outcome);
     Ok(render::check(&decision, a.policy, a.tier, policy.shadow, blocked, a.now_ms))
+}
+
+/// A policy as stored now, parsed (or from the connection's cache when unchanged).
+fn stored_policy<S: RowStore>(store: &mut S, function: &'static str, name: &str) -> Result<Rc<Policy>> {
+    let epoch = store.policy_epoch();
+    let stored = store.read_policy(name).map_err(|e| e.in_call(function))?;
+    let Some(stored) = stored else {
+        return Err(Error::invalid(function, format!("there is no policy named '{name}'")));
+    };
+    let epoch = epoch.filter(|&e| store.policy_epoch() == Some(e));
+    policy::parsed(function, name, &stored, epoch)
+}
+
+/// rl_refund_check: gives `cost` back to every limit of a policy for a subject, at the
+/// tier's scale (a handler failed after rl_check admitted it), all in one unit: buckets
+/// never above their burst, budgets never below 0, windows by forgetting the newest
+/// admissions that still count. Each item answers as rl_refund, rl_refund_budget and
+/// rl_window_peek do.
+pub fn refund_check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckArgs) -> Result<Json> {
+    let policy = stored_policy(store, function, a.policy)?;
+    let multiplier = policy.multiplier(function, a.tier)?;
+    let keys: Vec<String> = (0..policy.limits.len()).map(|i| Policy::key(a.policy, a.subject, i)).collect();
+    let limits = policy.items(&keys, multiplier, a.cost);
+    for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
+        if limits.iter().any(|l| l.rows() == rows) {
+            writable(store, function, rows)?;
+        }
+    }
+    let now_ms = a.now_ms;
+    let items = in_one_unit(store, function, |store| {
+        let item = |store: &mut S, limit: &Limit| -> Result<Json> {
+            Ok(match limit {
+                Limit::Bucket(b) => {
+                    refund(store, function, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?.to_json()
+                }
+                Limit::Budget(b) => {
+                    let args = RefundBudgetArgs { key: b.key, period: b.period, amount: b.cost, now_ms };
+                    refund_budget(store, function, &args)?.to_json()
+                }
+                Limit::Window(w) => change_entries(store, function, EntryKind::Window, w.key, |row| {
+                    let given_back = window::refund(&window_entries(function, row)?, w.cost);
+                    // a peek (cost 0) answers the window as the refund left it, and keeps
+                    // only the entries that still count
+                    let d = window::take(&given_back, &w.limits, 0, now_ms);
+                    let new = window_row(function, &d, w.limits.window_ms)?;
+                    Ok((d, new))
+                })?
+                .to_json(),
+            })
+        };
+        limits.iter().map(|l| item(store, l)).collect::<Result<Vec<Json>>>()
+    })?;
+    Ok(render::refund_check(a.policy, a.tier, items))
 }
 
 /// rl_check of a cached one-bucket policy on an unblocked subject, as rl_take is: one

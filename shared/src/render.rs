@@ -160,6 +160,15 @@ pub fn check(
     Json::Object(fields)
 }
 
+/// rl_refund_check's answer: each limit's state after the refund, in the policy's order.
+pub fn refund_check(policy: &str, tier: Option<&str>, items: Vec<Json>) -> Json {
+    Json::Object(vec![
+        ("policy", Json::Str(policy.to_owned())),
+        ("tier", tier.map_or(Json::Null, |t| Json::Str(t.to_owned()))),
+        ("items", Json::Array(items)),
+    ])
+}
+
 impl ToJson for BlockAnswer {
     fn to_json(&self) -> Json {
         let (strikes, blocked, until, retry) = self.fields();

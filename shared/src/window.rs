@@ -90,6 +90,23 @@ pub fn take(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> Wi
     }
 }
 
+/// `entries` less `micros` taken from the newest first: what giving back the last
+/// admission (or several) leaves.
+pub fn refund(entries: &[Entry], micros: i64) -> Vec<Entry> {
+    let mut out = entries.to_vec();
+    let mut left = micros;
+    while left > 0 {
+        let Some(last) = out.last_mut() else { break };
+        let taken = left.min(last.micros);
+        last.micros -= taken;
+        left -= taken;
+        if last.micros == 0 {
+            out.pop();
+        }
+    }
+    out
+}
+
 /// `entries` with `entry` added in time order, merged into an entry of the same millisecond.
 fn with_entry(entries: &[Entry], entry: Entry) -> Vec<Entry> {
     let mut out = entries.to_vec();
@@ -180,6 +197,17 @@ mod tests {
             );
         }
         assert_eq!(e, vec![Entry { at: 5_000, micros: U }, Entry { at: 10_000, micros: U }]);
+    }
+
+    /// A refund takes from the newest entries first, across entries, never below none.
+    #[test]
+    fn refund_forgets_the_newest_admissions() {
+        let e = vec![Entry { at: 0, micros: 2 * U }, Entry { at: 5, micros: U }, Entry { at: 9, micros: U / 2 }];
+        assert_eq!(refund(&e, U / 2), e[..2].to_vec());
+        assert_eq!(refund(&e, U), vec![e[0], Entry { at: 5, micros: U / 2 }]);
+        assert_eq!(refund(&e, 2 * U), vec![Entry { at: 0, micros: 3 * U / 2 }]);
+        assert_eq!(refund(&e, 10 * U), vec![]);
+        assert_eq!(refund(&e, 0), e);
     }
 
     #[test]

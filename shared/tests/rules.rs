@@ -285,6 +285,7 @@ mod calls {
         rl_charge => RL_CHARGE;
         rl_policy_set => RL_POLICY_SET;
         rl_check => RL_CHECK;
+        rl_refund_check => RL_REFUND_CHECK;
         rl_penalize => RL_PENALIZE;
     }
 
@@ -1320,6 +1321,30 @@ fn a_charge_into_debt_is_repaid_by_refill_to_the_millisecond() {
 
 /// rl_check of a one-bucket policy answers alike whether the store can take the
 /// one-statement path (with a policy epoch or by checking revisions) or not: through
+/// A failed piece of work gives back what its check took, on every store: the bucket,
+/// budget and window of a policy are as before the check, and a refusal that followed
+/// the check is admitted after the refund.
+#[test]
+fn a_refunded_check_leaves_every_limit_as_before() {
+    let definition = r#"{"limits": [{"burst": 2, "refill_per_minute": 0.000001}, {"period": "day", "quota": 2},
+                                     {"limit": 2, "window_seconds": 60}], "tiers": {"pro": 2}}"#;
+    for tier in [Arg::Null, Arg::Text("pro")] {
+        let mut s = MapStore::default();
+        call(&mut s, calls::rl_policy_set, &[Arg::Text("p"), Arg::Text(definition)]);
+        let args = [Arg::Text("p"), Arg::Text("ann"), Arg::Integer(1), tier, Arg::Integer(1000)];
+        let scale = if tier == Arg::Null { 1 } else { 2 };
+        for _ in 0..2 * scale {
+            assert_eq!(call(&mut s, calls::rl_check, &args)["admitted"], true);
+        }
+        assert_eq!(call(&mut s, calls::rl_check, &args)["admitted"], false);
+        let refund = call(&mut s, calls::rl_refund_check, &args);
+        assert_eq!(refund["items"][0]["remaining"], 1);
+        assert_eq!(refund["items"][1]["used"], 2 * scale - 1);
+        assert_eq!(refund["items"][2]["remaining"], 1);
+        assert_eq!(call(&mut s, calls::rl_check, &args)["admitted"], true);
+    }
+}
+
 /// admissions, refusals, a tier, a policy changed by another session and a strike; once
 /// the policy is cached, an admitted check is that one statement.
 #[test]

@@ -2,13 +2,14 @@
 import { costOf, Options, RateLimitCore } from "./core";
 
 type Req = { method: string; path: string; headers: Record<string, string | string[] | undefined>; socket: { remoteAddress?: string }; user?: any };
-type Res = { statusCode: number; status(code: number): Res; set(headers: Record<string, string>): Res; json(body: unknown): void; on(event: string, listener: () => void): void };
+type Res = { statusCode: number; status(code: number): Res; set(headers: Record<string, string>): Res; json(body: unknown): void; end: (...args: any[]) => any };
 
 /**
  * Limits the requests whose route is in `options.routes`. The subject is
  * `identify(req)`, else `req.user.id` (e.g. Passport), else the client address. Every
- * limited response carries the rl_headers headers; a refusal is a 429 JSON body; a
- * response that ends 5xx gives back what its explicit limits took.
+ * limited response carries the rl_headers headers; a refusal is a 429 JSON body (413 for
+ * a cost no wait admits); a response that ends 5xx gives back what the check took, before
+ * it ends.
  */
 export function rateLimit(options: Options) {
   const core = new RateLimitCore(options);
@@ -25,9 +26,14 @@ export function rateLimit(options: Options) {
       if (decision.kind === "answer") return res.status(decision.status).set(decision.headers).json(decision.body);
       if (decision.kind === "admitted") {
         res.set(decision.headers);
-        res.on("finish", () => {
-          if (res.statusCode >= 500) void core.refund(route, subject, tier, cost);
-        });
+        // a 5xx ends only once the refund is made: the client never sees the failure first
+        const end = res.end;
+        res.end = function (this: Res, ...args: any[]) {
+          res.end = end;
+          if (res.statusCode < 500) return end.apply(res, args);
+          void core.refund(route, subject, tier, cost).finally(() => end.apply(res, args));
+          return res;
+        };
       }
       next();
     } catch (error) {

@@ -33,7 +33,7 @@ export class DatabaseUnavailable extends Error {}
 
 export interface Limiter {
   check(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer>;
-  /** Gives back what an admitted check of explicit limits took (policies: nothing yet). */
+  /** Gives back what an admitted check took (rl_refund_check, or rl_refund and rl_refund_budget). */
   refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void>;
 }
 
@@ -65,11 +65,13 @@ function takeItems(route: Route, subject: string, tier: string | undefined, cost
 class Statements {
   readonly check: string;
   readonly takeAll: string;
+  readonly refundCheck: string;
   constructor(private readonly param: (n: number) => string, jsonParam: string) {
     const p = param;
     // MATERIALIZED: the limit is taken once, then its headers are read
     this.check = `WITH c(r) AS MATERIALIZED (SELECT rl_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)})) SELECT r, rl_headers(r) AS h FROM c`;
     this.takeAll = `WITH c(r) AS MATERIALIZED (SELECT rl_take_all(${jsonParam})) SELECT r, rl_headers(r) AS h FROM c`;
+    this.refundCheck = `SELECT rl_refund_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)}) AS r`;
   }
 
   /** One statement giving every item its cost back (rl_refund, rl_refund_budget). */
@@ -102,7 +104,10 @@ abstract class SqlLimiter implements Limiter {
   }
 
   async refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void> {
-    if (route.policy !== undefined) return; // no SQL refund for policies yet
+    if (route.policy !== undefined) {
+      await this.run(this.statements.refundCheck, [route.policy, subject, cost, tier ?? null]);
+      return;
+    }
     const [sql, params] = this.statements.refund(takeItems(route, subject, tier, cost));
     await this.run(sql, params);
   }

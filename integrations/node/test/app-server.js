@@ -30,6 +30,7 @@ const options = {
     "/login": { policy: "web_login", sensitive: true },
     "GET /api/*": { limits: [{ burst: 5, refill_per_minute: NEVER_REFILLS }, { period: "day", quota: 8 }], tiers: { free: 1, pro: 2 } },
     "/fail": { limits: [{ burst: 2, refill_per_minute: NEVER_REFILLS }] },
+    "/pfail": { policy: "web_fail" },
     "/open": { limits: [{ burst: 40, refill_per_minute: NEVER_REFILLS }] },
     "/retry": { limits: [{ burst: 1, refill_per_minute: 60 }] },
     "/big": { limits: [{ burst: 5, refill_per_minute: 60 }], cost: 10 },
@@ -38,8 +39,9 @@ const options = {
 
 const app = express();
 app.use(rateLimit(options));
-app.all("/fail", (req, res) => {
+app.all(["/fail", "/pfail"], (req, res) => {
   if (req.query.how === "503") return res.status(503).json({ ok: false });
+  if (req.query.how === "ok") return res.json({ ok: true });
   throw new Error("the handler failed");
 });
 app.all("*", (req, res) => res.json({ ok: true, path: req.path }));
@@ -47,8 +49,9 @@ app.use((err, req, res, next) => res.status(500).json({ error: err.message })); 
 
 const handler = withRateLimit(options, async (request) => {
   const url = new URL(request.url);
-  if (url.pathname === "/fail") {
+  if (url.pathname === "/fail" || url.pathname === "/pfail") {
     if (url.searchParams.get("how") === "503") return Response.json({ ok: false }, { status: 503 });
+    if (url.searchParams.get("how") === "ok") return Response.json({ ok: true });
     throw new Error("the handler failed");
   }
   return Response.json({ ok: true, path: url.pathname });

@@ -60,6 +60,7 @@ class _Statements:
                       "SELECT r, rl_headers(r) FROM c")
         self.take_all = (f"WITH c(r) AS MATERIALIZED (SELECT rl_take_all({json_param})) "
                          "SELECT r, rl_headers(r) FROM c")
+        self.refund_check = f"SELECT rl_refund_check({p}, {p}, {p}, {p})"
         self.placeholder = p
 
     def refund_items(self, items: list) -> tuple:
@@ -98,9 +99,11 @@ class _Limiter:
         return Answer(_decoded(row[0]), _decoded(row[1]))
 
     async def refund(self, route, subject: str, tier: Optional[str], cost: float) -> None:
-        """Gives back what an admitted check of explicit limits took (a handler failed).
-        Policies have no SQL refund yet: a policy route keeps what it took."""
-        if route.policy is None:
+        """Gives back what an admitted check took (a handler failed): rl_refund_check for a
+        policy, rl_refund and rl_refund_budget for explicit limits."""
+        if route.policy is not None:
+            await self.fetchone(self.statements.refund_check, [route.policy, subject, cost, tier])
+        else:
             sql, params = self.statements.refund_items(take_items(route, subject, route.multiplier(tier), cost))
             await self.fetchone(sql, params)
 

@@ -25,6 +25,8 @@ async def ok(request):
 async def fail(request):
     if request.query_params.get("how") == "503":
         return JSONResponse({"ok": False}, status_code=503)
+    if request.query_params.get("how") == "ok":
+        return JSONResponse({"ok": True})
     raise RuntimeError("the handler failed")
 
 
@@ -41,7 +43,7 @@ def user(request):
 
 app = Starlette(
     routes=[Path("/health", ok), Path("/ready", ok), Path("/exact", ok), Path("/policy", ok), Path("/login", ok, methods=["GET", "POST"]),
-            Path("/api/{name}", ok), Path("/fail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok)],
+            Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok)],
     lifespan=lifespan)
 app.add_middleware(
     RateLimitMiddleware, limiter=limiter, identify=user, tier=lambda r: r.headers.get("x-plan"),
@@ -53,6 +55,7 @@ app.add_middleware(
         "GET /api/*": Route(limits=[{"burst": 5, "refill_per_minute": NEVER_REFILLS}, {"period": "day", "quota": 8}],
                             tiers={"free": 1, "pro": 2}),
         "/fail": Route(limits=[{"burst": 2, "refill_per_minute": NEVER_REFILLS}]),
+        "/pfail": Route(policy="web_fail"),
         "/open": Route(limits=[{"burst": 40, "refill_per_minute": NEVER_REFILLS}]),
         "/retry": Route(limits=[{"burst": 1, "refill_per_minute": 60}]),
         "/big": Route(limits=[{"burst": 5, "refill_per_minute": 60}], cost=10),

@@ -21,7 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 EXTENSION = os.path.join(ROOT, "target", "release", "libratelimit")
 PG_DIR = os.environ.get("RL_PG_DIR")
 POLICIES = {"web_exact": {"limits": [{"burst": 300, "refill_per_minute": 1e-6}]},
-            "web_login": {"limits": [{"burst": 3, "refill_per_minute": 1e-6}]}}
+            "web_login": {"limits": [{"burst": 3, "refill_per_minute": 1e-6}]},
+            "web_fail": {"limits": [{"burst": 2, "refill_per_minute": 1e-6}, {"period": "day", "quota": 2},
+                                    {"limit": 2, "window_seconds": 3600}]}}
 
 
 def free_port():
@@ -167,6 +169,10 @@ def test_a_failing_handler_gives_back_what_it_took(server, db):
     assert statuses == [500] * 6 + [503] * 6  # the burst of 2 never ran out
     key = json.dumps(["web", "/fail", "user:eve", "0"], separators=(",", ":"))
     assert db.sql("SELECT rl_peek(?, 2, 0.000001, 0) ->> 'remaining'", key) in (2, "2")
+    # a policy route too (rl_refund_check): its bucket, budget and window are untouched
+    statuses = [httpx.get(server.url + "/pfail", headers={"X-User": "eve"}).status_code for _ in range(6)]
+    statuses += [httpx.get(server.url + "/pfail?how=ok", headers={"X-User": "eve"}).status_code for _ in range(3)]
+    assert statuses == [500] * 6 + [200, 200, 429]
 
 
 def test_the_client_waits_as_told_and_gives_up_at_its_deadline(server):
