@@ -38,14 +38,14 @@ cargo test -p ratelimit_core
 step "Rust: register(&conn) on an application's own rusqlite connection (its own build)"
 cargo test -p sqlite_ratelimit --no-default-features
 
-step "the Python web package (integrations/python) into $WEB_VENV: examples/service.py runs on it"
-"$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
-
 step "build: SQLite extension; packages (bash scripts/package.sh)"
 cargo build --release -p sqlite_ratelimit
 bash scripts/package.sh
 
 source scripts/pg_versions.sh
+step "the Python web package (integrations/python) into $WEB_VENV: examples/service.py runs on it"
+"$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
+
 # Each PostgreSQL version's cluster and pgrx data folder, stopped and removed whatever happens;
 # if the in-server tests stopped the run, their test build is still installed: put the
 # release build back.

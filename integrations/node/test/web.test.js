@@ -271,3 +271,31 @@ test("Retry-After is read as seconds or a date; backoff is capped, exponential, 
   const top = { backoffBaseMs: 500, backoffMaxMs: 3000, random: () => 1 };
   assert.deepEqual([0, 1, 2, 3, 4].map((a) => backoffMs(a, top)), [500, 1000, 2000, 3000, 3000]);
 });
+
+test("the packed package installs into a new project, and the README's quick start runs there", async (t) => {
+  const app = fs.mkdtempSync(path.join(os.tmpdir(), "rl-web-app-"));
+  const run = (cmd, args, options = {}) => execFileSync(cmd, args, { cwd: app, encoding: "utf8", ...options });
+  const tarball = run("npm", ["pack", "--silent", "--pack-destination", app, path.resolve(__dirname, "..")]).trim().split("\n").pop();
+  run("npm", ["init", "-y"]);
+  run("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error", path.join(app, tarball), "express@4", "pg@8"]);
+  const types = fs.readFileSync(path.join(app, "node_modules", "ratelimit-web", "dist", "index.d.ts"), "utf8");
+  assert.match(types, /rateLimit/);
+  if (!process.env.PGHOST) return t.skip("the quick start needs PostgreSQL (PGHOST)");
+  const readme = fs.readFileSync(path.join(__dirname, "..", "README.md"), "utf8");
+  const quickStart = /```js\n([\s\S]*?)```/.exec(readme)[1];
+  const db = await database("postgres");
+  try {
+    const program = quickStart.replace('database: "app"', `database: "${db.name}"`) + `
+app.get("/api/x", (req, res) => res.json({ ok: true }));
+const server = app.listen(0, async () => {
+  const r = await fetch("http://127.0.0.1:" + server.address().port + "/api/x");
+  console.log(r.status, r.headers.get("x-ratelimit-remaining"));
+  server.close();
+  await limiter.pool.end();
+});`;
+    fs.writeFileSync(path.join(app, "quick.js"), program);
+    assert.equal(run(process.execPath, ["quick.js"]).trim(), "200 19");
+  } finally {
+    await db.close();
+  }
+});
