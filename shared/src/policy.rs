@@ -195,6 +195,11 @@ impl Policy {
         format!("{POLICY_KEY_MARK}{parts}")
     }
 
+    /// The keys of every limit of this policy (named `name`) for `subject`, in order.
+    pub fn keys(&self, name: &str, subject: &str) -> Vec<String> {
+        (0..self.limits.len()).map(|i| Policy::key(name, subject, i)).collect()
+    }
+
     /// The policy's limits as rl_take_all items on `keys` (one per limit, from
     /// [`Policy::key`]), scaled by `multiplier`, each charged `cost` (millionths for
     /// budgets and windows).

@@ -218,6 +218,16 @@ fn in_one_unit<S: LockingStore, R>(
     Ok(answer)
 }
 
+/// Fails (read only) unless every kind of row these limits change can be written.
+fn writable_for<S: RowStore>(store: &mut S, function: &'static str, limits: &[Limit]) -> Result<()> {
+    for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
+        if limits.iter().any(|l| l.rows() == rows) {
+            writable(store, function, rows)?;
+        }
+    }
+    Ok(())
+}
+
 /// rl_reset: forget every bucket, budget, window and lease under a key.
 pub fn reset<S: LockingStore>(store: &mut S, function: &'static str, key: &str) -> Result<i64> {
     writable_everywhere(store, function)?;
@@ -233,11 +243,7 @@ pub fn take_all<'i, 'a, S: LockingStore>(
     function: &'static str,
     a: &'i TakeAllArgs<'a>,
 ) -> Result<TakeAllDecision<'i, 'a>> {
-    for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
-        if a.limits.iter().any(|l| l.rows() == rows) {
-            writable(store, function, rows)?;
-        }
-    }
+    writable_for(store, function, &a.limits)?;
     let first = multi::decide(read_rows(store, function, a)?, a.now_ms);
     if !first.admitted {
         return Ok(first);
@@ -517,7 +523,7 @@ pub fn check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckAr
     }
     let policy = stored_policy(store, function, a.policy)?;
     let multiplier = policy.multiplier(function, a.tier)?;
-    let keys: Vec<String> = (0..policy.limits.len()).map(|i| Policy::key(a.policy, a.subject, i)).collect();
+    let keys = policy.keys(a.policy, a.subject);
     let blocked = strikes_of(store, function, a.subject)?.block_at(a.now_ms);
     // A blocked subject is refused, charging nothing: every limit as it is now (cost 0).
     let cost = if blocked.is_some() { 0.0 } else { a.cost };
@@ -557,13 +563,9 @@ fn stored_policy<S: RowStore>(store: &mut S, function: &'static str, name: &str)
 pub fn refund_check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckArgs) -> Result<Json> {
     let policy = stored_policy(store, function, a.policy)?;
     let multiplier = policy.multiplier(function, a.tier)?;
-    let keys: Vec<String> = (0..policy.limits.len()).map(|i| Policy::key(a.policy, a.subject, i)).collect();
+    let keys = policy.keys(a.policy, a.subject);
     let limits = policy.items(&keys, multiplier, a.cost);
-    for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
-        if limits.iter().any(|l| l.rows() == rows) {
-            writable(store, function, rows)?;
-        }
-    }
+    writable_for(store, function, &limits)?;
     let now_ms = a.now_ms;
     let items = in_one_unit(store, function, |store| {
         let item = |store: &mut S, limit: &Limit| -> Result<Json> {
