@@ -35,6 +35,11 @@ CREATE TABLE ratelimit.rl_policy (
     revision   bigint NOT NULL
 );
 REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy FROM PUBLIC;
+-- rl_check lists the subjects with strikes or blocks (ratelimit.rl_entries rows of kind
+-- 'block') without reading windows and leases; key and kind never change, so updates of
+-- windows and leases stay HOT.
+CREATE INDEX rl_entries_strikes ON ratelimit.rl_entries (key) WHERE kind = 'block';
+COMMENT ON INDEX ratelimit.rl_entries_strikes IS 'the rows of strikes and blocks, which rl_check lists while they are few';
 -- Who may change policies, lift blocks and reset keys: members of rl_admin (a role of the
 -- cluster, made once by the first CREATE EXTENSION) and the owner. Application roles may
 -- check policies but never loosen their own limits.

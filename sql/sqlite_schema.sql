@@ -4,10 +4,11 @@
 -- `resets_at` (epoch ms). No row means a full bucket / nothing spent. rl_entries: a list
 -- per key and kind ('window': admissions per millisecond; 'lease': leases held), encoded
 -- as text by the library, with no entry counting from `empty_at` (epoch ms). rl_meta
--- records the layout of these tables (schema_version); PRAGMA user_version is the
--- application's. A database without rl_meta was written by 0.1.0 or 0.2.0, in
--- schema_version 1; schema_version 2 adds rl_entries, rl_policy and the views
--- rl_policies, rl_blocks and rl_stats (0.3.0), created on first use.
+-- records the layout of these tables (schema_version) and the checks epoch (below);
+-- PRAGMA user_version is the application's. A database without rl_meta was written by
+-- 0.1.0 or 0.2.0, in schema_version 1; schema_version 2 adds rl_entries, rl_policy, the
+-- views rl_policies, rl_blocks and rl_stats and the checks epoch (0.3.0), created on
+-- first use.
 CREATE TABLE IF NOT EXISTS main.rl_bucket (
     key         TEXT    NOT NULL PRIMARY KEY,
     level       REAL    NOT NULL,
@@ -28,6 +29,8 @@ CREATE TABLE IF NOT EXISTS main.rl_entries (
     empty_at INTEGER NOT NULL,
     PRIMARY KEY (key, kind)
 ) WITHOUT ROWID;
+-- rl_check lists the subjects with strikes or blocks without reading windows and leases.
+CREATE INDEX IF NOT EXISTS main.rl_entries_strikes ON rl_entries (key) WHERE kind = 'block';
 CREATE TABLE IF NOT EXISTS main.rl_policy (
     name       TEXT NOT NULL PRIMARY KEY,
     definition TEXT NOT NULL,
@@ -52,3 +55,32 @@ CREATE TABLE IF NOT EXISTS main.rl_meta (
     value TEXT NOT NULL
 ) WITHOUT ROWID;
 INSERT OR REPLACE INTO main.rl_meta (key, value) VALUES ('schema_version', '2');
+-- The checks epoch: a random number drawn anew whenever a policy changes or a subject
+-- comes to have a recorded block (blocked_until other than false, ended or not; the rule
+-- of penalty::records_new_block), by a function or by any other write. A connection
+-- trusts what rl_check read (policies, the subjects with blocks) while it stands; a
+-- row that is not JSON counts as a block.
+INSERT OR IGNORE INTO main.rl_meta (key, value) VALUES ('checks_epoch', CAST(random() AS TEXT));
+CREATE TRIGGER IF NOT EXISTS main.rl_policy_inserted AFTER INSERT ON rl_policy BEGIN
+    UPDATE rl_meta SET value = CAST(random() AS TEXT) WHERE key = 'checks_epoch';
+END;
+CREATE TRIGGER IF NOT EXISTS main.rl_policy_updated AFTER UPDATE ON rl_policy BEGIN
+    UPDATE rl_meta SET value = CAST(random() AS TEXT) WHERE key = 'checks_epoch';
+END;
+CREATE TRIGGER IF NOT EXISTS main.rl_policy_deleted AFTER DELETE ON rl_policy BEGIN
+    UPDATE rl_meta SET value = CAST(random() AS TEXT) WHERE key = 'checks_epoch';
+END;
+CREATE TRIGGER IF NOT EXISTS main.rl_block_inserted AFTER INSERT ON rl_entries
+WHEN NEW.kind = 'block'
+ AND CASE WHEN json_valid(NEW.entries) THEN json_type(NEW.entries, '$.blocked_until') IS NOT 'false' ELSE 1 END
+BEGIN
+    UPDATE rl_meta SET value = CAST(random() AS TEXT) WHERE key = 'checks_epoch';
+END;
+CREATE TRIGGER IF NOT EXISTS main.rl_block_updated AFTER UPDATE ON rl_entries
+WHEN NEW.kind = 'block'
+ AND CASE WHEN json_valid(NEW.entries) THEN json_type(NEW.entries, '$.blocked_until') IS NOT 'false' ELSE 1 END
+ AND (OLD.kind IS NOT 'block'
+      OR CASE WHEN json_valid(OLD.entries) THEN json_type(OLD.entries, '$.blocked_until') IS 'false' ELSE 1 END)
+BEGIN
+    UPDATE rl_meta SET value = CAST(random() AS TEXT) WHERE key = 'checks_epoch';
+END;

@@ -176,6 +176,12 @@ def bucket_policy(burst):
     return json.dumps({"limits": [{"burst": burst, "refill_per_minute": 0.000001}]})
 
 
+def sqlite_query(conn, sql, *params):
+    """One value of `sql` (written with %s placeholders), JSON decoded."""
+    value = conn.execute(sql.replace("%s", "?"), params).fetchone()[0]
+    return json.loads(value) if isinstance(value, str) else value
+
+
 def follows_other_sessions(q, app, admin):
     """`app` checks a one-bucket policy often enough to hold it (and to take the
     one-statement path); every change `admin` makes applies to app's next check."""
@@ -232,10 +238,7 @@ def test_postgres_sessions_follow_policy_changes_blocks_and_rollbacks(pg_db):
 def test_sqlite_connections_follow_policy_changes_blocks_and_rollbacks(tmp_path):
     path = str(tmp_path / "p.db")
     app, admin = sqlite_connect(path), sqlite_connect(path)
-
-    def q(conn, sql, *params):
-        value = conn.execute(sql.replace("%s", "?"), params).fetchone()[0]
-        return json.loads(value) if isinstance(value, str) else value
+    q = sqlite_query
 
     check = follows_other_sessions(q, app, admin)
     app.execute("BEGIN")
@@ -243,3 +246,71 @@ def test_sqlite_connections_follow_policy_changes_blocks_and_rollbacks(tmp_path)
     assert check() == (True, False, 1)
     app.execute("ROLLBACK")
     assert check() == (True, False, 3)
+
+
+def blocks_reach_warm_sessions(q, app, admin):
+    """app's checks take the one-statement path (at the checks epoch, with the subjects
+    under blocks known); a block another session records, by a penalty or directly,
+    refuses app's very next check: with few subjects under strikes, and with more than a
+    session lists (256), when each check finds the subject's strikes in its statement."""
+    def check(subject="ann"):
+        r = q(app, "SELECT rl_check('b', %s)", subject)
+        return (r["admitted"], r["blocked"])
+
+    q(admin, "SELECT rl_policy_set('b', %s)", bucket_policy(1000))
+    for strikes_elsewhere in (0, 300):
+        for i in range(strikes_elsewhere):
+            q(admin, "SELECT rl_penalize(%s, 5)", f"s{i}")
+        assert [check(), check(), check("bob"), check("bob")] == [(True, False)] * 4
+        q(admin, "SELECT rl_penalize('ann', 1)")  # a free strike
+        assert check() == (True, False)
+        q(admin, "SELECT rl_penalize('ann', 1)")  # past the free one: blocked
+        assert [check(), check("bob"), check()] == [(False, True), (True, False), (False, True)]
+        q(admin, "SELECT rl_unblock('ann')")
+        assert [check(), check()] == [(True, False)] * 2
+        q(admin, "SELECT rl_block('ann', 60)")
+        assert check() == (False, True)
+        q(admin, "SELECT rl_unblock('ann')")
+        assert check() == (True, False)
+
+
+def test_postgres_blocks_reach_sessions_that_hold_the_policy(pg_db):
+    _, name = pg_db
+    app, admin = pg_connect(name), pg_connect(name)
+    blocks_reach_warm_sessions(lambda conn, sql, *params: one(conn, sql, params), app, admin)
+    # a block recorded earlier in the same statement (before the session takes in its own
+    # invalidation) refuses too
+    assert one(app, "SELECT rl_check('b', 'zed')")["admitted"] is True
+    r = one(app, "WITH p AS MATERIALIZED (SELECT rl_penalize('zed', 0)) SELECT rl_check('b', 'zed') FROM p")
+    assert (r["admitted"], r["blocked"]) == (False, True)
+    app.close()
+    admin.close()
+
+
+def test_sqlite_blocks_reach_connections_that_hold_the_policy(tmp_path):
+    path = str(tmp_path / "b.db")
+    app, admin = sqlite_connect(path), sqlite_connect(path)
+    q = sqlite_query
+
+    # a warm check is one statement: the guarded UPDATE that tests the checks epoch
+    q(admin, "SELECT rl_policy_set('b', %s)", bucket_policy(1000))
+    assert q(app, "SELECT rl_check('b', 'ann')")["admitted"]
+    statements = []
+    app.set_trace_callback(statements.append)
+    assert q(app, "SELECT rl_check('b', 'ann')")["admitted"]
+    app.set_trace_callback(None)
+    # (the statements a function runs are traced with a leading "-- ")
+    assert [s.split()[1] for s in statements[1:]] == ["UPDATE"] and "checks_epoch" in statements[1]
+    blocks_reach_warm_sessions(q, app, admin)
+    # a block written into the table directly (a restore, say) moves the epoch as well
+    row = q(admin, "SELECT entries FROM rl_entries WHERE kind = 'block' AND key = 's0'")
+    blocked = json.dumps(dict(row, blocked_until=None))
+    admin.execute("UPDATE rl_entries SET entries = ?, empty_at = 9223372036854775807 WHERE key = 'ann'", (blocked,))
+    assert q(app, "SELECT rl_check('b', 'ann')")["blocked"] is True
+    admin.execute("DELETE FROM rl_entries WHERE key = 'ann'")
+    assert q(app, "SELECT rl_check('b', 'ann')")["admitted"] is True
+    admin.execute("INSERT INTO rl_entries VALUES ('ann', 'block', ?, 9223372036854775807)", (blocked,))
+    assert q(app, "SELECT rl_check('b', 'ann')")["blocked"] is True
+    # and so does a policy changed directly
+    admin.execute("UPDATE rl_policy SET definition = ? WHERE name = 'b'", (bucket_policy(0.5),))
+    assert q(app, "SELECT rl_check('b', 'ann')")["admitted"] is False

@@ -140,6 +140,11 @@ GRANT EXECUTE ON FUNCTION rl_policy_set(text, jsonb), rl_policy_drop(text) TO rl
 
 -- Penalties and blocks (rl_penalize, rl_block, rl_unblock): a subject's strikes are a row
 -- of rl_entries (kind 'block'); the view rl_blocks lists the subjects blocked now.
+-- rl_check lists the subjects with strikes or blocks (ratelimit.rl_entries rows of kind
+-- 'block') without reading windows and leases; key and kind never change, so updates of
+-- windows and leases stay HOT.
+CREATE INDEX rl_entries_strikes ON ratelimit.rl_entries (key) WHERE kind = 'block';
+COMMENT ON INDEX ratelimit.rl_entries_strikes IS 'the rows of strikes and blocks, which rl_check lists while they are few';
 CREATE VIEW rl_blocks AS
     SELECT key AS subject, (entries::jsonb ->> 'strikes')::bigint AS strikes,
            CASE WHEN jsonb_typeof(entries::jsonb -> 'blocked_until') = 'number'

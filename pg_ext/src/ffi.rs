@@ -167,11 +167,12 @@ pub fn reserve_setting_prefix() {
     unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_ratelimit".as_ptr()) }
 }
 
-/// Policy changes as this backend has been told of them: moved by every relcache
-/// invalidation of `ratelimit.rl_policy` (which [`policies_changed`] sends when a
-/// transaction that set or dropped a policy commits, and runs locally at once or on
-/// rollback) and by every invalidation of everything (a sinval queue overflow).
-static POLICY_EPOCH: AtomicU64 = AtomicU64::new(0);
+/// The checks epoch as this backend has been told of it: moved by every relcache
+/// invalidation of `ratelimit.rl_policy` (which [`checks_changed`] sends when a
+/// transaction that set or dropped a policy, or recorded a new block, commits, and runs
+/// locally at once or on rollback) and by every invalidation of everything (a sinval
+/// queue overflow).
+static CHECKS_EPOCH: AtomicU64 = AtomicU64::new(0);
 /// The oid of `ratelimit.rl_policy` (0: not looked up yet, or invalidated since).
 static POLICY_TABLE: AtomicU32 = AtomicU32::new(0);
 
@@ -186,7 +187,7 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     let table = POLICY_TABLE.load(Ordering::Relaxed);
     // Before the oid is known, any invalidation may be the table's.
     if everything || table == 0 || relid.to_u32() == table {
-        POLICY_EPOCH.fetch_add(1, Ordering::Relaxed);
+        CHECKS_EPOCH.fetch_add(1, Ordering::Relaxed);
         POLICY_TABLE.store(0, Ordering::Relaxed);
     }
     // Citus invalidates a table it distributes (or undistributes).
@@ -242,9 +243,9 @@ pub fn state_is_distributed(sharded: impl FnOnce() -> Result<bool, String>) -> R
     Ok(distributed)
 }
 
-/// The policy epoch after taking in the invalidations other sessions sent; None in a
+/// The checks epoch after taking in the invalidations other sessions sent; None in a
 /// transaction whose snapshot may be older than a change this backend was told of.
-pub fn policy_epoch() -> Option<u64> {
+pub fn checks_epoch() -> Option<u64> {
     // SAFETY: a backend-global setting, read on the backend's only thread.
     if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         return None;
@@ -258,12 +259,12 @@ pub fn policy_epoch() -> Option<u64> {
         }
         POLICY_TABLE.store(table.to_u32(), Ordering::Relaxed);
     }
-    Some(POLICY_EPOCH.load(Ordering::Relaxed))
+    Some(CHECKS_EPOCH.load(Ordering::Relaxed))
 }
 
-/// Has every session's [`policy_epoch`] move when this transaction commits (and this
+/// Has every session's [`checks_epoch`] move when this transaction commits (and this
 /// session's at once).
-pub fn policies_changed() {
+pub fn checks_changed() {
     let table = policy_table();
     if table != pg_sys::InvalidOid {
         // SAFETY: queues a relcache invalidation of an existing relation in this transaction.

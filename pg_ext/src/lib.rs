@@ -476,21 +476,7 @@ impl SqlEngine for PgEngine<'_, '_> {
     }
 
     fn query_row(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Option<Vec<Value<'static>>>> {
-        let columns = statement.columns();
-        self.run(statement, params, |table| {
-            if table.is_empty() {
-                return Ok(None);
-            }
-            let row = table.first();
-            (0..columns.len())
-                .map(|i| match columns[i] {
-                    SqlType::Float8 => row.get::<f64>(i + 1).map(|v| Value::Float(v.unwrap_or(0.0))),
-                    SqlType::Text => row.get::<String>(i + 1).map(|v| Value::String(v.unwrap_or_default())),
-                    _ => row.get::<i64>(i + 1).map(|v| Value::Int(v.unwrap_or(0))),
-                })
-                .collect::<pgrx::spi::Result<Vec<_>>>()
-                .map(Some)
-        })
+        Ok(self.query_rows(statement, params)?.into_iter().next())
     }
 
     /// A call already runs inside the caller's transaction, which makes it one unit.
@@ -502,8 +488,27 @@ impl SqlEngine for PgEngine<'_, '_> {
         Ok(())
     }
 
-    fn policy_epoch(&mut self) -> Option<u64> {
-        ffi::policy_epoch()
+    fn query_rows(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Vec<Vec<Value<'static>>>> {
+        let columns = statement.columns();
+        self.run(statement, params, |table| {
+            table
+                .map(|row| {
+                    (0..columns.len())
+                        .map(|i| match columns[i] {
+                            SqlType::Float8 => row.get::<f64>(i + 1).map(|v| Value::Float(v.unwrap_or(0.0))),
+                            SqlType::Text => row.get::<String>(i + 1).map(|v| Value::String(v.unwrap_or_default())),
+                            _ => row.get::<i64>(i + 1).map(|v| Value::Int(v.unwrap_or(0))),
+                        })
+                        .collect::<pgrx::spi::Result<Vec<_>>>()
+                })
+                .collect()
+        })
+    }
+
+    const CHECKS_EPOCH_IN_MEMORY: bool = true;
+
+    fn checks_epoch(&mut self) -> Option<u64> {
+        ffi::checks_epoch()
     }
 
     fn runs_guarded_updates(&mut self) -> StoreResult<bool> {
@@ -518,8 +523,8 @@ impl SqlEngine for PgEngine<'_, '_> {
             .map_err(|message| StoreError { message, engine_code: None })
     }
 
-    fn policies_changed(&mut self) -> StoreResult<()> {
-        ffi::policies_changed();
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        ffi::checks_changed();
         Ok(())
     }
 }

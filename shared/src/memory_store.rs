@@ -7,7 +7,9 @@ use crate::budget::BudgetState;
 use crate::decision_slot::Decide;
 use crate::memory::{part_of, Hash, Part, PartRef, PARTS};
 use crate::multi::BucketItem;
-use crate::store::{ChangeResult, EntriesRow, EntryKind, LockingStore, RowStore, Rows, StoreResult, StoredPolicy};
+use crate::store::{
+    ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreResult, StoredPolicy,
+};
 use crate::units::Period;
 
 /// What the engine provides: the table's parts under its locks. Work done under a lock is
@@ -115,12 +117,33 @@ impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
         self.table.delete_policy(name)
     }
 
-    fn policy_epoch(&mut self) -> Option<u64> {
-        self.table.policy_epoch()
+    const CHECKS_EPOCH_IN_MEMORY: bool = T::CHECKS_EPOCH_IN_MEMORY;
+
+    fn checks_epoch(&mut self) -> Option<u64> {
+        self.table.checks_epoch()
     }
 
-    // change_bucket_for_policy keeps the trait's default (no row): the guard's rows live
-    // in tables and the bucket here, so no one statement can test one and change the other.
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        self.table.checks_changed()
+    }
+
+    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
+        self.table.read_strike_rows(limit)
+    }
+
+    /// Only at an epoch kept in memory and found unmoved: the guard's rows live in tables
+    /// and the bucket here, so no one statement can test one and change the other.
+    fn change_bucket_for_policy(
+        &mut self,
+        key: &str,
+        guard: &PolicyGuard,
+        decide: Decide<BucketState>,
+    ) -> ChangeResult<BucketState> {
+        match self.epoch_unmoved_in_memory(guard) {
+            Some(true) => self.change_bucket(key, decide),
+            _ => Ok(Changed { decided_on: None, written: false }),
+        }
+    }
 }
 
 impl<M: SharedTable, T: LockingStore> LockingStore for MemoryStore<M, T> {

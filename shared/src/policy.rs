@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,6 +15,7 @@ use crate::args::{self, json_arg, Arg};
 use crate::bucket::BucketLimits;
 use crate::error::{Error, Result};
 use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem};
+use crate::penalty::Strikes;
 use crate::render::Json;
 use crate::store::StoredPolicy;
 use crate::units::{Period, MAX_AMOUNT, MICROS_PER_UNIT};
@@ -188,11 +189,12 @@ impl Policy {
         }
     }
 
-    /// The key of limit `i` for `subject`: distinct for every policy, subject and limit,
-    /// and never a key a caller can pass.
+    /// The key of limit `i` for `subject`: distinct for every policy, subject and limit
+    /// (the policy name's length comes first, so where it ends is never in doubt), never
+    /// a key a caller can pass, and short, since every row and index entry holds it:
+    /// U+0001, then `<bytes of policy>:<policy>:<i>:<subject>`.
     pub fn key(policy: &str, subject: &str, i: usize) -> String {
-        let parts = serde_json::to_string(&[policy, subject, &i.to_string()]).expect("strings serialize");
-        format!("{POLICY_KEY_MARK}{parts}")
+        format!("{POLICY_KEY_MARK}{}:{policy}:{i}:{subject}", policy.len())
     }
 
     /// The keys of every limit of this policy (named `name`) for `subject`, in order.
@@ -284,16 +286,23 @@ const CACHED_POLICIES: usize = 256;
 pub struct CachedPolicy {
     pub policy: Rc<Policy>,
     pub revision: i64,
-    /// The store's policy epoch over the read (None: unknown, or it moved meanwhile).
+    /// The store's checks epoch over the read (None: unknown, or it moved meanwhile).
     pub epoch: Option<u64>,
 }
 
 thread_local! {
     /// Policies parsed by this thread (in PostgreSQL, this session), by name. Never
     /// trusted alone: a write checks the revision in its own statement unless the store's
-    /// policy epoch has not moved since the read.
+    /// checks epoch has not moved since the read.
     static POLICIES: RefCell<HashMap<String, CachedPolicy>> = RefCell::new(HashMap::new());
+    /// The subjects with a recorded block as this thread last listed them, and the checks
+    /// epoch of that list (None: more subjects with strikes than it keeps).
+    static KNOWN_BLOCKS: RefCell<Option<(u64, Option<HashSet<String>>)>> = const { RefCell::new(None) };
 }
+
+/// Most subjects with strikes or blocks whose list a thread keeps; past it each check
+/// finds the subject's strikes in its own statement.
+pub const KNOWN_STRIKE_ROWS: i64 = 256;
 
 /// The policy `name` as this thread last read it.
 pub fn cached(name: &str) -> Option<CachedPolicy> {
@@ -320,4 +329,35 @@ pub fn parsed(function: &'static str, name: &str, stored: &StoredPolicy, epoch: 
 /// Forgets what this thread read of policy `name` (it has just set or dropped it).
 pub fn forget(name: &str) {
     POLICIES.with(|c| c.borrow_mut().remove(name));
+}
+
+/// Forgets this thread's list of blocked subjects (it has just recorded a new block).
+pub fn forget_blocks() {
+    KNOWN_BLOCKS.with(|k| *k.borrow_mut() = None);
+}
+
+/// Whether this thread's list of blocked subjects was made at `epoch`.
+pub fn blocks_known_at(epoch: u64) -> bool {
+    KNOWN_BLOCKS.with(|k| k.borrow().as_ref().is_some_and(|(at, _)| *at == epoch))
+}
+
+/// Keeps the subjects with a recorded block among `rows` (subject, entries) as read at
+/// `epoch`; a list longer than [`KNOWN_STRIKE_ROWS`] is not kept, and a row that does not
+/// decode counts as a block.
+pub fn know_blocks(epoch: u64, rows: Vec<(String, String)>) {
+    let subjects = (rows.len() as i64 <= KNOWN_STRIKE_ROWS).then(|| {
+        rows.into_iter()
+            .filter(|(_, entries)| Strikes::decode(entries).is_none_or(|s| s.block.is_some()))
+            .map(|(subject, _)| subject)
+            .collect()
+    });
+    KNOWN_BLOCKS.with(|k| *k.borrow_mut() = Some((epoch, subjects)));
+}
+
+/// Whether, at `epoch`, this thread knows `subject` has no recorded block.
+pub fn known_unblocked(epoch: u64, subject: &str) -> bool {
+    KNOWN_BLOCKS.with(|k| match &*k.borrow() {
+        Some((at, Some(blocked))) => *at == epoch && !blocked.contains(subject),
+        _ => false,
+    })
 }

@@ -544,14 +544,25 @@ pub fn check<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckAr
     Ok(render::check(&decision, a.policy, a.tier, policy.shadow, blocked, a.now_ms))
 }
 
-/// A policy as stored now, parsed (or from the connection's cache when unchanged).
+/// A policy as stored now, parsed (or from the connection's cache when unchanged). At a
+/// checks epoch this thread has not listed the blocked subjects at, it lists them too, for
+/// rl_check's one-statement path.
 fn stored_policy<S: RowStore>(store: &mut S, function: &'static str, name: &str) -> Result<Rc<Policy>> {
-    let epoch = store.policy_epoch();
+    let epoch = store.checks_epoch();
     let stored = store.read_policy(name).map_err(|e| e.in_call(function))?;
     let Some(stored) = stored else {
         return Err(Error::invalid(function, format!("there is no policy named '{name}'")));
     };
-    let epoch = epoch.filter(|&e| store.policy_epoch() == Some(e));
+    let strike_rows = match epoch {
+        Some(e) if !policy::blocks_known_at(e) => {
+            store.read_strike_rows(policy::KNOWN_STRIKE_ROWS + 1).map_err(|e| e.in_call(function))?
+        }
+        _ => None,
+    };
+    let epoch = epoch.filter(|&e| store.checks_epoch() == Some(e));
+    if let (Some(e), Some(rows)) = (epoch, strike_rows) {
+        policy::know_blocks(e, rows);
+    }
     policy::parsed(function, name, &stored, epoch)
 }
 
@@ -594,12 +605,14 @@ pub fn refund_check<S: LockingStore>(store: &mut S, function: &'static str, a: &
 }
 
 /// rl_check of a cached one-bucket policy on an unblocked subject, as rl_take is: one
-/// guarded UPDATE, which also finds no strikes or block on the subject and, unless the
-/// store's policy epoch vouches for the cached policy, the policy at its revision. None when that statement wrote nothing (a refusal, a new key,
-/// a changed policy, strikes, or a store that cannot): the general path decides then.
+/// guarded write. At the checks epoch the policy was read at, with the subject known to
+/// have no recorded block, the write needs only the epoch unmoved (rl_take's own write
+/// where the store keeps the epoch in memory); else its statement also finds the policy at
+/// its revision and no strikes or block on the subject. None when nothing was written (a
+/// refusal, a new key, a moved epoch, a changed policy, strikes, or a store that cannot):
+/// the general path decides then.
 fn check_one_bucket<S: LockingStore>(store: &mut S, function: &'static str, a: &CheckArgs) -> Result<Option<Json>> {
     let Some(cached) = policy::cached(a.policy) else { return Ok(None) };
-    let current = cached.epoch.is_some() && cached.epoch == store.policy_epoch();
     let policy = cached.policy;
     let ([PolicyLimit::Bucket { .. }], Ok(multiplier)) =
         (policy.limits.as_slice(), policy.multiplier(function, a.tier))
@@ -612,8 +625,9 @@ fn check_one_bucket<S: LockingStore>(store: &mut S, function: &'static str, a: &
     writable(store, function, Rows::Buckets)?;
     let (bucket_limits, cost, now) = (item.limits, item.cost, a.now_ms);
     let decide: Decide<BucketState> = Rc::new(move |row| bucket::take(Some(row), &bucket_limits, cost, now).new_row());
-    let revision = (!current).then_some(cached.revision);
-    let guard = PolicyGuard { policy: a.policy, revision, subject: a.subject, now_ms: a.now_ms };
+    let epoch = cached.epoch.filter(|&e| policy::known_unblocked(e, a.subject));
+    let guard =
+        PolicyGuard { policy: a.policy, revision: cached.revision, subject: a.subject, now_ms: a.now_ms, epoch };
     let changed = store.change_bucket_for_policy(&keys[0], &guard, decide).map_err(|e| e.in_call(function))?;
     let Changed { decided_on: Some(row), written: true } = changed else { return Ok(None) };
     let decision = multi::decide(vec![ItemRow::Bucket(item, Some(row))], a.now_ms);
@@ -634,16 +648,30 @@ fn strikes_row(s: &Strikes, window_ms: i64) -> EntriesRow {
 }
 
 /// A change to a subject's strikes; `decide` also gets when the stored row stops mattering.
+/// A write that gives the subject a recorded block moves the checks epoch.
 fn change_strikes<S: LockingStore, R>(
     store: &mut S,
     function: &'static str,
     subject: &str,
     decide: impl Fn(Option<&Strikes>, i64) -> (R, Option<EntriesRow>),
 ) -> Result<R> {
-    change_entries(store, function, EntryKind::Block, subject, |row| {
+    let (answer, new_block) = change_entries(store, function, EntryKind::Block, subject, |row| {
         let state = row.map(|r| Strikes::decode(&r.entries).ok_or_else(|| damaged(function, EntryKind::Block)));
-        Ok(decide(state.transpose()?.as_ref(), row.map_or(0, |r| r.empty_at)))
-    })
+        let state = state.transpose()?;
+        let (answer, new) = decide(state.as_ref(), row.map_or(0, |r| r.empty_at));
+        let new_block = new
+            .as_ref()
+            .and_then(|n| Strikes::decode(&n.entries))
+            .is_some_and(|n| penalty::records_new_block(state.as_ref(), &n));
+        Ok(((answer, new_block), new))
+    })?;
+    if new_block {
+        store.checks_changed().map_err(|e| e.in_call(function))?;
+        // this thread's own list is stale at once (the epoch may only move at the end of
+        // the statement)
+        policy::forget_blocks();
+    }
+    Ok(answer)
 }
 
 /// rl_penalize: one strike; past the free ones, a block that doubles with each.

@@ -87,11 +87,14 @@ pub enum Statement {
     PolicyPut,
     PolicyDelete,
     BucketChangeForPolicy,
-    BucketChangeUnblocked,
+    StrikeRowsRead,
+    /// SQLite only, as is ChecksEpochRead: PostgreSQL keeps the checks epoch in memory.
+    BucketChangeInEpoch,
+    ChecksEpochRead,
 }
 
 impl Statement {
-    pub const ALL: [Statement; 25] = [
+    pub const ALL: [Statement; 27] = [
         Statement::BucketRead,
         Statement::BucketLock,
         Statement::BucketInsert,
@@ -116,7 +119,9 @@ impl Statement {
         Statement::PolicyPut,
         Statement::PolicyDelete,
         Statement::BucketChangeForPolicy,
-        Statement::BucketChangeUnblocked,
+        Statement::StrikeRowsRead,
+        Statement::BucketChangeInEpoch,
+        Statement::ChecksEpochRead,
     ];
 
     /// The types of the columns a reading statement returns (empty for the others).
@@ -126,12 +131,15 @@ impl Statement {
             Statement::BudgetRead | Statement::BudgetLock => &[SqlType::Int8, SqlType::Int8],
             Statement::EntriesRead | Statement::EntriesLock => &[SqlType::Text, SqlType::Int8],
             Statement::PolicyRead => &[SqlType::Text, SqlType::Int8],
+            Statement::StrikeRowsRead => &[SqlType::Text, SqlType::Text],
+            Statement::ChecksEpochRead => &[SqlType::Text],
             _ => &[],
         }
     }
 
-    /// The PostgreSQL text. The `Lock` statements (FOR UPDATE) are PostgreSQL only;
-    /// BucketChange, BudgetChange and the two BucketChange...s of rl_check are the guarded UPDATEs (see
+    /// The PostgreSQL text (of the two SQLite-only statements, the text SQLite's is made
+    /// from). The `Lock` statements (FOR UPDATE) are PostgreSQL only; BucketChange,
+    /// BudgetChange and the two BucketChange...s of rl_check are the guarded UPDATEs (see
     /// [`crate::decision_slot`]).
     pub const fn text(self) -> &'static str {
         match self {
@@ -159,7 +167,9 @@ impl Statement {
             Statement::PolicyPut => include_str!("../../sql/policy_put.sql"),
             Statement::PolicyDelete => include_str!("../../sql/policy_delete.sql"),
             Statement::BucketChangeForPolicy => include_str!("../../sql/bucket_change_for_policy.sql"),
-            Statement::BucketChangeUnblocked => include_str!("../../sql/bucket_change_unblocked.sql"),
+            Statement::StrikeRowsRead => include_str!("../../sql/strike_rows_read.sql"),
+            Statement::BucketChangeInEpoch => include_str!("../../sql/bucket_change_in_epoch.sql"),
+            Statement::ChecksEpochRead => include_str!("../../sql/checks_epoch_read.sql"),
         }
     }
 }
@@ -193,7 +203,7 @@ mod tests {
     #[test]
     fn every_name_and_comparison_is_qualified() {
         for text in Statement::ALL.map(Statement::text) {
-            for name in ["rl_bucket", "rl_budget", "rl_entries", "rl_policy"] {
+            for name in ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta"] {
                 for (at, _) in text.match_indices(name) {
                     assert!(text[..at].ends_with(SCHEMA), "unqualified {name} in {text}");
                 }

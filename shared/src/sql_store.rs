@@ -34,15 +34,14 @@ pub trait SqlEngine {
     fn runs_guarded_updates(&mut self) -> StoreResult<bool> {
         Ok(true)
     }
-    /// See [`RowStore::policy_epoch`].
-    fn policy_epoch(&mut self) -> Option<u64> {
-        None
-    }
-    /// Tells the engine's other sessions, when the transaction commits, that the policies
-    /// changed (for their [`SqlEngine::policy_epoch`]).
-    fn policies_changed(&mut self) -> StoreResult<()> {
-        Ok(())
-    }
+    /// Runs a statement that returns rows, of the types in `statement.columns()`.
+    fn query_rows(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Vec<Vec<Value<'static>>>>;
+    /// See [`RowStore::CHECKS_EPOCH_IN_MEMORY`].
+    const CHECKS_EPOCH_IN_MEMORY: bool;
+    /// See [`RowStore::checks_epoch`].
+    fn checks_epoch(&mut self) -> Option<u64>;
+    /// See [`RowStore::checks_changed`].
+    fn checks_changed(&mut self) -> StoreResult<()>;
 }
 
 /// A store over an SQL engine.
@@ -178,42 +177,65 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
     fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
         let params = [Value::Text(name), Value::Text(definition), Value::Int(revision)];
         self.0.execute(Statement::PolicyPut, &params)?;
-        self.0.policies_changed()
+        self.0.checks_changed()
     }
 
     fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
         let existed = self.0.execute(Statement::PolicyDelete, &[Value::Text(name)])? == 1;
-        self.0.policies_changed()?;
+        self.0.checks_changed()?;
         Ok(existed)
     }
 
-    fn policy_epoch(&mut self) -> Option<u64> {
-        self.0.policy_epoch()
+    const CHECKS_EPOCH_IN_MEMORY: bool = E::CHECKS_EPOCH_IN_MEMORY;
+
+    fn checks_epoch(&mut self) -> Option<u64> {
+        self.0.checks_epoch()
     }
 
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        self.0.checks_changed()
+    }
+
+    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
+        let rows = self.0.query_rows(Statement::StrikeRowsRead, &[Value::Int(limit)])?;
+        Ok(Some(rows.into_iter().map(|r| (r[0].as_text().to_owned(), r[1].as_text().to_owned())).collect()))
+    }
+
+    /// At an epoch: where the engine keeps it in memory, rl_take's own guarded write once
+    /// the epoch is found unmoved; else one that tests the epoch in its statement. Without
+    /// one, a write that finds the policy at its revision and the subject without strikes.
     fn change_bucket_for_policy(
         &mut self,
         key: &str,
         guard: &PolicyGuard,
         decide: Decide<BucketState>,
     ) -> ChangeResult<BucketState> {
-        if !self.0.runs_guarded_updates()? {
-            return Ok(Changed { decided_on: None, written: false });
+        let unwritten = Changed { decided_on: None, written: false };
+        match self.epoch_unmoved_in_memory(guard) {
+            Some(true) => return self.change_bucket(key, decide),
+            Some(false) => return Ok(unwritten),
+            None if !self.0.runs_guarded_updates()? => return Ok(unwritten),
+            None => {}
         }
-        // BucketChangeUnblocked's parameters are the first three of BucketChangeForPolicy's.
-        let params = [
-            Value::Text(key),
-            Value::Text(guard.subject),
-            Value::Int(guard.now_ms),
-            Value::Text(guard.policy),
-            Value::Int(guard.revision.unwrap_or(0)),
-        ];
-        let (statement, params) = match guard.revision {
-            Some(_) => (Statement::BucketChangeForPolicy, &params[..]),
-            None => (Statement::BucketChangeUnblocked, &params[..3]),
+        let epoch_text;
+        let (statement, params) = match guard.epoch {
+            Some(epoch) => {
+                epoch_text = (epoch as i64).to_string();
+                (Statement::BucketChangeInEpoch, vec![Value::Text(key), Value::Text(&epoch_text)])
+            }
+            None => (
+                Statement::BucketChangeForPolicy,
+                vec![
+                    Value::Text(key),
+                    Value::Text(guard.subject),
+                    Value::Int(guard.now_ms),
+                    Value::Text(guard.policy),
+                    Value::Int(guard.revision),
+                ],
+            ),
         };
         let (written, decided_on) =
-            decision_slot::with_decision(&decision_slot::BUCKET, decide, || self.0.execute(statement, params));
+            decision_slot::with_decision(&decision_slot::BUCKET, decide, || self.0.execute(statement, &params));
         Ok(Changed { decided_on, written: written? == 1 })
     }
 }

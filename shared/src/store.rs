@@ -115,17 +115,38 @@ pub trait RowStore {
     fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()>;
     /// Deletes policy `name`; returns whether it existed.
     fn delete_policy(&mut self, name: &str) -> StoreResult<bool>;
-    /// [`RowStore::change_bucket`], in the same statement only while `guard` holds: the
-    /// subject has no row of strikes or block that still matters and, when the guard
-    /// names a revision, the policy is still at it. Otherwise, or where the store cannot
-    /// test both in that statement, it writes nothing and reports no row (this default),
-    /// and rl_check takes its general path.
-    /// A number that moves whenever a policy may have changed as this connection sees
-    /// the database, so that a policy read at the same number is still current. None
-    /// where the store cannot tell (then each use checks the stored revision).
-    fn policy_epoch(&mut self) -> Option<u64> {
+    /// The checks epoch: a number that moves whenever a policy is set or dropped, or a
+    /// subject comes to have a recorded block ([`crate::penalty::records_new_block`]), as
+    /// this connection sees the database. What rl_check read at one epoch (policies, the
+    /// subjects with blocks) holds while the epoch stands. None where the store cannot tell.
+    fn checks_epoch(&mut self) -> Option<u64> {
         None
     }
+    /// Whether [`RowStore::checks_epoch`] is a number in this session's own memory, free
+    /// to read and exact right before a write (PostgreSQL: moved by the invalidations
+    /// other sessions send at commit). Else a write that depends on it tests the epoch in
+    /// its own statement.
+    const CHECKS_EPOCH_IN_MEMORY: bool = false;
+    /// Where the store keeps the checks epoch in memory and `guard` carries one, whether it
+    /// is unmoved (then [`RowStore::change_bucket_for_policy`] is rl_take's own write);
+    /// None otherwise.
+    fn epoch_unmoved_in_memory(&mut self, guard: &PolicyGuard) -> Option<bool> {
+        let epoch = guard.epoch.filter(|_| Self::CHECKS_EPOCH_IN_MEMORY)?;
+        Some(self.checks_epoch() == Some(epoch))
+    }
+    /// Has the checks epoch move for every session once this transaction commits (a
+    /// store whose epoch moves by itself, as SQLite's triggers move it, does nothing).
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
+    /// Every subject's row of strikes and blocks (subject, entries), at most `limit`
+    /// (no lock); None where the store cannot list them.
+    fn read_strike_rows(&mut self, _limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
+        Ok(None)
+    }
+    /// [`RowStore::change_bucket`], only while `guard` holds; otherwise, or where the store
+    /// cannot test it, it writes nothing and reports no row (this default), and rl_check
+    /// takes its general path.
     fn change_bucket_for_policy(
         &mut self,
         _key: &str,
@@ -148,11 +169,14 @@ pub struct StoredPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyGuard<'a> {
     pub policy: &'a str,
-    /// The revision the caller decided with; None when the store's policy epoch already
-    /// says it is current.
-    pub revision: Option<i64>,
+    /// The revision the caller decided with.
+    pub revision: i64,
     pub subject: &'a str,
     pub now_ms: i64,
+    /// The checks epoch at which the caller read the policy at `revision` and knew the
+    /// subject had no recorded block: the write needs only the epoch unmoved. None: the
+    /// write finds the revision current and the subject without strikes or block itself.
+    pub epoch: Option<u64>,
 }
 
 /// Several rows changed as one unit.

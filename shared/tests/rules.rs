@@ -30,8 +30,8 @@ struct MapStore {
     checks_in_one_statement: bool,
     /// rl_checks the one-statement path answered.
     one_statement_checks: usize,
-    /// The policy epoch, where the store keeps one: moved by every policy write.
-    policy_epoch: Option<u64>,
+    /// The checks epoch, where the store keeps one: moved by every policy write and new block.
+    checks_epoch: Option<u64>,
     read_only: bool,
     writes: usize,
     lost_races: usize,
@@ -146,11 +146,20 @@ impl RowStore for MapStore {
     fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
         self.writes += 1;
         self.policies.insert(name.to_owned(), StoredPolicy { definition: definition.to_owned(), revision });
-        self.policy_epoch = self.policy_epoch.map(|e| e + 1);
+        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
         Ok(())
     }
-    fn policy_epoch(&mut self) -> Option<u64> {
-        self.policy_epoch
+    const CHECKS_EPOCH_IN_MEMORY: bool = true;
+    fn checks_epoch(&mut self) -> Option<u64> {
+        self.checks_epoch
+    }
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
+        Ok(())
+    }
+    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
+        let rows = self.entries.iter().filter(|((_, kind), _)| *kind == EntryKind::Block);
+        Ok(Some(rows.take(limit as usize).map(|((subject, _), row)| (subject.clone(), row.entries.clone())).collect()))
     }
     fn change_bucket_for_policy(
         &mut self,
@@ -158,15 +167,17 @@ impl RowStore for MapStore {
         guard: &PolicyGuard,
         decide: Decide<BucketState>,
     ) -> ChangeResult<BucketState> {
-        let policy_unchanged = match guard.revision {
-            None => true,
-            Some(r) => self.policies.get(guard.policy).is_some_and(|p| p.revision == r),
+        let holds = match self.epoch_unmoved_in_memory(guard) {
+            Some(unmoved) => unmoved,
+            None => {
+                self.policies.get(guard.policy).is_some_and(|p| p.revision == guard.revision)
+                    && self
+                        .entries
+                        .get(&(guard.subject.to_owned(), EntryKind::Block))
+                        .is_none_or(|row| row.empty_at <= guard.now_ms)
+            }
         };
-        let subject_clear = self
-            .entries
-            .get(&(guard.subject.to_owned(), EntryKind::Block))
-            .is_none_or(|row| row.empty_at <= guard.now_ms);
-        if !(self.checks_in_one_statement && policy_unchanged && subject_clear) {
+        if !(self.checks_in_one_statement && holds) {
             return Ok(Changed { decided_on: None, written: false });
         }
         let changed = self.change_bucket(key, decide)?;
@@ -174,7 +185,7 @@ impl RowStore for MapStore {
         Ok(changed)
     }
     fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
-        self.policy_epoch = self.policy_epoch.map(|e| e + 1);
+        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
         Ok(self.policies.remove(name).is_some())
     }
 }
@@ -1353,7 +1364,7 @@ fn one_bucket_checks_answer_alike_on_either_path() {
         format!(r#"{{"limits": [{{"burst": 3, "refill_per_minute": {refill}}}], "tiers": {{"pro": 2}}}}"#)
     };
     let mut stores = [
-        MapStore { checks_in_one_statement: true, policy_epoch: Some(0), ..MapStore::default() },
+        MapStore { checks_in_one_statement: true, checks_epoch: Some(0), ..MapStore::default() },
         MapStore { checks_in_one_statement: true, ..MapStore::default() },
         MapStore::default(),
     ];
@@ -1391,4 +1402,75 @@ fn one_bucket_checks_answer_alike_on_either_path() {
     let admitted: Vec<bool> = answers[0].iter().map(|a| parsed(a.clone())["admitted"].as_bool().unwrap()).collect();
     // bob's strike (no free ones) blocks him for 120 s
     assert_eq!(admitted, [true, true, true, false, false, true, true, true, true, false, true]);
+}
+
+/// The checks epoch: a strike alone leaves it (checks of others stay one statement), a new
+/// block moves it and is refused at once, and with more subjects under strikes than a
+/// thread lists, each check finds the subject's strikes in its statement instead.
+#[test]
+fn new_blocks_move_the_checks_epoch() {
+    let mut s = MapStore { checks_in_one_statement: true, checks_epoch: Some(0), ..MapStore::default() };
+    let policy = r#"{"limits": [{"burst": 100, "refill_per_minute": 60}]}"#;
+    calls::rl_policy_set(&mut s, &[Arg::Text("p"), Arg::Text(policy)], &TEST_CLOCK).unwrap();
+    let t = 1_000_000;
+    let check = |s: &mut MapStore, subject: &str| {
+        let answer = calls::rl_check(
+            s,
+            &[Arg::Text("p"), Arg::Text(subject), Arg::Integer(1), Arg::Null, Arg::Integer(t)],
+            &TEST_CLOCK,
+        );
+        parsed(answer.unwrap())["admitted"].as_bool().unwrap()
+    };
+    let penalize = |s: &mut MapStore, subject: &str, free: i64| {
+        let args = [
+            Arg::Text(subject),
+            Arg::Integer(free),
+            Arg::Integer(60),
+            Arg::Integer(3600),
+            Arg::Integer(3600),
+            Arg::Integer(t),
+        ];
+        calls::rl_penalize(s, &args, &TEST_CLOCK).unwrap();
+    };
+    for subject in ["alice", "bob", "alice", "bob"] {
+        assert!(check(&mut s, subject));
+    }
+    assert_eq!(s.one_statement_checks, 2);
+    penalize(&mut s, "carol", 3);
+    assert_eq!(s.checks_epoch, Some(1), "a strike without a block leaves the epoch");
+    assert!(check(&mut s, "alice"));
+    assert_eq!(s.one_statement_checks, 3);
+    penalize(&mut s, "alice", 0);
+    assert_eq!(s.checks_epoch, Some(2), "a new block moves it");
+    assert!(!check(&mut s, "alice"));
+    assert!(check(&mut s, "bob"));
+    assert!(check(&mut s, "bob"));
+    assert_eq!(s.one_statement_checks, 5, "alice's refusal listed the blocks again: bob's checks are one statement");
+    // more subjects under strikes than a thread lists: bob is checked by the statement's
+    // own test (no strikes on him), alice still refused
+    for i in 0..=ratelimit_core::policy::KNOWN_STRIKE_ROWS {
+        penalize(&mut s, &format!("s{i}"), 3);
+    }
+    penalize(&mut s, "dave", 0);
+    assert!(!check(&mut s, "alice"));
+    assert!(check(&mut s, "bob"));
+    assert!(check(&mut s, "bob"));
+    assert_eq!(s.one_statement_checks, 7);
+    assert!(!check(&mut s, "dave"));
+}
+
+/// Derived keys never collide: names and subjects that contain the separator or digits,
+/// empty ones, and every limit index.
+#[test]
+fn derived_keys_are_distinct() {
+    let parts = ["", "a", "a:", ":a", "1", "a:1", "1:a", "a:0:b", "\u{1}", "é"];
+    let mut keys = std::collections::HashSet::new();
+    for policy in parts {
+        for subject in parts {
+            for i in [0, 1, 10] {
+                let key = ratelimit_core::policy::Policy::key(policy, subject, i);
+                assert!(keys.insert(key.clone()), "{policy:?} {subject:?} {i} -> {key:?} again");
+            }
+        }
+    }
 }

@@ -13,7 +13,7 @@ use ratelimit_core::sql_store::{SqlEngine, SqlStore};
 use ratelimit_core::{calls, Answer, Arg, Clock, ErrorKind, StoreError, StoreResult};
 use rusqlite::functions::{Context, FunctionFlags};
 use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
-use rusqlite::{ffi, Connection, OptionalExtension, MAIN_DB};
+use rusqlite::{ffi, Connection, MAIN_DB};
 
 /// Functions that read or write state, and the internal ones: never callable from views,
 /// triggers or schema of an untrusted database file, never assumed to give the same
@@ -193,9 +193,13 @@ impl SqlEngine for SqliteEngine<'_> {
     }
 
     fn query_row(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Option<Vec<Value<'static>>>> {
+        Ok(self.query_rows(statement, params)?.into_iter().next())
+    }
+
+    fn query_rows(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Vec<Vec<Value<'static>>>> {
         let columns = statement.columns();
-        self.run(&SQLITE_TEXT[statement as usize], Some(None), |stmt| {
-            stmt.query_row(bound(params), |r| {
+        self.run(&SQLITE_TEXT[statement as usize], Some(Vec::new()), |stmt| {
+            stmt.query_map(bound(params), |r| {
                 (0..columns.len())
                     .map(|i| match columns[i] {
                         functions::SqlType::Float8 => r.get(i).map(Value::Float),
@@ -203,9 +207,23 @@ impl SqlEngine for SqliteEngine<'_> {
                         _ => r.get(i).map(Value::Int),
                     })
                     .collect()
-            })
-            .optional()
+            })?
+            .collect()
         })
+    }
+
+    /// A random number in rl_meta that the schema's triggers draw anew (None in a file
+    /// without it, whose checks then test the policy and the subject in each statement).
+    const CHECKS_EPOCH_IN_MEMORY: bool = false;
+
+    fn checks_epoch(&mut self) -> Option<u64> {
+        let row = self.query_row(Statement::ChecksEpochRead, &[]).ok()??;
+        row[0].as_text().parse::<i64>().ok().map(|e| e as u64)
+    }
+
+    /// The triggers on rl_policy and rl_entries move the epoch, whoever writes the row.
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        Ok(())
     }
 
     /// Outside a transaction each statement would commit (and drop the write lock) on its
