@@ -203,7 +203,7 @@ KIND_SCRIPTS = {
 ONE_BUCKET_POLICY = json.dumps({"limits": [{"burst": 1e9, "refill_per_minute": 6e8}]})
 # The key rl_check derives for subject 'k' || g and the policy's only limit (policy.rs).
 # (U+0001 is chr(1) in PostgreSQL, char(1) in SQLite.)
-POLICY_KEY_SQL = "{mark}(1) || '[\"one\",\"k' || g || '\",\"0\"]'"
+POLICY_KEY_SQL = "{mark}(1) || '3:one:0:k' || g"
 SQLITE_KIND_SQL = {
     "rl_take": f"SELECT rl_take(?1, {BIG})",
     "rl_window": "SELECT rl_window(?1, 1000000000, 60)",
