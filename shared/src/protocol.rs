@@ -641,28 +641,21 @@ fn strikes_of<S: RowStore>(store: &mut S, function: &'static str, subject: &str)
         .ok_or_else(|| damaged(function, EntryKind::Block))
 }
 
-/// A subject's row; strikes are remembered `window_ms` after the last (0 for rl_unblock's
-/// empty state, which the sweep removes at once).
-fn strikes_row(s: &Strikes, window_ms: i64) -> EntriesRow {
-    EntriesRow { entries: s.encode(), empty_at: s.empty_at(window_ms) }
-}
-
-/// A change to a subject's strikes; `decide` also gets when the stored row stops mattering.
-/// A write that gives the subject a recorded block moves the checks epoch.
+/// A change to a subject's strikes: `decide` gets the stored state and when its row stops
+/// mattering, and gives the answer and the state to store with its row's `empty_at`. A
+/// write that gives the subject a recorded block moves the checks epoch.
 fn change_strikes<S: LockingStore, R>(
     store: &mut S,
     function: &'static str,
     subject: &str,
-    decide: impl Fn(Option<&Strikes>, i64) -> (R, Option<EntriesRow>),
+    decide: impl Fn(Option<&Strikes>, i64) -> (R, Option<(Strikes, i64)>),
 ) -> Result<R> {
     let (answer, new_block) = change_entries(store, function, EntryKind::Block, subject, |row| {
         let state = row.map(|r| Strikes::decode(&r.entries).ok_or_else(|| damaged(function, EntryKind::Block)));
         let state = state.transpose()?;
         let (answer, new) = decide(state.as_ref(), row.map_or(0, |r| r.empty_at));
-        let new_block = new
-            .as_ref()
-            .and_then(|n| Strikes::decode(&n.entries))
-            .is_some_and(|n| penalty::records_new_block(state.as_ref(), &n));
+        let new_block = new.as_ref().is_some_and(|(n, _)| penalty::records_new_block(state.as_ref(), n));
+        let new = new.map(|(n, empty_at)| EntriesRow { entries: n.encode(), empty_at });
         Ok(((answer, new_block), new))
     })?;
     if new_block {
@@ -678,8 +671,9 @@ fn change_strikes<S: LockingStore, R>(
 pub fn penalize<S: LockingStore>(store: &mut S, function: &'static str, a: &PenalizeArgs) -> Result<BlockAnswer> {
     let e: Escalation = a.escalation;
     change_strikes(store, function, a.subject, |state, _| {
+        // strikes are remembered window_ms after the last
         let (answer, new) = penalty::penalize(state, &e, a.now_ms);
-        (answer, Some(strikes_row(&new, e.window_ms)))
+        (answer, Some((new, new.empty_at(e.window_ms))))
     })
 }
 
@@ -688,7 +682,7 @@ pub fn block<S: LockingStore>(store: &mut S, function: &'static str, a: &BlockAr
     change_strikes(store, function, a.subject, |state, kept_until| {
         let (answer, new) = penalty::block(state, a.length_ms, a.now_ms);
         // the strikes stay remembered as long as the last rl_penalize said
-        (answer, Some(EntriesRow { entries: new.encode(), empty_at: new.empty_at(0).max(kept_until) }))
+        (answer, Some((new, new.empty_at(0).max(kept_until))))
     })
 }
 
@@ -696,6 +690,7 @@ pub fn block<S: LockingStore>(store: &mut S, function: &'static str, a: &BlockAr
 pub fn unblock<S: LockingStore>(store: &mut S, function: &'static str, subject: &str, now_ms: i64) -> Result<bool> {
     change_strikes(store, function, subject, |state, _| match state {
         None => (false, None),
-        Some(s) => (s.block_at(now_ms).is_some(), Some(strikes_row(&Strikes::default(), 0))),
+        // the empty state's row stops mattering at once: the sweep removes it
+        Some(s) => (s.block_at(now_ms).is_some(), Some((Strikes::default(), 0))),
     })
 }
