@@ -36,12 +36,14 @@ CREATE TABLE IF NOT EXISTS main.rl_policy (
     definition TEXT NOT NULL,
     revision   INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE VIEW IF NOT EXISTS main.rl_policies AS SELECT name, definition FROM main.rl_policy;
+-- Views and triggers name tables without a schema: SQLite then finds them in the view's
+-- own database (a schema name would tie the file to being "main", and ATTACH refuses it).
+CREATE VIEW IF NOT EXISTS main.rl_policies AS SELECT name, definition FROM rl_policy;
 CREATE VIEW IF NOT EXISTS main.rl_blocks AS
     SELECT key AS subject, json_extract(entries, '$.strikes') AS strikes,
            CASE json_type(entries, '$.blocked_until') WHEN 'integer'
                 THEN json_extract(entries, '$.blocked_until') END AS blocked_until_ms
-    FROM main.rl_entries
+    FROM rl_entries
     WHERE kind = 'block'
       AND (json_type(entries, '$.blocked_until') = 'null'
            OR (json_type(entries, '$.blocked_until') = 'integer'

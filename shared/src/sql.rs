@@ -177,9 +177,28 @@ impl Statement {
 const SCHEMA: &str = "ratelimit.";
 const OPERATOR: &str = "OPERATOR(pg_catalog.";
 
-/// A statement as SQLite runs it: the same text without the schema of the extension's
-/// tables and functions, and with plain operators.
+/// The extension's tables: SQLite finds them in `main` alone (unqualified, a name is looked
+/// up in temp, then main, then every attached database).
+const TABLES: [&str; 5] = ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta"];
+
+/// A statement as SQLite runs it: the tables in `main`, the functions without a schema,
+/// and plain operators.
 pub fn sqlite(text: &str) -> String {
+    let mut text = text.to_owned();
+    for table in TABLES {
+        let qualified = format!("{SCHEMA}{table}");
+        let mut at = 0;
+        while let Some(found) = text[at..].find(&qualified) {
+            let start = at + found;
+            let end = start + qualified.len();
+            // rl_bucket_guard is a function, not the table rl_bucket
+            let whole_name = !text[end..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+            if whole_name {
+                text.replace_range(start..start + SCHEMA.len(), "main.");
+            }
+            at = end;
+        }
+    }
     let text = text.replace(SCHEMA, "");
     let mut out = String::with_capacity(text.len());
     let mut rest = text.as_str();
@@ -228,12 +247,23 @@ mod tests {
     fn sqlite_text_drops_the_qualification() {
         assert_eq!(
             sqlite("DELETE FROM ratelimit.rl_bucket WHERE key OPERATOR(pg_catalog.=) $1 AND full_at OPERATOR(pg_catalog.<=) $2"),
-            "DELETE FROM rl_bucket WHERE key = $1 AND full_at <= $2"
+            "DELETE FROM main.rl_bucket WHERE key = $1 AND full_at <= $2"
+        );
+        assert_eq!(
+            sqlite("UPDATE ratelimit.rl_bucket SET level = ratelimit.rl_bucket_new_level()"),
+            "UPDATE main.rl_bucket SET level = rl_bucket_new_level()"
         );
         for (i, statement) in Statement::ALL.iter().enumerate() {
             assert_eq!(*statement as usize, i, "ALL is in declaration order");
             let s = sqlite(statement.text());
             assert!(!s.contains("ratelimit") && !s.contains("OPERATOR") && !s.contains("pg_catalog"), "{s}");
+            for table in TABLES {
+                for (at, _) in s.match_indices(table) {
+                    let whole_name =
+                        !s[at + table.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+                    assert!(!whole_name || s[..at].ends_with("main."), "{table} outside main in {s}");
+                }
+            }
         }
     }
 

@@ -62,7 +62,7 @@ fn register_all(db: Connection) -> rusqlite::Result<bool> {
 fn register_stateful(h: &Arc<Handle>, f: &'static Function) -> rusqlite::Result<()> {
     let handle = h.clone();
     h.lock_unanchored().create_scalar_function(f.name, -1, STATEFUL, move |ctx| {
-        let conn = handle.lock()?;
+        let conn = handle.lock(f.name)?;
         let mut store = SqlStore(SqliteEngine { conn: &conn });
         calls::call(f, &mut store, &args_of(ctx), &Clock::system(true)).map(output).map_err(to_sqlite_error)
     })
