@@ -45,9 +45,9 @@ COMMENT ON FUNCTION rl_check(text, text, double precision, text, double precisio
 COMMENT ON FUNCTION rl_refund_check(text, text, double precision, text, double precision) IS
   'give cost back to every limit of a policy for subject, scaled by the tier (after an admitted rl_check whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
 COMMENT ON FUNCTION rl_penalize(text, bigint, double precision, double precision, double precision, double precision) IS
-  'record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last; returns jsonb';
+  'record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last, never sooner than an earlier strike''s window said; returns jsonb';
 COMMENT ON FUNCTION rl_block(text, double precision, double precision) IS
-  'block subject for seconds (NULL: until rl_unblock): rl_check refuses it for every enforced policy; returns jsonb';
+  'block subject for seconds (NULL: until rl_unblock), never shortening a block in force: rl_check refuses it for every enforced policy; returns jsonb';
 COMMENT ON FUNCTION rl_unblock(text, double precision) IS
   'lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)';
 COMMENT ON FUNCTION rl_policy_stats() IS

@@ -162,13 +162,13 @@ CREATE FUNCTION "rl_penalize"("subject" TEXT, "free_strikes" bigint DEFAULT 3, "
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_penalize_wrapper';
 COMMENT ON FUNCTION rl_penalize(text, bigint, double precision, double precision, double precision, double precision) IS
-  'record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last; returns jsonb';
+  'record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last, never sooner than an earlier strike''s window said; returns jsonb';
 
 CREATE FUNCTION "rl_block"("subject" TEXT, "seconds" double precision, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_block_wrapper';
 COMMENT ON FUNCTION rl_block(text, double precision, double precision) IS
-  'block subject for seconds (NULL: until rl_unblock): rl_check refuses it for every enforced policy; returns jsonb';
+  'block subject for seconds (NULL: until rl_unblock), never shortening a block in force: rl_check refuses it for every enforced policy; returns jsonb';
 
 CREATE FUNCTION "rl_unblock"("subject" TEXT, "now_ms" double precision DEFAULT NULL) RETURNS bool
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE

@@ -1,14 +1,16 @@
 //! One of the two modules of this crate that write `unsafe` themselves (the workspace
 //! denies it elsewhere; the other is [`crate::shared_memory`]): a result handed to
-//! PostgreSQL as `jsonb`, backend-global flags read, and the watch on policy changes.
+//! PostgreSQL as `jsonb`, a `jsonb` argument read as JSON text within a bound,
+//! backend-global flags read, and the watch on policy changes.
 
 #![allow(unsafe_code)]
 
-use pgrx::callconv::{BoxRet, FcInfo};
+use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
+use pgrx::nullable::Nullable;
 use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
 };
-use pgrx::{pg_sys, IntoDatum};
+use pgrx::{pg_sys, FromDatum, IntoDatum};
 use ratelimit_core::render::{number_form, Json, NumberForm};
 use std::ffi::CString;
 use std::ptr::null_mut;
@@ -152,6 +154,125 @@ unsafe impl SqlTranslatable for JsonbResult {
     const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
     const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
     const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+/// A `jsonb` argument as PostgreSQL passed it, not yet converted: [`JsonbArg::text`] reads it
+/// within a bound (pgrx's `JsonB` prints and parses all of it first, panicking on a number
+/// beyond a double's range).
+pub struct JsonbArg(pg_sys::Datum);
+
+impl FromDatum for JsonbArg {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+        (!is_null).then_some(JsonbArg(datum))
+    }
+}
+
+// SAFETY: the argument is a jsonb datum (the SQL type below), held only for the call.
+unsafe impl<'fcx> ArgAbi<'fcx> for JsonbArg {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or_else(|| panic!("argument {index} must not be null"))
+    }
+
+    unsafe fn unbox_nullable_arg(arg: Arg<'_, 'fcx>) -> Nullable<Self> {
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
+// SAFETY: the SQL type named is the one from_datum reads.
+unsafe impl SqlTranslatable for JsonbArg {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbArg);
+    const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+impl JsonbArg {
+    /// The value as compact JSON text, or Err(bytes) once it is larger than `max` bytes:
+    /// stored (uncompressed) or as text, whichever is reached first, so the work done is
+    /// bounded by `max` whatever the value (a number such as 1e-16000 prints 16,000
+    /// digits). Cancellation and statement_timeout are honoured while it walks.
+    pub fn text(&self, max: usize) -> Result<String, usize> {
+        // SAFETY: the datum is a jsonb varlena, valid for the call; toast_raw_datum_size reads
+        // its header (or toast pointer) only; the detoasted copy lives in the call's memory
+        // context; the iterator walks the container it was made from.
+        unsafe {
+            let stored = pg_sys::toast_raw_datum_size(self.0);
+            if stored > max {
+                return Err(stored);
+            }
+            let jsonb = pg_sys::pg_detoast_datum(self.0.cast_mut_ptr()) as *mut pg_sys::Jsonb;
+            let mut it = pg_sys::JsonbIteratorInit(&mut (*jsonb).root);
+            let mut v: pg_sys::JsonbValue = std::mem::zeroed();
+            let mut out = String::new();
+            // per open container: whether it has a member yet (a comma goes before the next)
+            let mut open: Vec<bool> = Vec::new();
+            let (mut after_key, mut raw_scalar) = (false, false);
+            loop {
+                pg_sys::check_for_interrupts!();
+                let token = pg_sys::JsonbIteratorNext(&mut it, &mut v, false);
+                use pg_sys::JsonbIteratorToken::*;
+                let begins = matches!(token, WJB_BEGIN_ARRAY | WJB_BEGIN_OBJECT | WJB_KEY | WJB_ELEM | WJB_VALUE);
+                if begins && !after_key && !(token == WJB_BEGIN_ARRAY && v.val.array.rawScalar) {
+                    if let Some(has_member) = open.last_mut() {
+                        if std::mem::replace(has_member, true) {
+                            out.push(',');
+                        }
+                    }
+                }
+                after_key = token == WJB_KEY;
+                match token {
+                    WJB_DONE => break,
+                    WJB_BEGIN_ARRAY if v.val.array.rawScalar => raw_scalar = true,
+                    WJB_END_ARRAY if raw_scalar && open.is_empty() => {}
+                    WJB_BEGIN_ARRAY | WJB_BEGIN_OBJECT => {
+                        out.push(if token == WJB_BEGIN_ARRAY { '[' } else { '{' });
+                        open.push(false);
+                    }
+                    WJB_END_ARRAY | WJB_END_OBJECT => {
+                        out.push(if token == WJB_END_ARRAY { ']' } else { '}' });
+                        open.pop();
+                    }
+                    WJB_KEY => {
+                        push_scalar(&mut out, &v);
+                        out.push(':');
+                    }
+                    _ => push_scalar(&mut out, &v),
+                }
+                if out.len() > max {
+                    return Err(out.len());
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// One scalar of a jsonb value as JSON text.
+///
+/// # Safety
+/// `v` is a scalar the iterator just returned.
+unsafe fn push_scalar(out: &mut String, v: &pg_sys::JsonbValue) {
+    unsafe {
+        match v.type_ {
+            pg_sys::jbvType::jbvNull => out.push_str("null"),
+            pg_sys::jbvType::jbvBool => out.push_str(if v.val.boolean { "true" } else { "false" }),
+            pg_sys::jbvType::jbvNumeric => {
+                let text = pgrx::direct_function_call::<&std::ffi::CStr>(
+                    pg_sys::numeric_out,
+                    &[Some(pg_sys::Datum::from(v.val.numeric))],
+                );
+                out.push_str(text.and_then(|t| t.to_str().ok()).unwrap_or("null"));
+            }
+            _ => {
+                let s = v.val.string;
+                let bytes = std::slice::from_raw_parts(s.val as *const u8, s.len.max(0) as usize);
+                // jsonb strings are valid UTF-8 in the database encoding the extension requires
+                let text = String::from_utf8_lossy(bytes);
+                out.push_str(&serde_json::to_string(&text).unwrap_or_else(|_| "\"\"".into()));
+            }
+        }
+    }
 }
 
 /// Whether the current transaction refuses writes (a read-only transaction, a standby).

@@ -9,10 +9,10 @@ mod shared_memory;
 
 use std::cell::{Cell, OnceCell};
 
-use ffi::JsonbResult;
+use ffi::{JsonbArg, JsonbResult};
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, JsonB, PgOid, PostgresGucEnum};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PgOid, PostgresGucEnum};
 use ratelimit_core::functions::{self as f, Function, SqlType};
 use ratelimit_core::memory_store::MemoryStore;
 use ratelimit_core::render::ToJson;
@@ -75,6 +75,7 @@ fn raise(e: ratelimit_core::Error) -> ! {
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
         }
         ErrorKind::LimitExceeded => PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        ErrorKind::OutOfRange => PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
         ErrorKind::Storage => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
     };
     ereport!(ERROR, code, e.to_string());
@@ -127,6 +128,14 @@ from_answer! {
     i64 => Int(n) => n;
     f64 => Real(r) => r;
     bool => Bool(b) => b;
+}
+
+/// A jsonb argument as JSON text, read no further than the core's bound on JSON arguments.
+fn json_text(function: &Function, name: &str, v: Option<JsonbArg>) -> Option<String> {
+    let bound = ratelimit_core::units::MAX_JSON_BYTES;
+    v.map(|j| {
+        j.text(bound).unwrap_or_else(|bytes| raise(ratelimit_core::args::json_too_large(function.name, name, bytes)))
+    })
 }
 
 fn text(v: Option<&str>) -> Arg<'_> {
@@ -206,8 +215,8 @@ fn rl_reset(key: Option<&str>) -> i64 {
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn rl_policy_set(name: Option<&str>, definition: Option<JsonB>) -> JsonbResult {
-    let definition = definition.map(|j| j.0.to_string());
+fn rl_policy_set(name: Option<&str>, definition: Option<JsonbArg>) -> JsonbResult {
+    let definition = json_text(&f::RL_POLICY_SET, "definition", definition);
     run(&f::RL_POLICY_SET, &[text(name), text(definition.as_deref())])
 }
 
@@ -261,8 +270,8 @@ fn rl_unblock(subject: Option<&str>, now_ms: default!(Option<f64>, "NULL")) -> b
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn rl_take_all(limits: Option<JsonB>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
-    let limits = limits.map(|j| j.0.to_string());
+fn rl_take_all(limits: Option<JsonbArg>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
+    let limits = json_text(&f::RL_TAKE_ALL, "limits", limits);
     run(&f::RL_TAKE_ALL, &[text(limits.as_deref()), real(now_ms)])
 }
 
@@ -290,8 +299,8 @@ fn rl_stats_reset() -> i64 {
 }
 
 #[pg_extern(immutable, parallel_safe)]
-fn rl_headers(result: Option<JsonB>) -> JsonbResult {
-    let result = result.map(|j| j.0.to_string());
+fn rl_headers(result: Option<JsonbArg>) -> JsonbResult {
+    let result = json_text(&f::RL_HEADERS, "result", result);
     run(&f::RL_HEADERS, &[text(result.as_deref())])
 }
 

@@ -12,7 +12,9 @@ use crate::lease::MAX_IN_FLIGHT;
 use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem, MAX_ITEMS};
 use crate::penalty::Escalation;
 use crate::policy::POLICY_KEY_MARK;
-use crate::units::{Period, MAX_AMOUNT, MAX_DURATION_SECONDS, MAX_KEY_BYTES, MAX_NOW_MS, MICROS_PER_UNIT};
+use crate::units::{
+    Period, MAX_AMOUNT, MAX_DURATION_SECONDS, MAX_JSON_BYTES, MAX_KEY_BYTES, MAX_NOW_MS, MAX_TOKENS, MICROS_PER_UNIT,
+};
 use crate::window::WindowLimits;
 
 /// One SQL argument value, borrowed from the engine.
@@ -57,6 +59,9 @@ fn format_real(r: f64) -> String {
         } else {
             "-Infinity".into()
         }
+    } else if r != 0.0 && !(1e-6..1e16).contains(&r.abs()) {
+        // 1e308 as written, not as 309 digits
+        format!("{r:e}")
     } else {
         format!("{r}")
     }
@@ -114,6 +119,19 @@ pub fn positive_number(function: &'static str, name: &str, arg: &Arg) -> Result<
     }
 }
 
+/// A bucket's burst, refill_per_minute or cost: a finite number greater than 0 and at most
+/// [`MAX_TOKENS`], where token counts stop being exact.
+pub fn token_number(function: &'static str, name: &str, arg: &Arg) -> Result<f64> {
+    let value = positive_number(function, name, arg)?;
+    if value > MAX_TOKENS {
+        return Err(Error::invalid(
+            function,
+            format!("{name} must be at most 1000000000000000, got {}", arg.describe()),
+        ));
+    }
+    Ok(value)
+}
+
 /// A cost that may be 0 (the peeks: what is left, with no hypothetical charge).
 fn peek_cost(arg: &Arg) -> Option<f64> {
     as_number(arg).filter(|v| *v == 0.0)
@@ -127,8 +145,11 @@ fn zero_error(function: &'static str, name: &str, arg: &Arg) -> Error {
 fn cost_number(function: &'static str, name: &str, arg: &Arg, zero: bool) -> Result<f64> {
     match peek_cost(arg) {
         Some(z) if zero => Ok(z),
-        _ if zero => positive_number(function, name, arg).map_err(|_| zero_error(function, name, arg)),
-        _ => positive_number(function, name, arg),
+        _ if zero => match positive_number(function, name, arg) {
+            Err(_) => Err(zero_error(function, name, arg)),
+            Ok(_) => token_number(function, name, arg),
+        },
+        _ => token_number(function, name, arg),
     }
 }
 
@@ -146,6 +167,10 @@ pub fn amount_micros(function: &'static str, name: &str, arg: &Arg) -> Result<i6
     let value = positive_number(function, name, arg)?;
     if value > MAX_AMOUNT {
         return Err(Error::invalid(function, format!("{name} must be at most 1000000000, got {}", arg.describe())));
+    }
+    // Below a millionth would round up to one: refused as the text says, never rounded up.
+    if value < 1.0 / MICROS_PER_UNIT as f64 {
+        return Err(Error::invalid(function, format!("{name} must be at least 0.000001, got {}", arg.describe())));
     }
     let micros = match *arg {
         Arg::Integer(i) => i * MICROS_PER_UNIT,
@@ -320,8 +345,8 @@ impl<'a> TakeArgs<'a> {
         Ok(TakeArgs {
             key: key(function, &nth(args, 0))?,
             limits: BucketLimits {
-                burst: positive_number(function, "burst", &nth(args, 1))?,
-                refill_per_minute: positive_number(function, "refill_per_minute", &nth(args, 2))?,
+                burst: token_number(function, "burst", &nth(args, 1))?,
+                refill_per_minute: token_number(function, "refill_per_minute", &nth(args, 2))?,
             },
             cost: match args.get(3) {
                 None => 1.0,
@@ -576,11 +601,31 @@ pub struct TakeAllArgs<'a> {
 /// The JSON argument of rl_take_all as a value, which [`TakeAllArgs`] borrows its keys from.
 pub fn limits_json(function: &'static str, arg: &Arg) -> Result<Value> {
     match *arg {
-        Arg::Text(t) => {
-            serde_json::from_str(t).map_err(|e| Error::invalid(function, format!("limits must be valid JSON: {e}")))
-        }
+        Arg::Text(t) => json_value(function, "limits", t),
         _ => Err(Error::invalid(function, format!("limits must be a JSON array, got {}", arg.describe()))),
     }
+}
+
+/// A JSON argument parsed, after its size is checked (so no call parses more than
+/// [`MAX_JSON_BYTES`]). A number too large for a double reads as infinite, which the
+/// field's own rule then refuses by name.
+pub fn json_value(function: &'static str, name: &str, text: &str) -> Result<Value> {
+    json_size(function, name, text.len())?;
+    serde_json::from_str(text).map_err(|e| Error::invalid(function, format!("{name} must be valid JSON: {e}")))
+}
+
+/// Refuses a JSON argument of more than [`MAX_JSON_BYTES`] (an engine that can tell the
+/// size before converting the value checks it first).
+pub fn json_size(function: &'static str, name: &str, bytes: usize) -> Result<()> {
+    if bytes > MAX_JSON_BYTES {
+        return Err(json_too_large(function, name, bytes));
+    }
+    Ok(())
+}
+
+/// The error of a JSON argument of more than [`MAX_JSON_BYTES`] (`bytes`: as far as it was read).
+pub fn json_too_large(function: &'static str, name: &str, bytes: usize) -> Error {
+    Error::invalid(function, format!("{name} must be at most {MAX_JSON_BYTES} bytes of JSON, got {bytes} bytes"))
 }
 
 impl<'a> TakeAllArgs<'a> {
@@ -619,10 +664,16 @@ pub fn json_arg(v: &Value) -> Arg<'_> {
     match v {
         Value::Null => Arg::Null,
         Value::String(s) => Arg::Text(s),
-        Value::Number(n) => n.as_i64().map_or_else(|| Arg::Real(n.as_f64().unwrap_or(f64::NAN)), Arg::Integer),
+        Value::Number(n) => n.as_i64().map_or_else(|| Arg::Real(number_f64(n)), Arg::Integer),
         // booleans, arrays and objects are not numbers, keys or periods
         other => Arg::Blob(if other.is_boolean() { b"boolean" } else { b"json" }),
     }
+}
+
+/// A JSON number as a double: one beyond a double's range (kept as its digits) is
+/// infinite, so the rule of its field names it.
+pub fn number_f64(n: &serde_json::Number) -> f64 {
+    n.as_f64().unwrap_or_else(|| n.to_string().parse::<f64>().unwrap_or(f64::NAN))
 }
 
 fn limit<'a>(function: &'static str, position: usize, v: &'a Value) -> Result<Limit<'a>> {
@@ -671,10 +722,10 @@ fn limit<'a>(function: &'static str, position: usize, v: &'a Value) -> Result<Li
             position,
             key,
             limits: BucketLimits {
-                burst: positive_number(function, "burst", &field("burst"))?,
-                refill_per_minute: positive_number(function, "refill_per_minute", &field("refill_per_minute"))?,
+                burst: token_number(function, "burst", &field("burst"))?,
+                refill_per_minute: token_number(function, "refill_per_minute", &field("refill_per_minute"))?,
             },
-            cost: cost.map_or(Ok(1.0), |c| positive_number(function, "cost", &c))?,
+            cost: cost.map_or(Ok(1.0), |c| token_number(function, "cost", &c))?,
         }))
     }
 }

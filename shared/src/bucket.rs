@@ -5,7 +5,7 @@
 //! are found against the very predicate that admits a take, so waiting exactly
 //! `retry_after_ms` admits and waiting 1 ms less does not, whatever the float rounding.
 
-use crate::units::{MAX_WAIT_MS, MS_PER_MINUTE};
+use crate::units::{MAX_TOKENS, MAX_WAIT_MS, MS_PER_MINUTE};
 
 /// What a bucket row stores: `level` tokens at `refilled_at`; `full_at` is when it is full
 /// again under the limits of the call that wrote it (the sweep removes it from then on).
@@ -24,9 +24,9 @@ pub struct BucketLimits {
 }
 
 impl BucketLimits {
-    /// Seconds an empty bucket takes to fill.
+    /// Seconds an empty bucket takes to fill, at most the longest wait ever reported.
     pub fn refill_seconds(&self) -> f64 {
-        self.burst * 60.0 / self.refill_per_minute
+        (self.burst * 60.0 / self.refill_per_minute).min((MAX_WAIT_MS / 1000) as f64)
     }
 }
 
@@ -129,9 +129,25 @@ pub fn take(state: Option<&BucketState>, limits: &BucketLimits, cost: f64, now: 
 }
 
 /// Takes `amount` tokens whatever the level: the cost of work already done, which may
-/// leave the bucket in debt. Answers like an admitted take.
+/// leave the bucket in debt. Answers like an admitted take; a debt deeper than
+/// [`MAX_TOKENS`] is not taken (answered as refused, writing nothing), so levels stay
+/// exact and finite.
 pub fn charge(state: Option<&BucketState>, limits: &BucketLimits, amount: f64, now: i64) -> TakeDecision {
-    taken(state, limits, level_at(state, limits, now), amount, now)
+    let level = level_at(state, limits, now);
+    if level - amount < -MAX_TOKENS {
+        return TakeDecision {
+            admitted: false,
+            retry_after_ms: MAX_WAIT_MS,
+            new_state: None,
+            ..take(state, limits, 0.0, now)
+        };
+    }
+    taken(state, limits, level, amount, now)
+}
+
+/// Whether a charge's answer is the refusal of a debt past [`MAX_TOKENS`].
+pub fn debt_too_deep(d: &TakeDecision) -> bool {
+    !d.admitted
 }
 
 /// The admitted answer of `amount` taken from `level` (the bucket's level now).

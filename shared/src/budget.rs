@@ -80,15 +80,29 @@ pub fn refund(state: Option<&BudgetState>, period: Period, amount: i64, now: i64
 pub struct BudgetCharge {
     pub used: i64,
     pub resets_at_ms: i64,
+    /// Not charged: the period's use would pass [`MAX_USED`].
+    pub too_much: bool,
     pub new_state: Option<BudgetState>,
 }
 
+/// Most millionths a period may count: where they stop being exact in JSON, about 9
+/// billion units past any quota.
+pub const MAX_USED: i64 = crate::units::MAX_WAIT_MS;
+
 /// Adds `amount` to the current period's use, past its quota if need be: later spends in
-/// the period are refused.
+/// the period are refused. A total past [`MAX_USED`] is not charged (nothing is written).
 pub fn charge(state: Option<&BudgetState>, period: Period, amount: i64, now: i64) -> BudgetCharge {
     let current = state.filter(|s| s.resets_at > now);
     let resets_at = current.map_or_else(|| period.end_ms(now), |s| s.resets_at);
-    // Capped where millionths stop being exact in JSON: 9 billion units past any quota.
-    let used = current.map_or(0, |s| s.used.max(0)).saturating_add(amount).min(crate::units::MAX_WAIT_MS);
-    BudgetCharge { used, resets_at_ms: resets_at, new_state: Some(BudgetState { used, resets_at }) }
+    let before = current.map_or(0, |s| s.used.max(0));
+    let total = before.saturating_add(amount);
+    if total > MAX_USED {
+        return BudgetCharge { used: before, resets_at_ms: resets_at, too_much: true, new_state: None };
+    }
+    BudgetCharge {
+        used: total,
+        resets_at_ms: resets_at,
+        too_much: false,
+        new_state: Some(BudgetState { used: total, resets_at }),
+    }
 }

@@ -17,6 +17,9 @@ pub enum ErrorKind {
     NotInStatement,
     /// A call would store more than a key may hold: PostgreSQL 54000 program_limit_exceeded.
     LimitExceeded,
+    /// A result beyond the range a count can be kept or shown exactly in: PostgreSQL 22003
+    /// numeric_value_out_of_range.
+    OutOfRange,
     /// The memory store is chosen but the server did not load it at start: PostgreSQL 55000.
     MemoryStoreNotLoaded,
 }
@@ -35,6 +38,10 @@ pub struct Error {
 impl Error {
     pub fn invalid(function: &'static str, message: impl Into<String>) -> Self {
         Error { kind: ErrorKind::InvalidArgument, function, message: message.into(), engine_code: None }
+    }
+
+    pub fn out_of_range(function: &'static str, message: impl Into<String>) -> Self {
+        Error { kind: ErrorKind::OutOfRange, function, message: message.into(), engine_code: None }
     }
 
     pub fn storage(function: &'static str, message: impl Into<String>) -> Self {

@@ -280,10 +280,10 @@ mod table {
         ..state("rl_penalize", StateCall::Penalize,
         &[SUBJECT, optional("free_strikes", Int8, "3"), optional("base_seconds", Float8, "60"),
           optional("max_seconds", Float8, "3600"), optional("window_seconds", Float8, "3600"), NOW_MS],
-        "record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last; returns jsonb") };
+        "record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last, never sooner than an earlier strike's window said; returns jsonb") };
     pub const RL_BLOCK: Function = Function { result_keys: BLOCK_KEYS,
         ..state("rl_block", StateCall::Block, &[SUBJECT, required("seconds", Float8), NOW_MS],
-        "block subject for seconds (NULL: until rl_unblock): rl_check refuses it for every enforced policy; returns jsonb") };
+        "block subject for seconds (NULL: until rl_unblock), never shortening a block in force: rl_check refuses it for every enforced policy; returns jsonb") };
     pub const RL_UNBLOCK: Function = Function { returns: Bool, admin_only: true,
         ..state("rl_unblock", StateCall::Unblock, &[SUBJECT, NOW_MS],
         "lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)") };

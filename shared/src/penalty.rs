@@ -19,6 +19,9 @@ pub enum Block {
 pub struct Strikes {
     pub strikes: i64,
     pub last_strike_at: i64,
+    /// When the strikes are forgotten: the latest end any strike's own window gave them,
+    /// so no later call with a shorter window forgets them sooner.
+    pub forgotten_at: i64,
     pub block: Option<Block>,
 }
 
@@ -42,8 +45,8 @@ impl Strikes {
     }
 
     /// When the row stops mattering (the sweep removes it from then on).
-    pub fn empty_at(&self, window_ms: i64) -> i64 {
-        let strikes_end = if self.strikes > 0 { self.last_strike_at.saturating_add(window_ms) } else { 0 };
+    pub fn empty_at(&self) -> i64 {
+        let strikes_end = if self.strikes > 0 { self.forgotten_at } else { 0 };
         match self.block {
             Some(Block::Indefinite) => i64::MAX,
             Some(Block::Until(t)) => t.max(strikes_end),
@@ -57,7 +60,9 @@ impl Strikes {
             Some(Block::Indefinite) => Value::Null,
             Some(Block::Until(t)) => json!(t),
         };
-        json!({"strikes": self.strikes, "last_strike_at": self.last_strike_at, "blocked_until": block}).to_string()
+        json!({"strikes": self.strikes, "last_strike_at": self.last_strike_at, "forgotten_at": self.forgotten_at,
+               "blocked_until": block})
+        .to_string()
     }
 
     pub fn decode(text: &str) -> Option<Strikes> {
@@ -67,9 +72,15 @@ impl Strikes {
             Value::Null => Some(Block::Indefinite),
             t => Some(Block::Until(t.as_i64()?)),
         };
+        let last_strike_at = v.get("last_strike_at")?.as_i64()?;
         Some(Strikes {
             strikes: v.get("strikes")?.as_i64()?,
-            last_strike_at: v.get("last_strike_at")?.as_i64()?,
+            last_strike_at,
+            // a row written before forgotten_at was recorded: the next strike's window decides
+            forgotten_at: match v.get("forgotten_at") {
+                None => last_strike_at,
+                Some(t) => t.as_i64()?,
+            },
             block,
         })
     }
@@ -104,11 +115,16 @@ impl BlockAnswer {
     }
 }
 
-/// One strike at `now`.
+/// One strike at `now`. Earlier strikes still count until the later of the end their own
+/// windows gave them and this call's window after the last strike: a call cannot make
+/// strikes expire sooner than the window they were recorded under said.
 pub fn penalize(state: Option<&Strikes>, e: &Escalation, now: i64) -> (BlockAnswer, Strikes) {
     let current = state.copied().unwrap_or_default();
-    let remembered = current.strikes > 0 && now < current.last_strike_at.saturating_add(e.window_ms);
-    let strikes = if remembered { current.strikes + 1 } else { 1 };
+    let strikes_end = current.forgotten_at.max(current.last_strike_at.saturating_add(e.window_ms));
+    let remembered = current.strikes > 0 && now < strikes_end;
+    let strikes = if remembered { current.strikes.saturating_add(1) } else { 1 };
+    let own_end = now.saturating_add(e.window_ms).min(MAX_WAIT_MS);
+    let forgotten_at = if remembered { current.forgotten_at.max(own_end) } else { own_end };
     let mut block = current.block_at(now);
     if strikes > e.free_strikes {
         let doublings = (strikes - e.free_strikes).min(62) as u32;
@@ -120,14 +136,21 @@ pub fn penalize(state: Option<&Strikes>, e: &Escalation, now: i64) -> (BlockAnsw
             None => Some(Block::Until(until)),
         };
     }
-    let new = Strikes { strikes, last_strike_at: now.max(current.last_strike_at), block };
+    let new = Strikes { strikes, last_strike_at: now.max(current.last_strike_at), forgotten_at, block };
     (BlockAnswer { strikes, block, now }, new)
 }
 
-/// A block set directly, for `length_ms` or (None) until unblocked. Strikes are kept.
+/// A block set directly, for `length_ms` or (None) until unblocked. Strikes are kept, and
+/// a block in force is never shortened: the later end wins (until unblocked is the
+/// latest), as with rl_penalize; only rl_unblock lifts a block.
 pub fn block(state: Option<&Strikes>, length_ms: Option<i64>, now: i64) -> (BlockAnswer, Strikes) {
     let current = state.copied().unwrap_or_default();
-    let block = Some(length_ms.map_or(Block::Indefinite, |l| Block::Until(now.saturating_add(l))));
+    let requested = length_ms.map_or(Block::Indefinite, |l| Block::Until(now.saturating_add(l).min(MAX_WAIT_MS)));
+    let block = Some(match (current.block_at(now), requested) {
+        (Some(Block::Indefinite), _) | (_, Block::Indefinite) => Block::Indefinite,
+        (Some(Block::Until(t)), Block::Until(u)) => Block::Until(t.max(u)),
+        (None, until) => until,
+    });
     let new = Strikes { block, ..current };
     (BlockAnswer { strikes: current.strikes, block, now }, new)
 }
@@ -167,10 +190,53 @@ mod tests {
     fn a_direct_block_and_its_answer() {
         let (answer, s) = block(None, None, 5);
         assert_eq!(answer.fields(), (0, true, None, None));
-        assert_eq!(s.empty_at(0), i64::MAX);
-        let (answer, s) = block(Some(&s), Some(1_500), 5);
+        assert_eq!(s.empty_at(), i64::MAX);
+        let (answer, s) = block(None, Some(1_500), 5);
         assert_eq!(answer.fields(), (0, true, Some(2), Some(2)));
         assert_eq!(s.block_at(1_504), Some(Block::Until(1_505)));
         assert_eq!(s.block_at(1_505), None);
+    }
+
+    /// rl_block never shortens a block in force: a short block over a long one (or over one
+    /// until unblocked) changes nothing; a longer one extends it; an ended one is replaced.
+    #[test]
+    fn a_block_in_force_is_never_shortened() {
+        let (_, forever) = block(None, None, 0);
+        let (answer, s) = block(Some(&forever), Some(1), 10);
+        assert_eq!((answer.block, s.block), (Some(Block::Indefinite), Some(Block::Indefinite)));
+        let (_, long) = block(None, Some(60_000), 0);
+        let cases = [(1, 1_000, 60_000), (120_000, 1_000, 121_000), (1, 70_000, 70_001)];
+        for (length, now, until) in cases {
+            let (answer, s) = block(Some(&long), Some(length), now);
+            assert_eq!(
+                (answer.block, s.block),
+                (Some(Block::Until(until)), Some(Block::Until(until))),
+                "{length} at {now}"
+            );
+        }
+        // a penalized block is kept too
+        let mut state = None;
+        for i in 0..4 {
+            state = Some(penalize(state.as_ref(), &SEED, i).1);
+        }
+        let (answer, _) = block(state.as_ref(), Some(1), 10);
+        assert_eq!(answer.block, Some(Block::Until(3 + 120_000)));
+    }
+
+    /// A call with a tiny window does not forget strikes recorded under a long one: called
+    /// before every real strike, it still lets the strikes add up to a block.
+    #[test]
+    fn a_short_window_does_not_forget_earlier_strikes() {
+        let tiny = Escalation { window_ms: 1, free_strikes: 1_000_000, ..SEED };
+        let mut state = None;
+        for i in 0..5 {
+            let (answer, new) = penalize(state.as_ref(), &SEED, i * 2_000);
+            if answer.block.is_some() {
+                assert_eq!((i, answer.strikes), (2, 5), "every strike counted");
+                return;
+            }
+            state = Some(penalize(Some(&new), &tiny, i * 2_000 + 1_000).1);
+        }
+        panic!("never blocked: strikes were forgotten on request");
     }
 }

@@ -3,11 +3,8 @@
 //! limit becomes an rl_take_all item under a key derived from the policy and the subject.
 
 use std::cell::RefCell;
-use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
@@ -18,7 +15,7 @@ use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem};
 use crate::penalty::Strikes;
 use crate::render::Json;
 use crate::store::StoredPolicy;
-use crate::units::{Period, MAX_AMOUNT, MICROS_PER_UNIT};
+use crate::units::{Period, MAX_AMOUNT, MAX_TOKENS, MICROS_PER_UNIT};
 use crate::window::WindowLimits;
 
 /// Most limits one policy holds.
@@ -55,7 +52,7 @@ impl PolicyLimit {
             let scaled = (micros as f64 * m).round();
             (1.0..=MAX_AMOUNT * MICROS_PER_UNIT as f64).contains(&scaled)
         };
-        let rate = |v: f64| (v * m).is_finite() && v * m > 0.0;
+        let rate = |v: f64| v * m > 0.0 && v * m <= MAX_TOKENS;
         match *self {
             PolicyLimit::Bucket { burst, refill_per_minute } => rate(burst) && rate(refill_per_minute),
             PolicyLimit::Budget { quota, .. } => amount(quota),
@@ -80,8 +77,7 @@ fn invalid(function: &'static str, message: String) -> Error {
 impl Policy {
     /// Parses and validates a whole definition; the error names the field.
     pub fn parse(function: &'static str, text: &str) -> Result<Policy> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| invalid(function, format!("definition must be valid JSON: {e}")))?;
+        let value = args::json_value(function, "definition", text)?;
         let o = value.as_object().ok_or_else(|| {
             invalid(function, "definition must be a JSON object with limits, and optionally tiers and shadow".into())
         })?;
@@ -133,7 +129,7 @@ impl Policy {
                 return Err(invalid(
                     function,
                     format!(
-                        "definition.tiers.{name}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay finite and above 0, a quota or window limit from 0.000001 to 1000000000)",
+                        "definition.tiers.{name}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay above 0 and at most 1000000000000000, a quota or window limit from 0.000001 to 1000000000)",
                         crate::render::number_text(*m),
                         i + 1
                     ),
@@ -264,8 +260,8 @@ fn limit(function: &'static str, v: &Value) -> Result<PolicyLimit> {
             window_ms: args::duration_ms(function, "window_seconds", &field("window_seconds"))?,
         },
         _ => PolicyLimit::Bucket {
-            burst: args::positive_number(function, "burst", &field("burst"))?,
-            refill_per_minute: args::positive_number(function, "refill_per_minute", &field("refill_per_minute"))?,
+            burst: args::token_number(function, "burst", &field("burst"))?,
+            refill_per_minute: args::token_number(function, "refill_per_minute", &field("refill_per_minute"))?,
         },
     })
 }
@@ -273,9 +269,7 @@ fn limit(function: &'static str, v: &Value) -> Result<PolicyLimit> {
 /// A revision for a newly stored definition: random, so that a policy dropped and set
 /// again never comes back under a revision a connection still has cached.
 pub fn new_revision() -> i64 {
-    let mut h = RandomState::new().build_hasher();
-    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.finish() as i64
+    crate::units::random_u64() as i64
 }
 
 /// Most policies one thread keeps parsed; past it the cache starts again.

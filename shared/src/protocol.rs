@@ -158,16 +158,32 @@ pub fn refund_budget<S: RowStore>(store: &mut S, function: &'static str, a: &Ref
     change_budget(store, function, a.key, period, move |row| budget::refund(row, period, amount, now))
 }
 
-/// rl_charge: take tokens whatever the level, into debt if need be.
+/// rl_charge: take tokens whatever the level, into debt if need be (never deeper than
+/// [`crate::units::MAX_TOKENS`]: a range error, nothing charged).
 pub fn charge<S: RowStore>(store: &mut S, function: &'static str, a: &TakeArgs) -> Result<TakeDecision> {
     let (limits, amount, now) = (a.limits, a.cost, a.now_ms);
-    change_bucket(store, function, a.key, move |row| bucket::charge(row, &limits, amount, now))
+    let d = change_bucket(store, function, a.key, move |row| bucket::charge(row, &limits, amount, now))?;
+    if bucket::debt_too_deep(&d) {
+        return Err(Error::out_of_range(
+            function,
+            "the bucket's debt would pass 1000000000000000 tokens; nothing was charged",
+        ));
+    }
+    Ok(d)
 }
 
-/// rl_charge_budget: add to the period's use, past its quota if need be.
+/// rl_charge_budget: add to the period's use, past its quota if need be (never past
+/// [`budget::MAX_USED`]: a range error, nothing charged).
 pub fn charge_budget<S: RowStore>(store: &mut S, function: &'static str, a: &RefundBudgetArgs) -> Result<BudgetCharge> {
     let (period, amount, now) = (a.period, a.amount, a.now_ms);
-    change_budget(store, function, a.key, period, move |row| budget::charge(row, period, amount, now))
+    let d = change_budget(store, function, a.key, period, move |row| budget::charge(row, period, amount, now))?;
+    if d.too_much {
+        return Err(Error::out_of_range(
+            function,
+            format!("the period's use would pass {} units; nothing was charged", budget::MAX_USED / 1_000_000),
+        ));
+    }
+    Ok(d)
 }
 
 /// rl_peek: what rl_take would answer, changing nothing (so it answers read-only too,
@@ -673,7 +689,7 @@ pub fn penalize<S: LockingStore>(store: &mut S, function: &'static str, a: &Pena
     change_strikes(store, function, a.subject, |state, _| {
         // strikes are remembered window_ms after the last
         let (answer, new) = penalty::penalize(state, &e, a.now_ms);
-        (answer, Some((new, new.empty_at(e.window_ms))))
+        (answer, Some((new, new.empty_at())))
     })
 }
 
@@ -681,8 +697,8 @@ pub fn penalize<S: LockingStore>(store: &mut S, function: &'static str, a: &Pena
 pub fn block<S: LockingStore>(store: &mut S, function: &'static str, a: &BlockArgs) -> Result<BlockAnswer> {
     change_strikes(store, function, a.subject, |state, kept_until| {
         let (answer, new) = penalty::block(state, a.length_ms, a.now_ms);
-        // the strikes stay remembered as long as the last rl_penalize said
-        (answer, Some((new, new.empty_at(0).max(kept_until))))
+        // a row from before forgotten_at was recorded keeps the end its rl_penalize gave it
+        (answer, Some((new, new.empty_at().max(kept_until))))
     })
 }
 

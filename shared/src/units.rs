@@ -20,11 +20,32 @@ pub const MAX_NOW_MS: i64 = 253_402_300_799_999;
 /// every amount and every sum of two is exact in f64 and in any JSON reader.
 pub const MAX_AMOUNT: f64 = 1e9;
 
+/// Largest bucket burst, refill_per_minute or cost, and the deepest debt rl_charge may
+/// leave: every token count below 2^53 is an exact integer in f64 and in any JSON reader,
+/// and this leaves room for a fraction.
+pub const MAX_TOKENS: f64 = 1e15;
+
+/// Longest JSON argument accepted (rl_take_all's limits, rl_policy_set's definition,
+/// rl_headers' result), in bytes: 64 items with keys of the longest length fit in about
+/// a third of it. Checked before anything is parsed, so no call's work grows past it.
+pub const MAX_JSON_BYTES: usize = 262_144;
+
 /// Longest window or lease: a year of 365 days, in seconds.
 pub const MAX_DURATION_SECONDS: f64 = 31_536_000.0;
 
 /// Budget amounts are counted in millionths, so costs with up to 6 decimals are exact.
 pub const MICROS_PER_UNIT: i64 = 1_000_000;
+
+/// 64 bits no caller can predict: SipHash under the keys std draws from the operating
+/// system's random source for each process, over a counter it moves on every call and the
+/// time. Used for lease ids and policy revisions.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    h.finish()
+}
 
 /// Whole seconds, rounded up: a wait of 1 ms is 1 s, never 0.
 pub fn ceil_seconds(ms: i64) -> i64 {

@@ -294,6 +294,7 @@ mod calls {
         rl_acquire => RL_ACQUIRE;
         rl_renew => RL_RENEW;
         rl_charge => RL_CHARGE;
+        rl_charge_budget => RL_CHARGE_BUDGET;
         rl_policy_set => RL_POLICY_SET;
         rl_check => RL_CHECK;
         rl_refund_check => RL_REFUND_CHECK;
@@ -489,12 +490,71 @@ fn odd_rates_meet_the_retry_boundary_exactly() {
 #[test]
 fn huge_and_tiny_numbers_stay_finite() {
     let mut s = MapStore::default();
-    let r = take(&mut s, "k", 1e308, 1e-300, 1e308, 0);
+    let r = take(&mut s, "k", 1e15, 1e-300, 1e15, 0);
     assert_eq!(r["admitted"], true);
-    let r = take(&mut s, "k", 1e308, 1e-300, 1e308, 1);
+    let r = take(&mut s, "k", 1e15, 1e-300, 1e15, 1);
     assert_eq!(r["admitted"], false);
     assert_eq!(r["retry_after_ms"], MAX_WAIT_MS);
+    assert_eq!(r["refill_seconds"], MAX_WAIT_MS / 1000, "capped as every wait is");
     assert!(r["remaining"].is_i64());
+    // past where token counts are exact: refused at the edge, by name, writing nothing
+    for (burst, rate, cost, field) in
+        [(1e308, 1.0, 1.0, "burst"), (1.0, 1e16, 1.0, "refill_per_minute"), (1e15, 1.0, 2e15, "cost")]
+    {
+        let args = [Arg::Text("e"), Arg::Real(burst), Arg::Real(rate), Arg::Real(cost), Arg::Integer(0)];
+        let e = calls::rl_take(&mut s, &args, &TEST_CLOCK).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.to_string().starts_with(&format!("rl_take: {field} must be at most 1000000000000000")), "{e}");
+    }
+    assert!(!s.buckets.contains_key("e"));
+}
+
+/// rl_charge and rl_charge_budget never wrap: a debt past 1e15 tokens, or a period's use
+/// past 2^53 - 1 millionths, is a range error that charges nothing.
+#[test]
+fn charges_past_the_exact_range_are_refused() {
+    let mut s = MapStore::default();
+    let charge = |s: &mut MapStore, amount: f64| {
+        let args = [Arg::Text("d"), Arg::Integer(10), Arg::Integer(60), Arg::Real(amount), Arg::Integer(0)];
+        calls::rl_charge(s, &args, &TEST_CLOCK)
+    };
+    assert!(charge(&mut s, 1e15).is_ok());
+    let before = s.buckets["d"];
+    let e = charge(&mut s, 1e15).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::OutOfRange);
+    assert_eq!(e.to_string(), "rl_charge: the bucket's debt would pass 1000000000000000 tokens; nothing was charged");
+    assert_eq!(s.buckets["d"], before, "nothing written");
+    let r = take(&mut s, "d", 10.0, 60.0, 1.0, 0);
+    assert_eq!(r["remaining"], json!(10 - 1_000_000_000_000_000i64), "the debt as charged, exact");
+    let charge_budget = |s: &mut MapStore| {
+        let args = [Arg::Text("b"), Arg::Text("day"), Arg::Integer(1_000_000_000), Arg::Integer(0)];
+        calls::rl_charge_budget(s, &args, &TEST_CLOCK)
+    };
+    for _ in 0..9 {
+        charge_budget(&mut s).unwrap();
+    }
+    let e = charge_budget(&mut s).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::OutOfRange);
+    assert!(e.to_string().starts_with("rl_charge_budget: the period's use would pass 9007199254 units"), "{e}");
+    assert_eq!(s.budgets[&("b".to_owned(), Period::Day)].used, 9_000_000_000_000_000);
+}
+
+/// Amounts are exact millionths: one below a millionth is refused as documented, never
+/// rounded up to one.
+#[test]
+fn amounts_below_a_millionth_are_refused() {
+    let mut s = MapStore::default();
+    for cost in [Arg::Real(0.0000005), Arg::Text("0.0000005"), Arg::Real(1e-300)] {
+        let args = [Arg::Text("k"), Arg::Text("day"), Arg::Integer(1), cost, Arg::Integer(0)];
+        let e = calls::rl_spend(&mut s, &args, &TEST_CLOCK).unwrap_err();
+        assert!(e.to_string().starts_with("rl_spend: cost must be at least 0.000001, got"), "{e}");
+        let args = [Arg::Text("w"), Arg::Integer(1), Arg::Integer(60), cost, Arg::Integer(0)];
+        let e = calls::rl_window(&mut s, &args, &TEST_CLOCK).unwrap_err();
+        assert!(e.to_string().starts_with("rl_window: cost must be at least 0.000001, got"), "{e}");
+    }
+    assert!(s.budgets.is_empty() && s.entries.is_empty());
+    let args = [Arg::Text("k"), Arg::Text("day"), Arg::Integer(1), Arg::Real(0.000001), Arg::Integer(0)];
+    assert!(calls::rl_spend(&mut s, &args, &TEST_CLOCK).is_ok(), "0.000001 itself is the least amount");
 }
 
 #[test]
@@ -1305,12 +1365,14 @@ fn leases_count_until_released_or_expired() {
     assert!(!release(&mut s, 1_000));
     assert_eq!(s.writes, writes + 1, "a release that finds nothing writes nothing");
     let second = acquire(&mut s, 2_000);
-    assert_eq!((second["admitted"].clone(), second["lease"].clone()), (json!(true), json!("2000-2")));
+    let second_id = second["lease"].as_str().unwrap().to_owned();
+    assert_eq!(second["admitted"], json!(true));
+    assert!(second_id.starts_with("2000-2-") && second_id != lease, "{second_id}");
     let in_flight =
         |s: &mut MapStore, now: i64| calls::rl_in_flight(s, &[Arg::Text("j"), Arg::Integer(now)], &TEST_CLOCK).unwrap();
     assert_eq!((in_flight(&mut s, 11_999), in_flight(&mut s, 12_000)), (1, 0), "expired at once, no sweep");
     let renewed =
-        call(&mut s, calls::rl_renew, &[Arg::Text("j"), Arg::Text("2000-2"), Arg::Integer(60), Arg::Integer(11_000)]);
+        call(&mut s, calls::rl_renew, &[Arg::Text("j"), Arg::Text(&second_id), Arg::Integer(60), Arg::Integer(11_000)]);
     assert_eq!(renewed, json!({"renewed": true, "expires_at": 71_000}));
     assert_eq!(s.entries[&("j".to_owned(), EntryKind::Lease)].empty_at, 71_000, "the sweep waits for it");
 }
