@@ -769,7 +769,7 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
         (
             "rl_spend",
             vec![Arg::Text("k"), Arg::Text("day"), Arg::Integer(1), Arg::Real(1e-9)],
-            "rl_spend: cost must be at least 0.000001, got 0.000000001",
+            "rl_spend: cost must be at least 0.000001, got 1e-9",
         ),
         (
             "rl_budget",
@@ -793,7 +793,7 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
         };
         let err = result.expect_err(message);
         assert_eq!(err.kind, ErrorKind::InvalidArgument);
-        assert_eq!(err.to_string(), message.replace("0.000000001", &format!("{}", 1e-9)));
+        assert_eq!(err.to_string(), message);
     }
     let long = "x".repeat(1025);
     let err = calls::rl_take(&mut s, &[Arg::Text(&long), Arg::Integer(3), Arg::Integer(60)], &TEST_CLOCK).unwrap_err();
