@@ -6,12 +6,34 @@
 #   dist/pg_ratelimit-<version>-pg18-linux-x86_64.tar.gz       the PostgreSQL 18 extension (no Debian
 #                                                               package of 18 to depend on): lib/ and
 #                                                               share/extension/ of that server's tree
+#   dist/pg_ratelimit_sql-<version>.sql                         the SQL edition (managed PostgreSQL): the
+#                                                               database owner runs it with psql -f
+#   dist/pg_ratelimit_sql-<version>.pg_tle.sql                  the same registered with pg_tle, then
+#                                                               CREATE EXTENSION pg_ratelimit_sql
 # Expects scripts/setup.sh --pg to have run; builds what it packages.
+#   bash scripts/package.sh --sql   the two SQL edition files only: needs cargo, no cargo-pgrx
+#                                   and no PostgreSQL (seconds once the core is built)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/pg_versions.sh
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 mkdir -p dist
+
+# The SQL edition: the script shared/src/sql_edition.rs writes, and pg_tle's registration
+# of its extension form (the body between dollar quotes no script of ours contains).
+cargo run --quiet -p ratelimit_core --example sql_edition -- plain > "dist/pg_ratelimit_sql-$version.sql"
+{
+  echo "-- pg_ratelimit $version, SQL edition, registered with pg_tle. Run as a member of pgtle_admin, then in"
+  echo "-- each database that wants it: CREATE EXTENSION pg_ratelimit_sql;"
+  echo "SELECT pgtle.install_extension('pg_ratelimit_sql', '$version',"
+  echo "  'rate limits and spending budgets inside PostgreSQL, in SQL and PL/pgSQL', \$_pg_ratelimit_sql_\$"
+  cargo run --quiet -p ratelimit_core --example sql_edition -- extension
+  echo "\$_pg_ratelimit_sql_\$);"
+} > "dist/pg_ratelimit_sql-$version.pg_tle.sql"
+if [ "${1:-}" = "--sql" ]; then
+  echo "dist/pg_ratelimit_sql-$version.sql dist/pg_ratelimit_sql-$version.pg_tle.sql"
+  exit 0
+fi
+source scripts/pg_versions.sh
 
 cargo build --quiet --release -p sqlite_ratelimit
 # Python: the library next to the package's __init__.py, built in a throwaway copy.

@@ -244,3 +244,59 @@ def one(conn, sql, args=()):
     with conn.cursor() as cur:
         cur.execute(sql, args)
         return cur.fetchone()[0]
+
+
+_SQL_EDITION_BUILT = []
+
+
+def sql_edition_script(form="sql"):
+    """The SQL edition's install script as scripts/package.sh --sql writes it ('sql': for
+    psql -f; 'pg_tle.sql': pg_tle's registration), built once per test run."""
+    import subprocess
+
+    if not _SQL_EDITION_BUILT:
+        subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
+                       stdout=subprocess.DEVNULL)
+        _SQL_EDITION_BUILT.append(True)
+    with open(os.path.join(ROOT, "dist", f"pg_ratelimit_sql-{CARGO_VERSION}.{form}")) as f:
+        return f.read()
+
+
+@contextlib.contextmanager
+def sql_edition_database():
+    """A fresh database owned by a role with CREATEDB and CREATEROLE but not superuser (a
+    managed service's master user), with the SQL edition installed by that role from the
+    plain script. Yields a connection of the owner's and the database's name."""
+    import psycopg2
+
+    with pg_database("rl_sql", extension=False) as name:
+        owner = f"owner_{name}"
+        admin(f"CREATE ROLE {owner} LOGIN CREATEDB CREATEROLE")
+        try:
+            admin(f"ALTER DATABASE {name} OWNER TO {owner}")
+            conn = psycopg2.connect(dbname=name, user=owner)
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(sql_edition_script())
+            try:
+                yield conn, name
+            finally:
+                conn.close()
+        finally:
+            admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            admin(f"DROP OWNED BY {owner} CASCADE")
+            admin(f"DROP ROLE {owner}")
+
+
+@pytest.fixture
+def pg_sql_db():
+    """A fresh database with the SQL edition installed by a non-superuser owner."""
+    with sql_edition_database() as db:
+        yield db
+
+
+@pytest.fixture
+def pg_sql_engine(pg_sql_db):
+    engine = PgEngine(pg_sql_db[0], "postgres-sql")
+    engine.version = f"{CARGO_VERSION}-sql"
+    return engine

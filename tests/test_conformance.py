@@ -534,6 +534,8 @@ def run(engine):
             continue
         args = tuple(handed_out.get(a.prefix, a.prefix) if isinstance(a, Lease) else a for a in args)
         expected = with_derived_keys(function, args, expected)
+        if function == "rl_version" and not args:
+            expected = getattr(engine, "version", expected)  # the SQL edition says which it is
         if isinstance(expected, tuple):
             message, code = engine.error_of(function, *args)
             results[i] = ("error", message)

@@ -13,6 +13,7 @@
 //!   [`memory_store`]: the store that keeps buckets there and budgets in SQL.
 //! - [`functions`]: every SQL function described once; [`calls`]: what each one runs.
 //! - [`sql`]: the statement texts in `sql/`; [`sql_store`]: the store of both SQL engines.
+//! - [`sql_edition`]: the install script of the SQL edition (PL/pgSQL, for managed PostgreSQL).
 #![forbid(unsafe_code)]
 
 pub mod args;
@@ -33,6 +34,7 @@ pub mod policy;
 pub mod protocol;
 pub mod render;
 pub mod sql;
+pub mod sql_edition;
 pub mod sql_store;
 pub mod stats;
 pub mod store;

@@ -1,0 +1,536 @@
+-- The bodies of the SQL edition's public functions, one section per function, each
+-- opened by a marker line: two dashes, "function:" and the name. Their CREATE FUNCTION lines (arguments,
+-- defaults, volatility, security), comments and grants are generated from the native
+-- library's function table (shared/src/sql_edition.rs), so both editions declare the
+-- same functions. Arguments are checked in the order the native one parses them, so the
+-- first bad one is the one named.
+
+-- function: rl_take
+DECLARE
+    fn CONSTANT text := 'rl_take';
+    k text := ratelimit.rl__key(fn, key);
+    b double precision := ratelimit.rl__tokens(fn, 'burst', burst);
+    r double precision := ratelimit.rl__tokens(fn, 'refill_per_minute', refill_per_minute);
+    c double precision := ratelimit.rl__tokens(fn, 'cost', cost);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__bucket_change(fn, 'take', k, b, r, c, now);
+END
+
+-- function: rl_peek
+DECLARE
+    fn CONSTANT text := 'rl_peek';
+    k text := ratelimit.rl__key(fn, key);
+    b double precision := ratelimit.rl__tokens(fn, 'burst', burst);
+    r double precision := ratelimit.rl__tokens(fn, 'refill_per_minute', refill_per_minute);
+    c double precision := ratelimit.rl__peek_tokens(fn, 'cost', cost);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+    row_level double precision;
+    row_refilled_at bigint;
+BEGIN
+    SELECT t.level, t.refilled_at INTO row_level, row_refilled_at FROM ratelimit.rl_bucket AS t WHERE t.key = k;
+    RETURN (ratelimit.rl__take_decision(FOUND, row_level, row_refilled_at, b, r, c, now)).answer;
+END
+
+-- function: rl_refund
+DECLARE
+    fn CONSTANT text := 'rl_refund';
+    k text := ratelimit.rl__key(fn, key);
+    b double precision := ratelimit.rl__tokens(fn, 'burst', burst);
+    r double precision := ratelimit.rl__tokens(fn, 'refill_per_minute', refill_per_minute);
+    a double precision := ratelimit.rl__tokens(fn, 'amount', amount);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__bucket_change(fn, 'refund', k, b, r, a, now);
+END
+
+-- function: rl_charge
+DECLARE
+    fn CONSTANT text := 'rl_charge';
+    k text := ratelimit.rl__key(fn, key);
+    b double precision := ratelimit.rl__tokens(fn, 'burst', burst);
+    r double precision := ratelimit.rl__tokens(fn, 'refill_per_minute', refill_per_minute);
+    a double precision := ratelimit.rl__tokens(fn, 'amount', amount);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__bucket_change(fn, 'charge', k, b, r, a, now);
+END
+
+-- function: rl_spend
+DECLARE
+    fn CONSTANT text := 'rl_spend';
+    k text := ratelimit.rl__key(fn, key);
+    p text := ratelimit.rl__period(fn, period);
+    q bigint := ratelimit.rl__micros_of(fn, 'quota', quota);
+    c bigint := ratelimit.rl__micros_of(fn, 'cost', cost);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__budget_change(fn, 'spend', k, p, q, c, now);
+END
+
+-- function: rl_budget
+DECLARE
+    fn CONSTANT text := 'rl_budget';
+    k text := ratelimit.rl__key(fn, key);
+    p text := ratelimit.rl__period(fn, period);
+    q bigint := ratelimit.rl__micros_of(fn, 'quota', quota);
+    c bigint := ratelimit.rl__peek_micros(fn, 'cost', cost);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+    row_used bigint;
+    row_resets_at bigint;
+BEGIN
+    SELECT t.used, t.resets_at INTO row_used, row_resets_at FROM ratelimit.rl_budget AS t
+    WHERE t.key = k AND t.period = p;
+    RETURN ratelimit.rl__spend_answer(FOUND, row_used, row_resets_at, p, q, c, now);
+END
+
+-- function: rl_refund_budget
+DECLARE
+    fn CONSTANT text := 'rl_refund_budget';
+    k text := ratelimit.rl__key(fn, key);
+    p text := ratelimit.rl__period(fn, period);
+    a bigint := ratelimit.rl__micros_of(fn, 'amount', amount);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__budget_change(fn, 'refund', k, p, NULL, a, now);
+END
+
+-- function: rl_charge_budget
+DECLARE
+    fn CONSTANT text := 'rl_charge_budget';
+    k text := ratelimit.rl__key(fn, key);
+    p text := ratelimit.rl__period(fn, period);
+    a bigint := ratelimit.rl__micros_of(fn, 'amount', amount);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__budget_change(fn, 'charge', k, p, NULL, a, now);
+END
+
+-- function: rl_sweep
+DECLARE
+    fn CONSTANT text := 'rl_sweep';
+    wall bigint := ratelimit.rl__now(fn, NULL);
+    cutoff bigint;
+    budget bigint;
+    removed bigint := 0;
+    n bigint;
+BEGIN
+    -- an explicit clock needs no permission here: the cutoff is never later than real time
+    IF now_ms IS NOT NULL AND NOT (now_ms = trunc(now_ms) AND abs(now_ms) < 9e15 AND now_ms >= 0
+                                   AND now_ms <= 253402300799999) THEN
+        PERFORM ratelimit.rl__invalid(fn, 'now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got '
+            || ratelimit.rl__describe(now_ms));
+    END IF;
+    cutoff := least(coalesce(now_ms::bigint, wall), wall);
+    IF max_rows IS NOT NULL AND max_rows < 1 THEN
+        PERFORM ratelimit.rl__invalid(fn, 'max_rows must be a positive integer, got ' || max_rows);
+    END IF;
+    budget := coalesce(max_rows, 9223372036854775807);
+    PERFORM ratelimit.rl__writable(fn);
+    DELETE FROM ratelimit.rl_bucket WHERE full_at <= cutoff
+        AND key IN (SELECT key FROM ratelimit.rl_bucket WHERE full_at <= cutoff LIMIT budget);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    removed := removed + n;
+    IF removed < budget THEN
+        DELETE FROM ratelimit.rl_budget WHERE resets_at <= cutoff AND (key, period) IN
+            (SELECT key, period FROM ratelimit.rl_budget WHERE resets_at <= cutoff LIMIT budget - removed);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        removed := removed + n;
+    END IF;
+    IF removed < budget THEN
+        DELETE FROM ratelimit.rl_entries WHERE empty_at <= cutoff AND (key, kind) IN
+            (SELECT key, kind FROM ratelimit.rl_entries WHERE empty_at <= cutoff LIMIT budget - removed);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        removed := removed + n;
+    END IF;
+    RETURN removed;
+END
+
+-- function: rl_reset
+DECLARE
+    fn CONSTANT text := 'rl_reset';
+    k text := ratelimit.rl__key(fn, key);
+    removed bigint := 0;
+    n bigint;
+BEGIN
+    PERFORM ratelimit.rl__writable(fn);
+    DELETE FROM ratelimit.rl_bucket WHERE ratelimit.rl_bucket.key = k;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    removed := removed + n;
+    DELETE FROM ratelimit.rl_budget WHERE ratelimit.rl_budget.key = k;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    removed := removed + n;
+    DELETE FROM ratelimit.rl_entries WHERE ratelimit.rl_entries.key = k;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN removed + n;
+END
+
+-- function: rl_key
+BEGIN
+    IF parts IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'rl_key: part 1 must not be NULL';
+    ELSIF cardinality(parts) = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'rl_key: expected at least 1 part, got 0';
+    END IF;
+    FOR i IN 1..cardinality(parts) LOOP
+        IF parts[array_lower(parts, 1) + i - 1] IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('rl_key: part %s must not be NULL', i);
+        END IF;
+    END LOOP;
+    RETURN array_to_json(parts)::text;
+END
+
+-- function: rl_version
+BEGIN
+    RETURN '@VERSION@-sql';
+END
+
+-- function: rl_window
+DECLARE
+    fn CONSTANT text := 'rl_window';
+    k text := ratelimit.rl__key(fn, key);
+    lim bigint := ratelimit.rl__micros_of(fn, 'limit', "limit");
+    w bigint := ratelimit.rl__duration_ms(fn, 'window_seconds', window_seconds);
+    c bigint := ratelimit.rl__micros_of(fn, 'cost', cost);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__entries_change(fn, k, 'window', 'window',
+        jsonb_build_object('limit', lim, 'window_ms', w, 'cost', c), now, '');
+END
+
+-- function: rl_window_peek
+DECLARE
+    fn CONSTANT text := 'rl_window_peek';
+    k text := ratelimit.rl__key(fn, key);
+    lim bigint := ratelimit.rl__micros_of(fn, 'limit', "limit");
+    w bigint := ratelimit.rl__duration_ms(fn, 'window_seconds', window_seconds);
+    c bigint := ratelimit.rl__peek_micros(fn, 'cost', cost);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+    seen text;
+BEGIN
+    SELECT t.entries INTO seen FROM ratelimit.rl_entries AS t WHERE t.key = k AND t.kind = 'window';
+    RETURN (ratelimit.rl__window_decision(fn, seen, lim, w, c, now)).answer;
+END
+
+-- function: rl_acquire
+DECLARE
+    fn CONSTANT text := 'rl_acquire';
+    k text := ratelimit.rl__key(fn, key);
+    cap bigint := max_in_flight;
+    lease_ms bigint;
+    now bigint;
+BEGIN
+    IF cap IS NULL OR cap < 1 OR cap > 1000 THEN
+        PERFORM ratelimit.rl__invalid(fn, 'max_in_flight must be an integer from 1 to 1000, got '
+            || coalesce(cap::text, 'NULL'));
+    END IF;
+    lease_ms := ratelimit.rl__duration_ms(fn, 'lease_seconds', lease_seconds);
+    now := ratelimit.rl__now(fn, now_ms);
+    RETURN ratelimit.rl__entries_change(fn, k, 'lease', 'acquire',
+        jsonb_build_object('max', cap, 'lease_ms', lease_ms), now, '1');
+END
+
+-- function: rl_release
+DECLARE
+    fn CONSTANT text := 'rl_release';
+    k text := ratelimit.rl__key(fn, key);
+    now bigint;
+BEGIN
+    IF lease IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'lease must be text, got NULL'); END IF;
+    now := ratelimit.rl__now(fn, now_ms);
+    RETURN ratelimit.rl__entries_change(fn, k, 'lease', 'release', jsonb_build_object('lease', lease), now, '1')::boolean;
+END
+
+-- function: rl_renew
+DECLARE
+    fn CONSTANT text := 'rl_renew';
+    k text := ratelimit.rl__key(fn, key);
+    lease_ms bigint;
+    now bigint;
+BEGIN
+    IF lease IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'lease must be text, got NULL'); END IF;
+    lease_ms := ratelimit.rl__duration_ms(fn, 'lease_seconds', lease_seconds);
+    now := ratelimit.rl__now(fn, now_ms);
+    RETURN ratelimit.rl__entries_change(fn, k, 'lease', 'renew',
+        jsonb_build_object('lease', lease, 'lease_ms', lease_ms), now, '1');
+END
+
+-- function: rl_in_flight
+DECLARE
+    fn CONSTANT text := 'rl_in_flight';
+    k text := ratelimit.rl__key(fn, key);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+    seen text;
+BEGIN
+    SELECT t.entries INTO seen FROM ratelimit.rl_entries AS t WHERE t.key = k AND t.kind = 'lease';
+    RETURN (ratelimit.rl__entries_step('in_flight', fn, seen, NULL, FOUND, '{}', now)).answer::bigint;
+END
+
+-- function: rl_penalize
+DECLARE
+    fn CONSTANT text := 'rl_penalize';
+    s text := ratelimit.rl__name(fn, 'subject', subject);
+    base_ms bigint;
+    max_ms bigint;
+    window_ms bigint;
+    now bigint;
+BEGIN
+    IF free_strikes IS NULL OR free_strikes < 0 OR free_strikes > 1000000 THEN
+        PERFORM ratelimit.rl__invalid(fn, 'free_strikes must be an integer from 0 to 1000000, got '
+            || coalesce(free_strikes::text, 'NULL'));
+    END IF;
+    base_ms := ratelimit.rl__duration_ms(fn, 'base_seconds', base_seconds);
+    max_ms := ratelimit.rl__duration_ms(fn, 'max_seconds', max_seconds);
+    window_ms := ratelimit.rl__duration_ms(fn, 'window_seconds', window_seconds);
+    now := ratelimit.rl__now(fn, now_ms);
+    RETURN ratelimit.rl__entries_change(fn, s, 'block', 'penalize', jsonb_build_object('free', free_strikes,
+        'base_ms', base_ms, 'max_ms', max_ms, 'window_ms', window_ms), now, ratelimit.rl__strikes_encode(0, 0, 0, false, NULL));
+END
+
+-- function: rl_block
+DECLARE
+    fn CONSTANT text := 'rl_block';
+    s text := ratelimit.rl__name(fn, 'subject', subject);
+    length_ms bigint := CASE WHEN seconds IS NOT NULL THEN ratelimit.rl__duration_ms(fn, 'seconds', seconds) END;
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__entries_change(fn, s, 'block', 'block', jsonb_build_object('length_ms', length_ms), now,
+        ratelimit.rl__strikes_encode(0, 0, 0, false, NULL));
+END
+
+-- function: rl_unblock
+DECLARE
+    fn CONSTANT text := 'rl_unblock';
+    s text := ratelimit.rl__name(fn, 'subject', subject);
+    now bigint := ratelimit.rl__now(fn, now_ms);
+BEGIN
+    RETURN ratelimit.rl__entries_change(fn, s, 'block', 'unblock', '{}', now,
+        ratelimit.rl__strikes_encode(0, 0, 0, false, NULL))::boolean;
+END
+
+-- function: rl_take_all
+DECLARE
+    fn CONSTANT text := 'rl_take_all';
+    now bigint;
+    items jsonb := '[]';
+    item record;
+BEGIN
+    IF limits IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'limits must be a JSON array, got NULL'); END IF;
+    IF pg_column_size(limits) > 262144 THEN
+        PERFORM ratelimit.rl__invalid(fn, format('limits must be at most 262144 bytes of JSON, got %s bytes',
+                                                 pg_column_size(limits)));
+    END IF;
+    now := ratelimit.rl__now(fn, now_ms);
+    IF jsonb_typeof(limits) <> 'array' THEN
+        PERFORM ratelimit.rl__invalid(fn, 'limits must be a JSON array of limit objects');
+    END IF;
+    IF jsonb_array_length(limits) NOT BETWEEN 1 AND 64 THEN
+        PERFORM ratelimit.rl__invalid(fn, format('limits must hold 1 to 64 items, got %s', jsonb_array_length(limits)));
+    END IF;
+    FOR i IN 1..jsonb_array_length(limits) LOOP
+        item := ratelimit.rl__limit_item(fn || ': item ' || i, limits -> (i - 1));
+        items := items || jsonb_build_object('pos', i, 'kind', item.kind, 'key', item.key, 'period', item.period,
+            'burst', item.burst, 'rate', item.rate, 'cost', item.cost, 'quota', item.quota, 'micros', item.micros,
+            'window_ms', item.window_ms);
+    END LOOP;
+    RETURN ratelimit.rl__take_all(fn, ratelimit.rl__sorted_items(fn, items), now);
+END
+
+-- function: rl_policy_set
+DECLARE
+    fn CONSTANT text := 'rl_policy_set';
+    n text := ratelimit.rl__name(fn, 'name', name);
+    p record;
+BEGIN
+    IF definition IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'definition must be JSON, got NULL'); END IF;
+    IF pg_column_size(definition) > 262144 THEN
+        PERFORM ratelimit.rl__invalid(fn, format('definition must be at most 262144 bytes of JSON, got %s bytes',
+                                                 pg_column_size(definition)));
+    END IF;
+    p := ratelimit.rl__policy_parse(fn, definition);
+    PERFORM ratelimit.rl__writable(fn);
+    -- a revision drawn anew, as the native library's connections compare it
+    INSERT INTO ratelimit.rl_policy (name, definition, revision)
+    VALUES (n, p.canonical, ('x' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 16))::bit(64)::bigint)
+    ON CONFLICT ON CONSTRAINT rl_policy_pkey DO UPDATE SET definition = EXCLUDED.definition, revision = EXCLUDED.revision;
+    RETURN p.canonical::jsonb;
+END
+
+-- function: rl_policy_drop
+DECLARE
+    fn CONSTANT text := 'rl_policy_drop';
+    n text := ratelimit.rl__name(fn, 'name', name);
+BEGIN
+    PERFORM ratelimit.rl__writable(fn);
+    DELETE FROM ratelimit.rl_policy AS t WHERE t.name = n;
+    RETURN FOUND;
+END
+
+-- function: rl_check
+DECLARE
+    fn CONSTANT text := 'rl_check';
+    p text := ratelimit.rl__name(fn, 'policy', policy);
+    s text := ratelimit.rl__name(fn, 'subject', subject);
+    c double precision := ratelimit.rl__micros_of(fn, 'cost', cost)::float8 / 1000000;
+    t text := CASE WHEN tier IS NOT NULL THEN ratelimit.rl__name(fn, 'tier', tier) END;
+    now bigint := ratelimit.rl__now(fn, now_ms);
+    pi record;
+    entries text;
+    st record;
+    blocked boolean;
+    d jsonb;
+    refused boolean;
+BEGIN
+    pi := ratelimit.rl__policy_items(fn, p, s, t, c);
+    SELECT r.entries INTO entries FROM ratelimit.rl_entries AS r WHERE r.key = s AND r.kind = 'block';
+    st := ratelimit.rl__strikes_decode(fn, entries);
+    blocked := st.blocked AND (st.until IS NULL OR st.until > now);
+    IF blocked THEN
+        -- a blocked subject is refused, charging nothing: every limit as it is now
+        pi := ratelimit.rl__policy_items(fn, p, s, t, 0);
+    END IF;
+    d := ratelimit.rl__take_all(fn, ratelimit.rl__sorted_items(fn, pi.items), now, blocked);
+    refused := blocked OR NOT (d ->> 'admitted')::boolean;
+    PERFORM ratelimit.rl__count(p, CASE WHEN NOT refused THEN 'admitted' WHEN pi.shadow THEN 'would_refuse'
+                                        WHEN blocked THEN 'refused_blocked' ELSE 'refused' END);
+    IF pi.shadow THEN
+        d := d || jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0);
+    ELSIF blocked THEN
+        d := d || jsonb_build_object('admitted', false, 'retry_after_ms', st.until - now,
+                                     'retry_after_seconds', ratelimit.rl__ceil_seconds(st.until - now));
+    END IF;
+    RETURN d || jsonb_build_object('policy', p, 'tier', t, 'shadow', pi.shadow, 'would_refuse', refused, 'blocked', blocked);
+END
+
+-- function: rl_refund_check
+DECLARE
+    fn CONSTANT text := 'rl_refund_check';
+    p text := ratelimit.rl__name(fn, 'policy', policy);
+    s text := ratelimit.rl__name(fn, 'subject', subject);
+    c double precision := ratelimit.rl__micros_of(fn, 'cost', cost)::float8 / 1000000;
+    t text := CASE WHEN tier IS NOT NULL THEN ratelimit.rl__name(fn, 'tier', tier) END;
+    now bigint := ratelimit.rl__now(fn, now_ms);
+    pi record;
+    it jsonb;
+    answers jsonb := '[]';
+BEGIN
+    pi := ratelimit.rl__policy_items(fn, p, s, t, c);
+    PERFORM ratelimit.rl__writable(fn);
+    FOR i IN 1..jsonb_array_length(pi.items) LOOP
+        it := pi.items -> (i - 1);
+        answers := answers || CASE (it ->> 'kind')::int
+            WHEN 0 THEN ratelimit.rl__bucket_change(fn, 'refund', it ->> 'key', (it ->> 'burst')::float8,
+                                                    (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)
+            WHEN 1 THEN ratelimit.rl__budget_change(fn, 'refund', it ->> 'key', it ->> 'period', NULL,
+                                                    (it ->> 'micros')::bigint, now)
+            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window', 'window_refund',
+                jsonb_build_object('limit', (it ->> 'quota')::bigint, 'window_ms', (it ->> 'window_ms')::bigint,
+                                   'cost', (it ->> 'micros')::bigint), now, '') END;
+    END LOOP;
+    RETURN jsonb_build_object('policy', p, 'tier', t, 'items', answers);
+END
+
+-- function: rl_policy_stats
+DECLARE
+    counts jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.counts', true), ''), '{}')::jsonb;
+BEGIN
+    RETURN jsonb_build_object('scope', 'session', 'policies', counts);
+END
+
+-- function: rl_stats_reset
+DECLARE
+    counts jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.counts', true), ''), '{}')::jsonb;
+    n bigint;
+BEGIN
+    SELECT count(*) INTO n FROM jsonb_object_keys(counts);
+    PERFORM set_config('pg_ratelimit_sql.counts', '{}', false);
+    RETURN n;
+END
+
+-- function: rl_headers
+DECLARE
+    fn CONSTANT text := 'rl_headers';
+    bad CONSTANT text := 'result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, '
+        || 'rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all';
+    o jsonb := result;
+    v double precision;
+    limits jsonb[] := '{}';
+    l jsonb;
+    retry bigint;
+    best int;
+    cmp int;
+    a double precision;
+    b double precision;
+    out jsonb;
+BEGIN
+    IF result IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'result must be JSON text, got NULL'); END IF;
+    IF pg_column_size(result) > 262144 THEN
+        PERFORM ratelimit.rl__invalid(fn, format('result must be at most 262144 bytes of JSON, got %s bytes',
+                                                 pg_column_size(result)));
+    END IF;
+    IF jsonb_typeof(o) <> 'object' THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
+    -- counts no header can show exactly (headers::exact)
+    FOR l IN SELECT x FROM (SELECT o AS x UNION ALL SELECT e FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof(o -> 'items') = 'array' THEN o -> 'items' ELSE '[]' END) AS e
+             WHERE jsonb_typeof(e) = 'object') AS objects LOOP
+        FOR f IN 1..3 LOOP
+            CONTINUE WHEN jsonb_typeof(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]) IS DISTINCT FROM 'number';
+            v := ratelimit.rl__json_double(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]);
+            IF abs(v) > 9007199254740991 THEN
+                RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format(
+                    'rl_headers: result: %s must be at most 9007199254740991 in magnitude, got %s',
+                    (ARRAY['limit', 'remaining', 'in_flight'])[f], ratelimit.rl__describe(v));
+            END IF;
+        END LOOP;
+    END LOOP;
+    IF jsonb_typeof(o -> 'items') = 'array' THEN
+        FOR i IN 1..coalesce(jsonb_array_length(o -> 'items'), 0) LOOP
+            l := CASE WHEN jsonb_typeof(o -> 'items' -> (i - 1)) = 'object' THEN ratelimit.rl__header_limit(
+                ratelimit.rl__header_kind(o -> 'items' -> (i - 1)) || '-' || i, o -> 'items' -> (i - 1)) END;
+            IF l IS NULL THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
+            limits := limits || l;
+        END LOOP;
+        IF cardinality(limits) = 0 THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
+        -- a call that one limit can never admit gets no Retry-After: waiting does not help
+        IF coalesce(o -> 'admitted' = 'false'::jsonb, false) AND NOT EXISTS (
+               SELECT FROM unnest(limits) AS x WHERE (x ->> 'exceeds')::boolean) THEN
+            retry := ratelimit.rl__header_int(o -> 'retry_after_seconds');
+        END IF;
+    ELSE
+        l := ratelimit.rl__header_limit(ratelimit.rl__header_kind(o), o);
+        IF l IS NULL THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
+        limits := ARRAY[l];
+        retry := (l ->> 'retry')::bigint;
+    END IF;
+    -- the limit that binds: the refusing one that waits longest, else the one with the
+    -- smallest share left (the last of equals, as Rust's max_by)
+    best := 1;
+    FOR i IN 2..cardinality(limits) LOOP
+        cmp := sign(coalesce((limits[i] ->> 'retry')::bigint, -1) - coalesce((limits[best] ->> 'retry')::bigint, -1));
+        IF cmp = 0 THEN
+            a := -((limits[i] ->> 'remaining')::float8 / nullif((limits[i] ->> 'limit')::float8, 0));
+            b := -((limits[best] ->> 'remaining')::float8 / nullif((limits[best] ->> 'limit')::float8, 0));
+            cmp := CASE WHEN a IS NULL OR b IS NULL OR a = 'NaN'::float8 OR b = 'NaN'::float8 THEN 0
+                        WHEN a > b THEN 1 WHEN a < b THEN -1 ELSE 0 END;
+        END IF;
+        IF cmp >= 0 THEN best := i; END IF;
+    END LOOP;
+    out := jsonb_build_object(
+        'RateLimit-Policy', (SELECT string_agg(format('"%s";q=%s', x ->> 'name',
+                floor(greatest((x ->> 'limit')::float8, 0))::bigint)
+                || CASE WHEN x ->> 'unit' IS NOT NULL THEN format(';qu="%s"', x ->> 'unit') ELSE '' END
+                || CASE WHEN x ->> 'window' IS NOT NULL THEN ';w=' || (x ->> 'window') ELSE '' END, ', ' ORDER BY n)
+            FROM unnest(limits) WITH ORDINALITY AS u(x, n)),
+        'RateLimit', (SELECT string_agg(format('"%s";r=%s', x ->> 'name', floor(greatest((x ->> 'remaining')::float8, 0))::bigint)
+                || CASE WHEN x ->> 'reset' IS NOT NULL THEN ';t=' || (x ->> 'reset') ELSE '' END, ', ' ORDER BY n)
+            FROM unnest(limits) WITH ORDINALITY AS u(x, n)),
+        'X-RateLimit-Limit', ratelimit.rl__number_text(greatest((limits[best] ->> 'limit')::float8, 0)),
+        'X-RateLimit-Remaining', ratelimit.rl__number_text(greatest((limits[best] ->> 'remaining')::float8, 0)));
+    IF limits[best] ->> 'x_reset' IS NOT NULL THEN
+        out := out || jsonb_build_object('X-RateLimit-Reset', limits[best] ->> 'x_reset');
+    END IF;
+    IF retry IS NOT NULL THEN
+        out := out || jsonb_build_object('Retry-After', greatest(retry, 1)::text);
+    END IF;
+    RETURN out;
+END

@@ -1,0 +1,1639 @@
+-- The rules every function of the SQL edition shares, in the schema ratelimit (no
+-- privileges for anyone but the owner, so only the rl_* functions, which run as their
+-- owner, can call them). Each is the counterpart of a rule of the native library's core
+-- (shared/src): the same arithmetic in the same order on the same IEEE doubles, the same
+-- error texts and SQLSTATEs, so both editions answer alike (tests/test_sql_edition.py).
+
+-- The helpers hold no state: a newer script drops them all and makes them anew, so one
+-- whose arguments or result changed between releases is replaced, not refused.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc AS p
+             WHERE p.pronamespace OPERATOR(pg_catalog.=) 'ratelimit'::regnamespace AND p.proname LIKE 'rl\_\_%' LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
+END
+$$;
+
+-- An argument error: 22023 with the function's name first, as the core's Error::invalid.
+CREATE OR REPLACE FUNCTION ratelimit.rl__invalid(fn text, message text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = fn || ': ' || message;
+END
+$$;
+
+-- A number as an error message shows it (args::format_real): NaN, Infinity, the exponent
+-- form outside [1e-6, 1e16), else the plain shortest decimal.
+CREATE OR REPLACE FUNCTION ratelimit.rl__describe(v double precision) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET extra_float_digits = 1 AS $$
+BEGIN
+    IF v IS NULL THEN RETURN 'NULL'; END IF;
+    IF v = 'NaN'::float8 THEN RETURN 'NaN'; END IF;
+    IF v = 'Infinity'::float8 THEN RETURN 'Infinity'; END IF;
+    IF v = '-Infinity'::float8 THEN RETURN '-Infinity'; END IF;
+    IF v <> 0 AND NOT (abs(v) >= 1e-6 AND abs(v) < 1e16) THEN
+        -- float8out writes 1e+308 and 5e-07; the core writes 1e308 and 5e-7
+        RETURN regexp_replace(v::text, 'e(-?)\+?0*([0-9]+)$', 'e\1\2');
+    END IF;
+    IF v::text = '-0' THEN RETURN '-0'; END IF;
+    RETURN v::text::numeric::text;
+END
+$$;
+
+-- A double as the core writes it in an answer (render::number_form): whole numbers below
+-- 9e15 as integers, others in their shortest exact form, non-finite ones as null.
+CREATE OR REPLACE FUNCTION ratelimit.rl__number(v double precision) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE SET extra_float_digits = 1 AS $$
+BEGIN
+    IF v IS NULL OR v IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN RETURN 'null'; END IF;
+    IF v = trunc(v) AND abs(v) < 9e15 THEN RETURN to_jsonb(v::bigint); END IF;
+    RETURN to_jsonb(v::text::numeric);
+END
+$$;
+
+-- An exact amount kept in millionths (render's Json::micros): 1000000 is 1, 300000 is 0.3.
+CREATE OR REPLACE FUNCTION ratelimit.rl__micros(micros bigint) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN micros % 1000000 = 0 THEN to_jsonb(micros / 1000000)
+                ELSE to_jsonb(trim_scale(micros::numeric / 1000000)) END
+$$;
+
+-- Whole seconds, rounded up (units::ceil_seconds): a wait of 1 ms is 1 s, never 0.
+CREATE OR REPLACE FUNCTION ratelimit.rl__ceil_seconds(ms bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT floor((ms + 999)::numeric / 1000)::bigint
+$$;
+
+-- A key (args::key): non-empty text of at most 1024 bytes, not starting with U+0001.
+CREATE OR REPLACE FUNCTION ratelimit.rl__key(fn text, key text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM ratelimit.rl__name(fn, 'key', key);
+    IF left(key, 1) = chr(1) THEN
+        PERFORM ratelimit.rl__invalid(fn, 'key must not start with U+0001, which marks the keys of policies');
+    END IF;
+    RETURN key;
+END
+$$;
+
+-- A name (args::name): non-empty text of at most 1024 bytes.
+CREATE OR REPLACE FUNCTION ratelimit.rl__name(fn text, what text, v text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF v IS NULL THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be text, got NULL');
+    ELSIF v = '' THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must not be empty');
+    ELSIF octet_length(v) > 1024 THEN
+        PERFORM ratelimit.rl__invalid(fn, format('%s must be at most 1024 bytes, got %s bytes', what, octet_length(v)));
+    END IF;
+    RETURN v;
+END
+$$;
+
+-- A finite number greater than 0 (args::positive_number).
+CREATE OR REPLACE FUNCTION ratelimit.rl__positive(fn text, what text, v double precision) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be a finite number greater than 0, got ' || ratelimit.rl__describe(v));
+    END IF;
+    RETURN v;
+END
+$$;
+
+-- A bucket's burst, refill_per_minute or cost (args::token_number): at most 1e15.
+CREATE OR REPLACE FUNCTION ratelimit.rl__tokens(fn text, what text, v double precision) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM ratelimit.rl__positive(fn, what, v);
+    IF v > 1e15 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000000000, got ' || ratelimit.rl__describe(v));
+    END IF;
+    RETURN v;
+END
+$$;
+
+-- A cost that may also be 0 (the peeks: args::cost_number with zero allowed).
+CREATE OR REPLACE FUNCTION ratelimit.rl__peek_tokens(fn text, what text, v double precision) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF v = 0 THEN RETURN v; END IF;
+    IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be a finite number of at least 0, got ' || ratelimit.rl__describe(v));
+    END IF;
+    RETURN ratelimit.rl__tokens(fn, what, v);
+END
+$$;
+
+-- A budget amount as an exact count of millionths (args::amount_micros): 0.000001 to
+-- 1,000,000,000, rounded half away from zero as Rust's f64::round.
+CREATE OR REPLACE FUNCTION ratelimit.rl__micros_of(fn text, what text, v double precision) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    scaled double precision;
+BEGIN
+    PERFORM ratelimit.rl__positive(fn, what, v);
+    IF v > 1e9 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000, got ' || ratelimit.rl__describe(v));
+    END IF;
+    IF v < 1.0::float8 / 1000000 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at least 0.000001, got ' || ratelimit.rl__describe(v));
+    END IF;
+    scaled := v * 1000000;
+    RETURN (trunc(scaled) + CASE WHEN scaled - trunc(scaled) >= 0.5 THEN 1 ELSE 0 END)::bigint;
+END
+$$;
+
+-- A budget cost that may be 0 (rl_budget: args::cost_micros with zero allowed).
+CREATE OR REPLACE FUNCTION ratelimit.rl__peek_micros(fn text, what text, v double precision) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF v = 0 THEN RETURN 0; END IF;
+    IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be a finite number of at least 0, got ' || ratelimit.rl__describe(v));
+    END IF;
+    RETURN ratelimit.rl__micros_of(fn, what, v);
+END
+$$;
+
+-- A budget period (args::period): 'day' or 'month'.
+CREATE OR REPLACE FUNCTION ratelimit.rl__period(fn text, v text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF v IS NULL OR v NOT IN ('day', 'month') THEN
+        PERFORM ratelimit.rl__invalid(fn, 'period must be ''day'' or ''month'', got '
+            || CASE WHEN v IS NULL THEN 'NULL' ELSE '''' || replace(left(v, 40), '''', '''''')
+                    || CASE WHEN length(v) > 40 THEN '...' ELSE '' END || '''' END);
+    END IF;
+    RETURN v;
+END
+$$;
+
+-- The role calling a rl_* function (inside it current_user is the owner): the role SET
+-- ROLE chose, else the session's. Only a member can SET ROLE to a role, so neither can be
+-- claimed by one that is not.
+CREATE OR REPLACE FUNCTION ratelimit.rl__caller() RETURNS name
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role')::name END
+$$;
+
+-- The clock reading of a call (args::now_ms): the real time, or an explicit now_ms, which
+-- this edition honours for the owner of its functions and members of rl_admin only: a
+-- setting cannot be guarded without a library, so pg_ratelimit.allow_explicit_clock has no
+-- say here.
+CREATE OR REPLACE FUNCTION ratelimit.rl__now(fn text, now_ms double precision) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    caller name;
+BEGIN
+    IF now_ms IS NULL THEN
+        RETURN least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 253402300799999);
+    END IF;
+    IF NOT (now_ms = trunc(now_ms) AND abs(now_ms) < 9e15 AND now_ms >= 0 AND now_ms <= 253402300799999) THEN
+        PERFORM ratelimit.rl__invalid(fn, 'now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got '
+            || ratelimit.rl__describe(now_ms));
+    END IF;
+    caller := ratelimit.rl__caller();
+    IF NOT (caller = current_user OR pg_has_role(caller, 'rl_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = fn
+            || ': an explicit now_ms is allowed only for the owner of pg_ratelimit_sql and members of rl_admin';
+    END IF;
+    RETURN now_ms::bigint;
+END
+$$;
+
+-- The end (exclusive) of the UTC calendar period containing now, epoch ms (units::Period::end_ms).
+CREATE OR REPLACE FUNCTION ratelimit.rl__period_end(period text, now bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE period
+        WHEN 'day' THEN (now / 86400000 + 1) * 86400000
+        ELSE ((date_trunc('month', date '1970-01-01' + (now / 86400000)::int) + interval '1 month')::date
+              - date '1970-01-01')::bigint * 86400000 END
+$$;
+
+-- The start of the UTC calendar period containing now, epoch ms (units::Period::start_ms).
+CREATE OR REPLACE FUNCTION ratelimit.rl__period_start(period text, now bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE period
+        WHEN 'day' THEN (now / 86400000) * 86400000
+        ELSE (date_trunc('month', date '1970-01-01' + (now / 86400000)::int)::date - date '1970-01-01')::bigint * 86400000 END
+$$;
+
+-- Tokens in a bucket at t (bucket::level_at); has_row false: no row, a full bucket.
+CREATE OR REPLACE FUNCTION ratelimit.rl__level_at(has_row boolean, level double precision, refilled_at bigint,
+                                                  burst double precision, rate double precision, t bigint)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN NOT has_row THEN burst
+        ELSE least(CASE WHEN level IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN 0 ELSE level END
+                   + greatest(t - refilled_at, 0)::float8 * rate / 60000::float8, burst) END
+$$;
+
+-- Milliseconds from now until the bucket holds target tokens (bucket::wait_for), capped
+-- at 2^53 - 1, found against level_at itself so waiting exactly that long admits.
+CREATE OR REPLACE FUNCTION ratelimit.rl__wait_for(has_row boolean, level double precision, refilled_at bigint,
+                                                  burst double precision, rate double precision, now bigint,
+                                                  target double precision)
+RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    max_wait CONSTANT bigint := 9007199254740991;
+    start bigint;
+    deficit double precision;
+    estimate double precision;
+    wait bigint;
+BEGIN
+    IF ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, now) >= target THEN RETURN 0; END IF;
+    IF NOT has_row OR target > burst THEN RETURN max_wait; END IF;
+    start := greatest(refilled_at, now);
+    deficit := target - ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, start);
+    estimate := (start - now)::float8 + ceil(deficit * 60000::float8 / rate);
+    IF estimate = 'NaN'::float8 OR estimate >= max_wait::float8 THEN RETURN max_wait; END IF;
+    wait := greatest(trunc(estimate)::bigint, 1);
+    FOR i IN 1..64 LOOP
+        EXIT WHEN ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, now + wait) >= target;
+        wait := wait + 1;
+    END LOOP;
+    FOR i IN 1..64 LOOP
+        EXIT WHEN wait <= 1 OR ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, now + wait - 1) < target;
+        wait := wait - 1;
+    END LOOP;
+    RETURN least(wait, max_wait);
+END
+$$;
+
+-- Seconds an empty bucket takes to fill, capped as every wait is (BucketLimits::refill_seconds).
+CREATE OR REPLACE FUNCTION ratelimit.rl__refill_seconds(burst double precision, rate double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(burst * 60::float8 / rate, 9007199254740::float8)
+$$;
+
+-- A bucket answer in rl_take's shape (TakeDecision's JSON).
+CREATE OR REPLACE FUNCTION ratelimit.rl__take_answer(admitted boolean, remaining bigint, burst double precision,
+                                                     retry_ms bigint, reset_ms bigint, exceeds boolean,
+                                                     rate double precision)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number(burst),
+        'retry_after_ms', retry_ms, 'retry_after_seconds', ratelimit.rl__ceil_seconds(retry_ms),
+        'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms), 'exceeds_limit', exceeds,
+        'refill_seconds', ratelimit.rl__number(ratelimit.rl__refill_seconds(burst, rate)))
+$$;
+
+-- What rl_take decides on a row (bucket::take), as its answer; the row to store is the
+-- answer's level when admitted (bucket::taken).
+CREATE OR REPLACE FUNCTION ratelimit.rl__take_decision(has_row boolean, level double precision, refilled_at bigint,
+                                                       burst double precision, rate double precision,
+                                                       cost double precision, now bigint,
+                                                       OUT admitted boolean, OUT answer jsonb,
+                                                       OUT new_level double precision, OUT new_refilled_at bigint,
+                                                       OUT new_full_at bigint)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    max_wait CONSTANT bigint := 9007199254740991;
+    cur double precision := ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, now);
+    retry bigint;
+    full_ms double precision;
+BEGIN
+    IF cost <= cur THEN
+        admitted := true;
+        new_refilled_at := CASE WHEN has_row THEN greatest(refilled_at, now) ELSE now END;
+        new_level := cur - cost;
+        new_full_at := now + ratelimit.rl__wait_for(true, new_level, new_refilled_at, burst, rate, now, burst);
+        answer := ratelimit.rl__take_answer(true, floor(new_level)::bigint, burst, 0, new_full_at - now, false, rate);
+        RETURN;
+    END IF;
+    admitted := false;
+    IF cost > burst THEN
+        full_ms := ceil(burst * 60000::float8 / rate);
+        retry := CASE WHEN full_ms < max_wait::float8 THEN greatest(full_ms::bigint, 1) ELSE max_wait END;
+    ELSE
+        retry := ratelimit.rl__wait_for(has_row, level, refilled_at, burst, rate, now, cost);
+    END IF;
+    answer := ratelimit.rl__take_answer(false, floor(cur)::bigint, burst, retry,
+        ratelimit.rl__wait_for(has_row, level, refilled_at, burst, rate, now, burst), cost > burst, rate);
+END
+$$;
+
+-- Fails (25006) in a read-only transaction or on a standby, as the core's Error::read_only.
+CREATE OR REPLACE FUNCTION ratelimit.rl__writable(fn text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = fn || ': cannot change rate-limit state in a read-only database or transaction';
+    END IF;
+END
+$$;
+
+-- The one path of every bucket change (protocol::change_row over bucket::take, charge and
+-- refund): a guarded UPDATE whose condition is the decision itself, so PostgreSQL
+-- re-decides on the newest row version under concurrent takes; without a row, decide on
+-- none and insert. op is 'take', 'charge' or 'refund'.
+CREATE OR REPLACE FUNCTION ratelimit.rl__bucket_change(fn text, op text, k text, b double precision,
+                                                       r double precision, amount double precision, now bigint)
+RETURNS jsonb LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    new_level double precision;
+    new_full_at bigint;
+    row_level double precision;
+    row_refilled_at bigint;
+    d record;
+    cur double precision;
+BEGIN
+    PERFORM ratelimit.rl__writable(fn);
+    FOR attempt IN 1..1000 LOOP
+        IF op = 'refund' THEN
+            UPDATE ratelimit.rl_bucket AS t
+            SET level = least(ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) + amount, b),
+                refilled_at = greatest(t.refilled_at, now),
+                full_at = now + ratelimit.rl__wait_for(true,
+                    least(ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) + amount, b),
+                    greatest(t.refilled_at, now), b, r, now, b)
+            WHERE t.key = k AND ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) < b
+            RETURNING t.level, t.refilled_at, t.full_at INTO new_level, row_refilled_at, new_full_at;
+        ELSE
+            UPDATE ratelimit.rl_bucket AS t
+            SET level = ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) - amount,
+                refilled_at = greatest(t.refilled_at, now),
+                full_at = now + ratelimit.rl__wait_for(true,
+                    ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) - amount,
+                    greatest(t.refilled_at, now), b, r, now, b)
+            WHERE t.key = k AND CASE op
+                WHEN 'take' THEN amount <= ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now)
+                ELSE NOT (ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) - amount < -1e15::float8) END
+            RETURNING t.level, t.refilled_at, t.full_at INTO new_level, row_refilled_at, new_full_at;
+        END IF;
+        IF FOUND THEN
+            IF op = 'refund' THEN
+                RETURN jsonb_build_object('remaining',
+                    floor(ratelimit.rl__level_at(true, new_level, row_refilled_at, b, r, now))::bigint,
+                    'limit', ratelimit.rl__number(b), 'reset_after_seconds', ratelimit.rl__ceil_seconds(
+                    ratelimit.rl__wait_for(true, new_level, row_refilled_at, b, r, now, b)));
+            END IF;
+            RETURN ratelimit.rl__take_answer(true, floor(new_level)::bigint, b, 0, new_full_at - now, false, r);
+        END IF;
+        -- Nothing written: no row, or a row the decision leaves alone.
+        SELECT t.level, t.refilled_at INTO row_level, row_refilled_at FROM ratelimit.rl_bucket AS t WHERE t.key = k;
+        IF FOUND THEN
+            cur := ratelimit.rl__level_at(true, row_level, row_refilled_at, b, r, now);
+            IF op = 'refund' THEN
+                CONTINUE WHEN cur < b;  -- the row changed since the UPDATE: decide again
+                RETURN jsonb_build_object('remaining', floor(cur)::bigint, 'limit', ratelimit.rl__number(b),
+                    'reset_after_seconds', ratelimit.rl__ceil_seconds(
+                    ratelimit.rl__wait_for(true, row_level, row_refilled_at, b, r, now, b)));
+            END IF;
+            IF op = 'charge' THEN
+                CONTINUE WHEN NOT (cur - amount < -1e15::float8);
+                RAISE EXCEPTION USING ERRCODE = '22003',
+                    MESSAGE = fn || ': the bucket''s debt would pass 1000000000000000 tokens; nothing was charged';
+            END IF;
+            CONTINUE WHEN amount <= cur;
+            RETURN (ratelimit.rl__take_decision(true, row_level, row_refilled_at, b, r, amount, now)).answer;
+        END IF;
+        IF op = 'refund' THEN
+            -- a bucket nobody took from is full: nothing to give back
+            RETURN jsonb_build_object('remaining', floor(b)::bigint, 'limit', ratelimit.rl__number(b),
+                                      'reset_after_seconds', 0);
+        END IF;
+        IF op = 'take' AND amount > b THEN
+            RETURN (ratelimit.rl__take_decision(false, 0, 0, b, r, amount, now)).answer;
+        END IF;
+        new_level := b - amount;
+        new_full_at := now + ratelimit.rl__wait_for(true, new_level, now, b, r, now, b);
+        INSERT INTO ratelimit.rl_bucket (key, level, refilled_at, full_at) VALUES (k, new_level, now, new_full_at)
+        ON CONFLICT (key) DO NOTHING;
+        IF FOUND THEN
+            RETURN ratelimit.rl__take_answer(true, floor(new_level)::bigint, b, 0, new_full_at - now, false, r);
+        END IF;
+        -- another call inserted the row first: decide on that row
+    END LOOP;
+    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': the row kept changing under 1000 attempts; try again';
+END
+$$;
+
+-- What rl_spend decides on a row (budget::spend), as its answer.
+CREATE OR REPLACE FUNCTION ratelimit.rl__spend_answer(has_row boolean, used bigint, resets_at bigint, period text,
+                                                      quota bigint, cost bigint, now bigint)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    cur boolean := has_row AND resets_at > now;
+    u bigint := CASE WHEN cur THEN greatest(used, 0) ELSE 0 END;
+    resets bigint := CASE WHEN cur THEN resets_at ELSE ratelimit.rl__period_end(period, now) END;
+    total bigint := u + cost;
+    admitted boolean := total <= quota;
+BEGIN
+    IF admitted THEN u := total; END IF;
+    RETURN jsonb_build_object('admitted', admitted, 'used', ratelimit.rl__micros(u), 'limit', ratelimit.rl__micros(quota),
+        'remaining', ratelimit.rl__micros(quota - u), 'resets_at', resets / 1000,
+        'retry_after_seconds', CASE WHEN admitted THEN 0 ELSE ratelimit.rl__ceil_seconds(resets - now) END,
+        'exceeds_limit', NOT admitted AND cost > quota,
+        'period_seconds', (resets - ratelimit.rl__period_start(period, resets - 1)) / 1000);
+END
+$$;
+
+-- The one path of every budget change (protocol::change_row over budget::spend, refund
+-- and charge): a guarded UPDATE deciding on the newest row; without a row, insert.
+-- op is 'spend', 'refund' or 'charge'; quota is used by 'spend' only.
+CREATE OR REPLACE FUNCTION ratelimit.rl__budget_change(fn text, op text, k text, p text, quota bigint,
+                                                       amount bigint, now bigint)
+RETURNS jsonb LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    max_used CONSTANT bigint := 9007199254740991;
+    new_used bigint;
+    new_resets_at bigint;
+    row_used bigint;
+    row_resets_at bigint;
+    cur bigint;
+    period_end bigint := ratelimit.rl__period_end(p, now);
+BEGIN
+    PERFORM ratelimit.rl__writable(fn);
+    FOR attempt IN 1..1000 LOOP
+        UPDATE ratelimit.rl_budget AS t
+        SET used = CASE op WHEN 'refund'
+                THEN greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
+                ELSE CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount END,
+            resets_at = CASE WHEN t.resets_at > now THEN t.resets_at ELSE period_end END
+        WHERE t.key = k AND t.period = p AND CASE op
+            WHEN 'spend' THEN CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= quota
+            WHEN 'charge' THEN CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= max_used
+            ELSE greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
+                 <> CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END END
+        RETURNING t.used, t.resets_at INTO new_used, new_resets_at;
+        IF FOUND THEN
+            IF op = 'spend' THEN
+                RETURN ratelimit.rl__spend_answer(true, new_used, new_resets_at, p, quota, 0, now);
+            ELSIF op = 'charge' THEN
+                RETURN jsonb_build_object('admitted', true, 'used', ratelimit.rl__micros(new_used),
+                                          'resets_at', new_resets_at / 1000);
+            END IF;
+            RETURN jsonb_build_object('used', ratelimit.rl__micros(new_used), 'resets_at', new_resets_at / 1000);
+        END IF;
+        SELECT t.used, t.resets_at INTO row_used, row_resets_at FROM ratelimit.rl_budget AS t
+        WHERE t.key = k AND t.period = p;
+        IF FOUND THEN
+            cur := CASE WHEN row_resets_at > now THEN greatest(row_used, 0) ELSE 0 END;
+            IF op = 'spend' THEN
+                CONTINUE WHEN cur + amount <= quota;  -- the row changed since: decide again
+                RETURN ratelimit.rl__spend_answer(true, row_used, row_resets_at, p, quota, amount, now);
+            ELSIF op = 'charge' THEN
+                CONTINUE WHEN cur + amount <= max_used;
+                RAISE EXCEPTION USING ERRCODE = '22003',
+                    MESSAGE = fn || ': the period''s use would pass 9007199254 units; nothing was charged';
+            END IF;
+            CONTINUE WHEN greatest(cur - amount, 0) <> cur;
+            RETURN jsonb_build_object('used', ratelimit.rl__micros(cur), 'resets_at',
+                CASE WHEN row_resets_at > now THEN row_resets_at ELSE period_end END / 1000);
+        END IF;
+        IF op = 'refund' THEN
+            RETURN jsonb_build_object('used', 0, 'resets_at', period_end / 1000);
+        ELSIF op = 'spend' AND amount > quota THEN
+            RETURN ratelimit.rl__spend_answer(false, 0, 0, p, quota, amount, now);
+        END IF;
+        INSERT INTO ratelimit.rl_budget (key, period, used, resets_at) VALUES (k, p, amount, period_end)
+        ON CONFLICT (key, period) DO NOTHING;
+        IF FOUND THEN
+            IF op = 'charge' THEN
+                RETURN jsonb_build_object('admitted', true, 'used', ratelimit.rl__micros(amount),
+                                          'resets_at', period_end / 1000);
+            END IF;
+            RETURN ratelimit.rl__spend_answer(true, amount, period_end, p, quota, 0, now);
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': the row kept changing under 1000 attempts; try again';
+END
+$$;
+
+-- A number of seconds as whole milliseconds (args::duration_ms): above 0, at most a year,
+-- rounded half away from zero, at least 1.
+CREATE OR REPLACE FUNCTION ratelimit.rl__duration_ms(fn text, what text, seconds double precision) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    ms double precision;
+BEGIN
+    PERFORM ratelimit.rl__positive(fn, what, seconds);
+    IF seconds > 31536000 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 31536000 (one year), got ' || ratelimit.rl__describe(seconds));
+    END IF;
+    ms := seconds * 1000;
+    RETURN greatest((trunc(ms) + CASE WHEN ms - trunc(ms) >= 0.5 THEN 1 ELSE 0 END)::bigint, 1);
+END
+$$;
+
+-- The error of a stored row no rule can read (protocol::damaged).
+CREATE OR REPLACE FUNCTION ratelimit.rl__damaged(fn text, kind text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': a stored ' || kind || ' row is damaged; rl_reset its key';
+END
+$$;
+
+-- A whole number as Rust's i64 parser reads it (an optional sign, digits), else NULL.
+CREATE OR REPLACE FUNCTION ratelimit.rl__int(t text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF t ~ '^[+-]?[0-9]{1,19}$' THEN
+        RETURN t::numeric::bigint;
+    END IF;
+    RETURN NULL;
+EXCEPTION WHEN numeric_value_out_of_range THEN
+    RETURN NULL;
+END
+$$;
+
+-- A window's stored entries (window::decode): times in order and their millionths.
+CREATE OR REPLACE FUNCTION ratelimit.rl__window_decode(fn text, entries text, OUT ats bigint[], OUT micros bigint[])
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    item text;
+    delta bigint;
+    units bigint;
+    at bigint := 0;
+    i int := 0;
+BEGIN
+    ats := '{}';
+    micros := '{}';
+    IF entries IS NULL OR entries = '' THEN RETURN; END IF;
+    FOREACH item IN ARRAY string_to_array(entries, ',') LOOP
+        IF position(':' IN item) > 0 THEN
+            delta := ratelimit.rl__int(split_part(item, ':', 1));
+            units := ratelimit.rl__int(substr(item, position(':' IN item) + 1));
+        ELSE
+            delta := ratelimit.rl__int(item);
+            units := 1000000;
+        END IF;
+        IF delta IS NULL OR units IS NULL OR units <= 0 OR NOT (delta > 0 OR (i = 0 AND delta = 0)) THEN
+            PERFORM ratelimit.rl__damaged(fn, 'window');
+        END IF;
+        at := at + delta;
+        ats := ats || at;
+        micros := micros || units;
+        i := i + 1;
+    END LOOP;
+END
+$$;
+
+-- What rl_window decides (window::take) on the stored entries, and the row an admission
+-- stores (protocol::window_row): new_entries NULL when nothing is written.
+CREATE OR REPLACE FUNCTION ratelimit.rl__window_decision(fn text, entries text, lim bigint, window_ms bigint,
+                                                         cost bigint, now bigint,
+                                                         OUT admitted boolean, OUT answer jsonb,
+                                                         OUT new_entries text, OUT new_empty_at bigint,
+                                                         OUT too_many boolean)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    d record := ratelimit.rl__window_decode(fn, entries);
+    ats bigint[] := '{}';
+    units bigint[] := '{}';
+    used bigint := 0;
+    used_after bigint;
+    reset_ms bigint := 0;
+    retry bigint;
+    need bigint;
+    freed bigint := 0;
+    placed boolean := false;
+    out_ats bigint[] := '{}';
+    out_units bigint[] := '{}';
+    previous bigint := 0;
+    text_out text := '';
+BEGIN
+    -- the entries that count at now: made less than window_ms ago (or ahead of now)
+    FOR i IN 1..coalesce(array_length(d.ats, 1), 0) LOOP
+        IF d.ats[i] + window_ms > now THEN
+            ats := ats || d.ats[i];
+            units := units || d.micros[i];
+            used := used + d.micros[i];
+        END IF;
+    END LOOP;
+    admitted := used + cost <= lim;
+    used_after := CASE WHEN admitted THEN used + cost ELSE used END;
+    -- the entries after the call, in time order, the admission merged into its millisecond
+    IF admitted AND cost > 0 THEN
+        FOR i IN 1..coalesce(array_length(ats, 1), 0) LOOP
+            IF NOT placed AND ats[i] >= now THEN
+                IF ats[i] = now THEN
+                    units[i] := units[i] + cost;
+                ELSE
+                    out_ats := out_ats || now;
+                    out_units := out_units || cost;
+                END IF;
+                placed := true;
+            END IF;
+            out_ats := out_ats || ats[i];
+            out_units := out_units || units[i];
+        END LOOP;
+        IF NOT placed THEN
+            out_ats := out_ats || now;
+            out_units := out_units || cost;
+        END IF;
+    ELSE
+        out_ats := ats;
+        out_units := units;
+    END IF;
+    FOR i IN 1..coalesce(array_length(out_ats, 1), 0) LOOP
+        reset_ms := greatest(reset_ms, out_ats[i] + window_ms - now);
+    END LOOP;
+    IF admitted THEN
+        retry := 0;
+    ELSIF cost > lim THEN
+        retry := greatest(reset_ms, 1);
+    ELSE
+        need := used + cost - lim;
+        retry := 1;
+        FOR i IN 1..coalesce(array_length(ats, 1), 0) LOOP
+            freed := freed + units[i];
+            IF freed >= need THEN
+                retry := ats[i] + window_ms - now;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    answer := jsonb_build_object('admitted', admitted, 'remaining', greatest((lim - used_after) / 1000000, 0),
+        'limit', ratelimit.rl__micros(lim), 'retry_after_ms', retry,
+        'retry_after_seconds', ratelimit.rl__ceil_seconds(retry),
+        'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms),
+        'exceeds_limit', NOT admitted AND cost > lim,
+        'window_seconds', ratelimit.rl__number(window_ms::float8 / 1000));
+    IF NOT admitted THEN RETURN; END IF;
+    -- past the bound the row is not written: the caller raises rl__window_too_full
+    too_many := coalesce(array_length(out_ats, 1), 0) > 10000;
+    FOR i IN 1..coalesce(array_length(out_ats, 1), 0) LOOP
+        IF i > 1 THEN text_out := text_out || ','; END IF;
+        text_out := text_out || (out_ats[i] - previous)::text
+            || CASE WHEN out_units[i] <> 1000000 THEN ':' || out_units[i]::text ELSE '' END;
+        previous := out_ats[i];
+    END LOOP;
+    new_entries := text_out;
+    new_empty_at := CASE WHEN array_length(out_ats, 1) IS NULL THEN 0
+                         ELSE out_ats[array_length(out_ats, 1)] + window_ms END;
+END
+$$;
+
+-- The error of an admission that would keep more entries than a window may (protocol::window_row).
+CREATE OR REPLACE FUNCTION ratelimit.rl__window_too_full(fn text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '54000', MESSAGE = fn || ': the window would hold more than 10000 entries '
+        || '(one per millisecond with admissions); nothing was recorded: use a larger cost per call or a bucket for this limit';
+END
+$$;
+
+-- A key's leases (lease::Leases::decode): the next number, then each lease's number,
+-- issue time, expiry and secret (0 for one stored without a secret).
+CREATE OR REPLACE FUNCTION ratelimit.rl__leases_decode(fn text, entries text, OUT next_seq bigint, OUT seqs bigint[],
+                                                       OUT issued bigint[], OUT expires bigint[], OUT secrets text[])
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    parts text[];
+    fields text[];
+BEGIN
+    seqs := '{}'; issued := '{}'; expires := '{}'; secrets := '{}';
+    IF entries IS NULL THEN next_seq := 1; RETURN; END IF;
+    parts := string_to_array(entries, ';');
+    next_seq := ratelimit.rl__int(parts[1]);
+    IF next_seq IS NULL THEN PERFORM ratelimit.rl__damaged(fn, 'lease'); END IF;
+    FOR i IN 2..coalesce(array_length(parts, 1), 1) LOOP
+        fields := string_to_array(parts[i], ':');
+        IF array_length(fields, 1) NOT IN (3, 4) OR ratelimit.rl__int(fields[1]) IS NULL
+           OR ratelimit.rl__int(fields[2]) IS NULL OR ratelimit.rl__int(fields[3]) IS NULL
+           OR (array_length(fields, 1) = 4 AND fields[4] !~ '^[0-9a-fA-F]{1,16}$') THEN
+            PERFORM ratelimit.rl__damaged(fn, 'lease');
+        END IF;
+        seqs := seqs || ratelimit.rl__int(fields[1]);
+        issued := issued || ratelimit.rl__int(fields[2]);
+        expires := expires || ratelimit.rl__int(fields[3]);
+        -- the secret as the id writes it: 16 hex digits (none for a lease stored without one)
+        secrets := secrets || CASE WHEN array_length(fields, 1) = 4 AND ltrim(fields[4], '0') <> ''
+                                   THEN lpad(lower(ltrim(fields[4], '0')), 16, '0') END;
+    END LOOP;
+END
+$$;
+
+-- The id callers hold (lease::Lease::id).
+CREATE OR REPLACE FUNCTION ratelimit.rl__lease_id(issued bigint, seq bigint, secret text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT issued::text || '-' || seq::text || CASE WHEN secret IS NULL THEN '' ELSE '-' || secret END
+$$;
+
+-- Leases as stored (Leases::encode), the unexpired ones at now only (pruned) unless now is NULL.
+CREATE OR REPLACE FUNCTION ratelimit.rl__leases_encode(next_seq bigint, seqs bigint[], issued bigint[],
+                                                       expires bigint[], secrets text[], now bigint)
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    out text := next_seq::text;
+BEGIN
+    FOR i IN 1..coalesce(array_length(seqs, 1), 0) LOOP
+        CONTINUE WHEN now IS NOT NULL AND expires[i] <= now;
+        out := out || ';' || seqs[i] || ':' || issued[i] || ':' || expires[i] || ':'
+            || coalesce(ltrim(secrets[i], '0'), '0');
+    END LOOP;
+    RETURN out;
+END
+$$;
+
+-- When the last lease expires (Leases::empty_at), of the unexpired ones at now.
+CREATE OR REPLACE FUNCTION ratelimit.rl__leases_empty_at(expires bigint[], now bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(max(e), 0) FROM unnest(expires) AS e WHERE now IS NULL OR e > now
+$$;
+
+-- The change of one rl_entries row (protocol::change_entries): decide on the row as read;
+-- if that writes, lock it (inserting the empty row first, so that there is one to lock)
+-- and decide again on the locked row. step names the decision (ratelimit.rl__entries_step).
+CREATE OR REPLACE FUNCTION ratelimit.rl__entries_change(fn text, k text, entry_kind text, step text, args jsonb,
+                                                        now bigint, empty text)
+RETURNS jsonb LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    seen text;
+    seen_empty_at bigint;
+    found_row boolean;
+    d record;
+BEGIN
+    PERFORM ratelimit.rl__writable(fn);
+    SELECT t.entries, t.empty_at INTO seen, seen_empty_at FROM ratelimit.rl_entries AS t
+    WHERE t.key = k AND t.kind = entry_kind;
+    found_row := FOUND;
+    d := ratelimit.rl__entries_step(step, fn, seen, seen_empty_at, found_row, args, now);
+    IF d.new_entries IS NULL THEN RETURN d.answer; END IF;
+    IF NOT found_row THEN
+        INSERT INTO ratelimit.rl_entries (key, kind, entries, empty_at) VALUES (k, entry_kind, empty, 0)
+        ON CONFLICT (key, kind) DO NOTHING;
+    END IF;
+    SELECT t.entries, t.empty_at INTO seen, seen_empty_at FROM ratelimit.rl_entries AS t
+    WHERE t.key = k AND t.kind = entry_kind FOR UPDATE;
+    d := ratelimit.rl__entries_step(step, fn, seen, seen_empty_at, true, args, now);
+    IF d.new_entries IS NOT NULL THEN
+        UPDATE ratelimit.rl_entries AS t SET entries = d.new_entries, empty_at = d.new_empty_at
+        WHERE t.key = k AND t.kind = entry_kind;
+    END IF;
+    RETURN d.answer;
+END
+$$;
+
+-- Strikes as stored (penalty::Strikes::encode); until is NULL for a block until unblocked,
+-- blocked false for none.
+CREATE OR REPLACE FUNCTION ratelimit.rl__strikes_encode(strikes bigint, last_strike_at bigint, forgotten_at bigint,
+                                                        blocked boolean, until bigint)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('{"strikes":%s,"last_strike_at":%s,"forgotten_at":%s,"blocked_until":%s}', strikes, last_strike_at,
+                  forgotten_at, CASE WHEN NOT blocked THEN 'false' WHEN until IS NULL THEN 'null' ELSE until::text END)
+$$;
+
+-- A subject's stored strikes (penalty::Strikes::decode); blocked false: no block; until
+-- NULL with blocked: until unblocked.
+CREATE OR REPLACE FUNCTION ratelimit.rl__strikes_decode(fn text, entries text, OUT strikes bigint,
+                                                        OUT last_strike_at bigint, OUT forgotten_at bigint,
+                                                        OUT blocked boolean, OUT until bigint)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v jsonb;
+BEGIN
+    strikes := 0; last_strike_at := 0; forgotten_at := 0; blocked := false;
+    IF entries IS NULL THEN RETURN; END IF;
+    BEGIN
+        v := entries::jsonb;
+    EXCEPTION WHEN others THEN
+        PERFORM ratelimit.rl__damaged(fn, 'block');
+    END;
+    IF jsonb_typeof(v) <> 'object' OR jsonb_typeof(v -> 'strikes') IS DISTINCT FROM 'number'
+       OR jsonb_typeof(v -> 'last_strike_at') IS DISTINCT FROM 'number' OR NOT v ? 'blocked_until'
+       OR (v ? 'forgotten_at' AND jsonb_typeof(v -> 'forgotten_at') <> 'number')
+       OR (jsonb_typeof(v -> 'blocked_until') NOT IN ('null', 'number')
+           AND v -> 'blocked_until' IS DISTINCT FROM 'false'::jsonb) THEN
+        PERFORM ratelimit.rl__damaged(fn, 'block');
+    END IF;
+    strikes := ratelimit.rl__int(v ->> 'strikes');
+    last_strike_at := ratelimit.rl__int(v ->> 'last_strike_at');
+    forgotten_at := CASE WHEN v ? 'forgotten_at' THEN ratelimit.rl__int(v ->> 'forgotten_at') ELSE last_strike_at END;
+    blocked := v -> 'blocked_until' IS DISTINCT FROM 'false'::jsonb;
+    until := CASE WHEN jsonb_typeof(v -> 'blocked_until') = 'number' THEN ratelimit.rl__int(v ->> 'blocked_until') END;
+    IF strikes IS NULL OR last_strike_at IS NULL OR forgotten_at IS NULL
+       OR (jsonb_typeof(v -> 'blocked_until') = 'number' AND until IS NULL) THEN
+        PERFORM ratelimit.rl__damaged(fn, 'block');
+    END IF;
+END
+$$;
+
+-- What rl_penalize and rl_block answer (penalty::BlockAnswer::fields).
+CREATE OR REPLACE FUNCTION ratelimit.rl__block_answer(strikes bigint, blocked boolean, until bigint, now bigint)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('strikes', strikes, 'blocked', blocked,
+        'blocked_until', CASE WHEN blocked AND until IS NOT NULL THEN ratelimit.rl__ceil_seconds(until) END,
+        'retry_after_seconds', CASE WHEN NOT blocked THEN 0 WHEN until IS NOT NULL
+                                    THEN ratelimit.rl__ceil_seconds(until - now) END)
+$$;
+
+-- One decision on an rl_entries row for rl__entries_change: the answer, and the row to
+-- write (new_entries NULL: nothing). args holds the call's parsed arguments.
+CREATE OR REPLACE FUNCTION ratelimit.rl__entries_step(step text, fn text, entries text, row_empty_at bigint,
+                                                      found boolean, args jsonb, now bigint,
+                                                      OUT answer jsonb, OUT new_entries text, OUT new_empty_at bigint)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    max_wait CONSTANT bigint := 9007199254740991;
+    w record;
+    l record;
+    s record;
+    held int[] := '{}';
+    hit int;
+    lease_ms bigint;
+    lim bigint;
+    secret text;
+    expiries bigint[];
+    strikes bigint;
+    strikes_end bigint;
+    remembered boolean;
+    forgotten bigint;
+    own_end bigint;
+    blocked boolean;
+    until bigint;
+    length_ms bigint;
+    doublings int;
+BEGIN
+    IF step = 'window_refund' THEN
+        -- rl_refund_check: the newest admissions forgotten first (window::refund), then the
+        -- window as a peek answers it, keeping the entries that still count
+        w := ratelimit.rl__window_decode(fn, entries);
+        lim := (args ->> 'cost')::bigint;
+        FOR i IN REVERSE coalesce(array_length(w.ats, 1), 0)..1 LOOP
+            EXIT WHEN lim <= 0;
+            IF w.micros[i] <= lim THEN
+                lim := lim - w.micros[i];
+                w.ats := w.ats[:i - 1];
+                w.micros := w.micros[:i - 1];
+            ELSE
+                w.micros[i] := w.micros[i] - lim;
+                lim := 0;
+            END IF;
+        END LOOP;
+        entries := (SELECT coalesce(string_agg((w.ats[i] - coalesce(w.ats[i - 1], 0))::text
+                                               || CASE WHEN w.micros[i] <> 1000000 THEN ':' || w.micros[i] ELSE '' END, ','
+                                               ORDER BY i), '')
+                    FROM generate_series(1, coalesce(array_length(w.ats, 1), 0)) AS i);
+        args := jsonb_set(args, '{cost}', '0');
+        step := 'window';
+    END IF;
+    IF step = 'window' THEN
+        w := ratelimit.rl__window_decision(fn, entries, (args ->> 'limit')::bigint, (args ->> 'window_ms')::bigint,
+                                           (args ->> 'cost')::bigint, now);
+        IF w.too_many THEN PERFORM ratelimit.rl__window_too_full(fn); END IF;
+        answer := w.answer; new_entries := w.new_entries; new_empty_at := w.new_empty_at;
+        RETURN;
+    END IF;
+    IF step IN ('acquire', 'release', 'renew', 'in_flight') THEN
+        l := ratelimit.rl__leases_decode(fn, entries);
+        FOR i IN 1..coalesce(array_length(l.seqs, 1), 0) LOOP
+            IF l.expires[i] > now THEN
+                held := held || i;
+                IF ratelimit.rl__lease_id(l.issued[i], l.seqs[i], l.secrets[i]) = args ->> 'lease' THEN hit := i; END IF;
+            END IF;
+        END LOOP;
+        IF step = 'in_flight' THEN
+            answer := to_jsonb(coalesce(array_length(held, 1), 0));
+            RETURN;
+        END IF;
+        IF step = 'acquire' THEN
+            lim := (args ->> 'max')::bigint;
+            lease_ms := (args ->> 'lease_ms')::bigint;
+            IF coalesce(array_length(held, 1), 0) < lim THEN
+                -- 64 random bits: the random hex digits of two version-4 UUIDs
+                secret := substr(replace(gen_random_uuid()::text, '-', ''), 1, 12)
+                       || substr(replace(gen_random_uuid()::text, '-', ''), 1, 4);
+                IF ltrim(secret, '0') = '' THEN secret := '0000000000000001'; END IF;
+                answer := jsonb_build_object('admitted', true,
+                    'lease', ratelimit.rl__lease_id(now, l.next_seq, secret),
+                    'in_flight', coalesce(array_length(held, 1), 0) + 1, 'limit', lim, 'expires_at', now + lease_ms,
+                    'retry_after_ms', 0, 'retry_after_seconds', 0);
+                new_entries := ratelimit.rl__leases_encode(l.next_seq + 1, l.seqs || l.next_seq, l.issued || now,
+                                                           l.expires || (now + lease_ms), l.secrets || secret, now);
+                new_empty_at := ratelimit.rl__leases_empty_at(l.expires || (now + lease_ms), now);
+                RETURN;
+            END IF;
+            SELECT array_agg(e ORDER BY e) INTO expiries FROM unnest(l.expires) AS e WHERE e > now;
+            lease_ms := least(greatest(expiries[array_length(held, 1) - lim + 1] - now, 1), max_wait);
+            answer := jsonb_build_object('admitted', false, 'lease', NULL, 'in_flight', array_length(held, 1),
+                'limit', lim, 'expires_at', NULL, 'retry_after_ms', lease_ms,
+                'retry_after_seconds', ratelimit.rl__ceil_seconds(lease_ms));
+            RETURN;
+        END IF;
+        IF hit IS NULL THEN
+            answer := CASE step WHEN 'release' THEN 'false'::jsonb
+                                ELSE jsonb_build_object('renewed', false, 'expires_at', NULL) END;
+            RETURN;
+        END IF;
+        IF step = 'release' THEN
+            answer := 'true';
+            new_entries := ratelimit.rl__leases_encode(l.next_seq, l.seqs[:hit - 1] || l.seqs[hit + 1:],
+                l.issued[:hit - 1] || l.issued[hit + 1:], l.expires[:hit - 1] || l.expires[hit + 1:],
+                l.secrets[:hit - 1] || l.secrets[hit + 1:], now);
+            new_empty_at := ratelimit.rl__leases_empty_at(l.expires[:hit - 1] || l.expires[hit + 1:], now);
+            RETURN;
+        END IF;
+        l.expires[hit] := now + (args ->> 'lease_ms')::bigint;
+        answer := jsonb_build_object('renewed', true, 'expires_at', l.expires[hit]);
+        new_entries := ratelimit.rl__leases_encode(l.next_seq, l.seqs, l.issued, l.expires, l.secrets, now);
+        new_empty_at := ratelimit.rl__leases_empty_at(l.expires, now);
+        RETURN;
+    END IF;
+    -- strikes and blocks (penalty.rs)
+    s := ratelimit.rl__strikes_decode(fn, entries);
+    -- a block in force at now (Strikes::block_at)
+    blocked := s.blocked AND (s.until IS NULL OR s.until > now);
+    until := CASE WHEN blocked THEN s.until END;
+    IF step = 'unblock' THEN
+        IF entries IS NULL THEN answer := 'false'; RETURN; END IF;
+        answer := to_jsonb(blocked);
+        new_entries := ratelimit.rl__strikes_encode(0, 0, 0, false, NULL);
+        new_empty_at := 0;
+        RETURN;
+    END IF;
+    IF step = 'penalize' THEN
+        strikes_end := greatest(s.forgotten_at, least(s.last_strike_at::numeric + (args ->> 'window_ms')::bigint,
+                                                        9223372036854775807)::bigint);
+        remembered := s.strikes > 0 AND now < strikes_end;
+        strikes := CASE WHEN remembered THEN s.strikes + 1 ELSE 1 END;
+        own_end := least(now + (args ->> 'window_ms')::bigint, max_wait);
+        forgotten := CASE WHEN remembered THEN greatest(s.forgotten_at, own_end) ELSE own_end END;
+        IF strikes > (args ->> 'free')::bigint THEN
+            doublings := least(strikes - (args ->> 'free')::bigint, 62);
+            length_ms := trunc(least((args ->> 'base_ms')::bigint::float8 * power(2::float8, doublings),
+                                     (args ->> 'max_ms')::bigint::float8))::bigint;
+            IF NOT blocked THEN
+                blocked := true; until := least(now + length_ms, max_wait);
+            ELSIF until IS NOT NULL THEN
+                until := greatest(until, least(now + length_ms, max_wait));
+            END IF;
+        END IF;
+        answer := ratelimit.rl__block_answer(strikes, blocked, until, now);
+        new_entries := ratelimit.rl__strikes_encode(strikes, greatest(now, s.last_strike_at), forgotten, blocked, until);
+        -- when the row stops mattering (Strikes::empty_at)
+        new_empty_at := CASE WHEN blocked AND until IS NULL THEN 9223372036854775807
+                             WHEN blocked THEN greatest(until, forgotten) ELSE forgotten END;
+        RETURN;
+    END IF;
+    -- block: never shortening a block in force
+    length_ms := (args ->> 'length_ms')::bigint;
+    IF length_ms IS NULL OR (blocked AND until IS NULL) THEN
+        until := NULL;
+    ELSIF blocked THEN
+        until := greatest(until, least(now + length_ms, max_wait));
+    ELSE
+        until := least(now + length_ms, max_wait);
+    END IF;
+    answer := ratelimit.rl__block_answer(s.strikes, true, until, now);
+    new_entries := ratelimit.rl__strikes_encode(s.strikes, s.last_strike_at, s.forgotten_at, true, until);
+    strikes_end := CASE WHEN s.strikes > 0 THEN s.forgotten_at ELSE 0 END;
+    new_empty_at := greatest(CASE WHEN until IS NULL THEN 9223372036854775807 ELSE greatest(until, strikes_end) END,
+                             coalesce(row_empty_at, 0));
+END
+$$;
+
+-- JSON values as arguments (args::json_arg): a number is an integer when it is one
+-- (as_i64), else a double (infinite beyond a double's range); a string is text, read as a
+-- number where a number is wanted when it is a plain decimal; booleans, arrays and objects
+-- are no argument of any kind.
+
+-- A JSON value as an error message shows it (Arg::describe of its json_arg).
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_describe(v jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    t text;
+BEGIN
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN RETURN 'NULL'; END IF;
+    CASE jsonb_typeof(v)
+        WHEN 'number' THEN
+            IF ratelimit.rl__int(v::text) IS NOT NULL AND v::text !~ '^\+' THEN RETURN v::text; END IF;
+            RETURN ratelimit.rl__describe(ratelimit.rl__json_double(v));
+        WHEN 'string' THEN
+            t := v #>> '{}';
+            RETURN '''' || replace(left(t, 40), '''', '''''') || CASE WHEN length(t) > 40 THEN '...' ELSE '' END || '''';
+        WHEN 'boolean' THEN RETURN 'a blob of 7 bytes';
+        ELSE RETURN 'a blob of 4 bytes';
+    END CASE;
+END
+$$;
+
+-- A JSON number as a double (args::number_f64): beyond a double's range, infinite (or 0
+-- below its smallest).
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_double(v jsonb) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    n numeric := (v #>> '{}')::numeric;
+BEGIN
+    RETURN n::float8;
+EXCEPTION WHEN numeric_value_out_of_range THEN
+    IF abs(n) < 1 THEN RETURN 0; END IF;
+    RETURN CASE WHEN n > 0 THEN 'Infinity'::float8 ELSE '-Infinity'::float8 END;
+END
+$$;
+
+-- The number a JSON value stands for (args::as_number), or NULL.
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_number(v jsonb) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    t text;
+BEGIN
+    IF v IS NULL THEN RETURN NULL; END IF;
+    IF jsonb_typeof(v) = 'number' THEN RETURN ratelimit.rl__json_double(v); END IF;
+    IF jsonb_typeof(v) <> 'string' THEN RETURN NULL; END IF;
+    t := btrim(v #>> '{}');
+    IF t = '' OR t !~ '^[0-9+.eE-]+$' OR t !~ '[0-9]' THEN RETURN NULL; END IF;
+    BEGIN
+        RETURN t::float8;
+    EXCEPTION WHEN others THEN
+        -- float8in refuses what Rust reads as infinite or 0; both are refused alike below
+        IF t ~ '^[+-]?[0-9.]+[eE][+-]?[0-9]+$' THEN
+            RETURN CASE WHEN t ~ '[eE]-' THEN 0 WHEN t ~ '^-' THEN '-Infinity'::float8 ELSE 'Infinity'::float8 END;
+        END IF;
+        RETURN NULL;
+    END;
+END
+$$;
+
+-- A finite number greater than 0, from JSON (args::positive_number of a json_arg).
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_positive(fn text, what text, v jsonb) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    n double precision := ratelimit.rl__json_number(v);
+BEGIN
+    IF n IS NULL OR NOT (n > 0 AND n < 'Infinity'::float8) OR n = 'NaN'::float8 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be a finite number greater than 0, got ' || ratelimit.rl__json_describe(v));
+    END IF;
+    RETURN n;
+END
+$$;
+
+-- A bucket number from JSON (args::token_number).
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_tokens(fn text, what text, v jsonb) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    n double precision := ratelimit.rl__json_positive(fn, what, v);
+BEGIN
+    IF n > 1e15 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000000000, got ' || ratelimit.rl__json_describe(v));
+    END IF;
+    RETURN n;
+END
+$$;
+
+-- A budget amount from JSON as exact millionths (args::amount_micros): integers exactly,
+-- text with up to 6 decimals exactly, others rounded.
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_micros(fn text, what text, v jsonb) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    n double precision := ratelimit.rl__json_positive(fn, what, v);
+    t text;
+    scaled double precision;
+BEGIN
+    IF n > 1e9 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000, got ' || ratelimit.rl__json_describe(v));
+    END IF;
+    IF n < 1.0::float8 / 1000000 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at least 0.000001, got ' || ratelimit.rl__json_describe(v));
+    END IF;
+    IF jsonb_typeof(v) = 'number' AND ratelimit.rl__int(v::text) IS NOT NULL THEN
+        RETURN ratelimit.rl__int(v::text) * 1000000;
+    END IF;
+    IF jsonb_typeof(v) = 'string' THEN
+        t := regexp_replace(btrim(v #>> '{}'), '^\+', '');
+        IF t ~ '^[0-9]*(\.[0-9]{0,6})?$' THEN
+            RETURN coalesce(nullif(split_part(t, '.', 1), '')::bigint, 0) * 1000000
+                 + coalesce(nullif(rpad(split_part(t, '.', 2), 6, '0'), '000000')::bigint, 0);
+        END IF;
+    END IF;
+    scaled := n * 1000000;
+    RETURN (trunc(scaled) + CASE WHEN scaled - trunc(scaled) >= 0.5 THEN 1 ELSE 0 END)::bigint;
+END
+$$;
+
+-- A window's length from JSON (args::duration_ms).
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_duration_ms(fn text, what text, v jsonb) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    n double precision := ratelimit.rl__json_positive(fn, what, v);
+    ms double precision;
+BEGIN
+    IF n > 31536000 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 31536000 (one year), got ' || ratelimit.rl__json_describe(v));
+    END IF;
+    ms := n * 1000;
+    RETURN greatest((trunc(ms) + CASE WHEN ms - trunc(ms) >= 0.5 THEN 1 ELSE 0 END)::bigint, 1);
+END
+$$;
+
+-- A key or name from JSON (args::key, args::name).
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_key(fn text, v jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF jsonb_typeof(v) IS DISTINCT FROM 'string' THEN
+        PERFORM ratelimit.rl__invalid(fn, 'key must be text, got ' || ratelimit.rl__json_describe(v));
+    END IF;
+    RETURN ratelimit.rl__key(fn, v #>> '{}');
+END
+$$;
+
+-- A period from JSON (args::period).
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_period(fn text, v jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF jsonb_typeof(v) IS DISTINCT FROM 'string' OR (v #>> '{}') NOT IN ('day', 'month') THEN
+        PERFORM ratelimit.rl__invalid(fn, 'period must be ''day'' or ''month'', got ' || ratelimit.rl__json_describe(v));
+    END IF;
+    RETURN v #>> '{}';
+END
+$$;
+
+-- What rl_spend decides on a row (budget::spend): the answer and the row to store.
+CREATE OR REPLACE FUNCTION ratelimit.rl__spend_decision(has_row boolean, used bigint, resets_at bigint, period text,
+                                                        quota bigint, cost bigint, now bigint,
+                                                        OUT admitted boolean, OUT answer jsonb,
+                                                        OUT new_used bigint, OUT new_resets_at bigint)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    cur boolean := has_row AND resets_at > now;
+BEGIN
+    new_used := CASE WHEN cur THEN greatest(used, 0) ELSE 0 END + cost;
+    new_resets_at := CASE WHEN cur THEN resets_at ELSE ratelimit.rl__period_end(period, now) END;
+    admitted := new_used <= quota;
+    answer := ratelimit.rl__spend_answer(has_row, used, resets_at, period, quota, cost, now);
+END
+$$;
+
+-- The limits of rl_take_all or of a policy, parsed one item at a time (args::limit): the
+-- kind (0 bucket, 1 budget, 2 window, the order rows are kept in), key, period and numbers.
+-- prefix leads each error ('rl_take_all: item 3').
+CREATE OR REPLACE FUNCTION ratelimit.rl__limit_item(prefix text, v jsonb, OUT kind int, OUT key text, OUT period text,
+                                                    OUT burst double precision, OUT rate double precision,
+                                                    OUT cost double precision, OUT quota bigint, OUT micros bigint,
+                                                    OUT window_ms bigint)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    allowed text[];
+    extra text;
+BEGIN
+    IF jsonb_typeof(v) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, 'must be a JSON object'); END IF;
+    kind := CASE WHEN v ? 'period' THEN 1 WHEN v ? 'window_seconds' THEN 2 ELSE 0 END;
+    allowed := CASE kind WHEN 1 THEN ARRAY['key', 'period', 'quota', 'cost']
+                         WHEN 2 THEN ARRAY['key', 'limit', 'window_seconds', 'cost']
+                         ELSE ARRAY['key', 'burst', 'refill_per_minute', 'cost'] END;
+    SELECT k INTO extra FROM jsonb_each(v) WITH ORDINALITY AS e(k, x, n) WHERE NOT k = ANY (allowed) ORDER BY n LIMIT 1;
+    IF extra IS NOT NULL THEN
+        PERFORM ratelimit.rl__invalid(prefix, format('unknown field %s (a bucket has key, burst, refill_per_minute, cost; '
+            || 'a budget key, period, quota, cost; a window key, limit, window_seconds, cost)', to_jsonb(extra)::text));
+    END IF;
+    key := ratelimit.rl__json_key(prefix, v -> 'key');
+    IF kind = 2 THEN
+        quota := ratelimit.rl__json_micros(prefix, 'limit', v -> 'limit');
+        window_ms := ratelimit.rl__json_duration_ms(prefix, 'window_seconds', v -> 'window_seconds');
+        micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE 1000000 END;
+    ELSIF kind = 1 THEN
+        period := ratelimit.rl__json_period(prefix, v -> 'period');
+        quota := ratelimit.rl__json_micros(prefix, 'quota', v -> 'quota');
+        micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE 1000000 END;
+    ELSE
+        burst := ratelimit.rl__json_tokens(prefix, 'burst', v -> 'burst');
+        rate := ratelimit.rl__json_tokens(prefix, 'refill_per_minute', v -> 'refill_per_minute');
+        cost := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_tokens(prefix, 'cost', v -> 'cost') ELSE 1 END;
+    END IF;
+END
+$$;
+
+-- rl_take_all over parsed limits (protocol::take_all and multi::decide): decide on the rows
+-- as read; a refusal answers there, writing nothing. Otherwise hold every row (budgets,
+-- then windows, then buckets, each in key order, the same for every call, so concurrent
+-- calls never wait in a cycle), decide again on the held rows, and write them when all
+-- admit. items are the limits in row order with their given positions (pos, 1-based).
+CREATE OR REPLACE FUNCTION ratelimit.rl__take_all(fn text, items jsonb, now bigint, decide_only boolean DEFAULT false)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n int := jsonb_array_length(items);
+    it jsonb;
+    held boolean := false;
+    answers jsonb[];
+    admitted_all boolean;
+    retry bigint;
+    wait bigint;
+    d record;
+    b record;
+    w record;
+    u record;
+    r_level double precision[];
+    r_refilled bigint[];
+    r_used bigint[];
+    r_resets bigint[];
+    r_entries text[];
+    r_found boolean[];
+    new_level double precision[];
+    new_refilled bigint[];
+    new_full bigint[];
+    new_used bigint[];
+    new_resets bigint[];
+    new_entries text[];
+    new_empty bigint[];
+    too_many boolean[];
+    x record;
+BEGIN
+    IF NOT decide_only THEN PERFORM ratelimit.rl__writable(fn); END IF;
+    LOOP
+        -- the rows: as they stand, or held
+        FOR i IN 1..n LOOP
+            it := items -> (i - 1);
+            IF held THEN
+                CASE (it ->> 'kind')::int
+                    WHEN 1 THEN
+                        INSERT INTO ratelimit.rl_budget (key, period, used, resets_at)
+                        VALUES (it ->> 'key', it ->> 'period', 0, ratelimit.rl__period_end(it ->> 'period', now))
+                        ON CONFLICT (key, period) DO NOTHING;
+                    WHEN 2 THEN
+                        INSERT INTO ratelimit.rl_entries (key, kind, entries, empty_at) VALUES (it ->> 'key', 'window', '', 0)
+                        ON CONFLICT (key, kind) DO NOTHING;
+                    ELSE NULL;
+                END CASE;
+            END IF;
+        END LOOP;
+        FOR pass IN 1..3 LOOP
+            -- held rows are locked budgets first, then windows, then buckets
+            FOR i IN 1..n LOOP
+                it := items -> (i - 1);
+                CONTINUE WHEN (CASE (it ->> 'kind')::int WHEN 1 THEN 1 WHEN 2 THEN 2 ELSE 3 END) <> pass;
+                IF (it ->> 'kind')::int = 1 THEN
+                    IF held THEN
+                        SELECT t.used, t.resets_at INTO x FROM ratelimit.rl_budget AS t
+                        WHERE t.key = it ->> 'key' AND t.period = it ->> 'period' FOR UPDATE;
+                    ELSE
+                        SELECT t.used, t.resets_at INTO x FROM ratelimit.rl_budget AS t
+                        WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
+                    END IF;
+                    r_found[i] := FOUND; r_used[i] := x.used; r_resets[i] := x.resets_at;
+                ELSIF (it ->> 'kind')::int = 2 THEN
+                    IF held THEN
+                        SELECT t.entries INTO x FROM ratelimit.rl_entries AS t
+                        WHERE t.key = it ->> 'key' AND t.kind = 'window' FOR UPDATE;
+                    ELSE
+                        SELECT t.entries INTO x FROM ratelimit.rl_entries AS t WHERE t.key = it ->> 'key' AND t.kind = 'window';
+                    END IF;
+                    r_found[i] := FOUND; r_entries[i] := CASE WHEN FOUND THEN x.entries END;
+                ELSE
+                    IF held THEN
+                        INSERT INTO ratelimit.rl_bucket (key, level, refilled_at, full_at)
+                        VALUES (it ->> 'key', (it ->> 'burst')::float8, 0, 0) ON CONFLICT (key) DO NOTHING;
+                        SELECT t.level, t.refilled_at INTO x FROM ratelimit.rl_bucket AS t WHERE t.key = it ->> 'key' FOR UPDATE;
+                    ELSE
+                        SELECT t.level, t.refilled_at INTO x FROM ratelimit.rl_bucket AS t WHERE t.key = it ->> 'key';
+                    END IF;
+                    r_found[i] := FOUND; r_level[i] := x.level; r_refilled[i] := x.refilled_at;
+                END IF;
+            END LOOP;
+        END LOOP;
+        -- every item decided on its row
+        admitted_all := true;
+        retry := 0;
+        FOR i IN 1..n LOOP
+            it := items -> (i - 1);
+            IF (it ->> 'kind')::int = 1 THEN
+                d := ratelimit.rl__spend_decision(r_found[i], r_used[i], r_resets[i], it ->> 'period',
+                    (it ->> 'quota')::bigint, (it ->> 'micros')::bigint, now);
+                new_used[i] := d.new_used; new_resets[i] := d.new_resets_at;
+                wait := CASE WHEN d.admitted THEN 0 ELSE d.new_resets_at - now END;
+            ELSIF (it ->> 'kind')::int = 2 THEN
+                d := ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint, (it ->> 'window_ms')::bigint,
+                    (it ->> 'micros')::bigint, now);
+                new_entries[i] := d.new_entries; new_empty[i] := d.new_empty_at; too_many[i] := d.too_many;
+                wait := (d.answer ->> 'retry_after_ms')::bigint;
+            ELSE
+                d := ratelimit.rl__take_decision(r_found[i], r_level[i], r_refilled[i], (it ->> 'burst')::float8,
+                    (it ->> 'rate')::float8, (it ->> 'cost')::float8, now);
+                new_level[i] := d.new_level; new_refilled[i] := d.new_refilled_at; new_full[i] := d.new_full_at;
+                wait := (d.answer ->> 'retry_after_ms')::bigint;
+            END IF;
+            answers[i] := d.answer;
+            admitted_all := admitted_all AND d.admitted;
+            retry := greatest(retry, wait);
+        END LOOP;
+        EXIT WHEN held OR NOT admitted_all OR decide_only;
+        held := true;
+    END LOOP;
+    IF admitted_all AND NOT decide_only THEN
+        FOR i IN 1..n LOOP
+            it := items -> (i - 1);
+            IF (it ->> 'kind')::int = 1 THEN
+                UPDATE ratelimit.rl_budget AS t SET used = new_used[i], resets_at = new_resets[i]
+                WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
+            ELSIF (it ->> 'kind')::int = 2 THEN
+                IF too_many[i] THEN PERFORM ratelimit.rl__window_too_full(fn); END IF;
+                UPDATE ratelimit.rl_entries AS t SET entries = new_entries[i], empty_at = new_empty[i]
+                WHERE t.key = it ->> 'key' AND t.kind = 'window';
+            ELSE
+                UPDATE ratelimit.rl_bucket AS t SET level = new_level[i], refilled_at = new_refilled[i], full_at = new_full[i]
+                WHERE t.key = it ->> 'key';
+            END IF;
+        END LOOP;
+        retry := 0;
+    ELSIF NOT admitted_all THEN
+        -- nothing is charged: the items that would admit say what they have left now
+        FOR i IN 1..n LOOP
+            CONTINUE WHEN NOT (answers[i] ->> 'admitted')::boolean;
+            it := items -> (i - 1);
+            answers[i] := CASE (it ->> 'kind')::int
+                WHEN 1 THEN ratelimit.rl__spend_answer(r_found[i], r_used[i], r_resets[i], it ->> 'period',
+                                                       (it ->> 'quota')::bigint, 0, now)
+                WHEN 2 THEN (ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint,
+                                                           (it ->> 'window_ms')::bigint, 0, now)).answer
+                ELSE (ratelimit.rl__take_decision(r_found[i], r_level[i], r_refilled[i], (it ->> 'burst')::float8,
+                                                  (it ->> 'rate')::float8, 0, now)).answer END;
+        END LOOP;
+    END IF;
+    -- the items in the order given
+    SELECT jsonb_agg(answers[i] ORDER BY (items -> (i - 1) ->> 'pos')::int) INTO x FROM generate_series(1, n) AS i;
+    RETURN jsonb_build_object('admitted', admitted_all, 'retry_after_ms', retry,
+        'retry_after_seconds', ratelimit.rl__ceil_seconds(retry), 'items', x.jsonb_agg);
+END
+$$;
+
+-- The limits of rl_take_all or a policy's items as rl__take_all takes them: sorted into
+-- row order, and refused when two name one row (args::TakeAllArgs::parse).
+CREATE OR REPLACE FUNCTION ratelimit.rl__sorted_items(fn text, items jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    sorted jsonb;
+    dup record;
+BEGIN
+    SELECT jsonb_agg(i ORDER BY (i ->> 'kind')::int, (i ->> 'key') COLLATE "C", i ->> 'period', (i ->> 'pos')::int)
+    INTO sorted FROM jsonb_array_elements(items) AS i;
+    SELECT least(a.p, b.p) AS first, greatest(a.p, b.p) AS second INTO dup
+    FROM (SELECT (e ->> 'pos')::int AS p, e ->> 'kind' AS kind, e ->> 'key' AS key, e ->> 'period' AS period, n
+          FROM jsonb_array_elements(sorted) WITH ORDINALITY AS s(e, n)) AS a
+    JOIN (SELECT (e ->> 'pos')::int AS p, e ->> 'kind' AS kind, e ->> 'key' AS key, e ->> 'period' AS period, n
+          FROM jsonb_array_elements(sorted) WITH ORDINALITY AS s(e, n)) AS b
+      ON b.n = a.n + 1 AND a.kind = b.kind AND a.key = b.key AND a.period IS NOT DISTINCT FROM b.period
+    ORDER BY a.n LIMIT 1;
+    IF FOUND THEN
+        PERFORM ratelimit.rl__invalid(fn, format(
+            'items %s and %s are the same limit (one key may appear once per kind and period)', dup.first, dup.second));
+    END IF;
+    RETURN sorted;
+END
+$$;
+
+-- A policy definition parsed and validated whole (policy::Policy::parse): its limits as
+-- normalized items [{kind, burst, rate, period, quota, window_ms}] (quota: millionths of a
+-- budget's quota or a window's limit), tiers {name: multiplier}, shadow, and the canonical
+-- text stored and returned (Policy::to_json, written as the native library writes it).
+CREATE OR REPLACE FUNCTION ratelimit.rl__policy_parse(fn text, definition jsonb, OUT limits jsonb, OUT tiers jsonb,
+                                                      OUT shadow boolean, OUT canonical text)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    extra text;
+    item jsonb;
+    prefix text;
+    kind int;
+    allowed text[];
+    t record;
+    m double precision;
+    v double precision;
+    scaled double precision;
+    texts text[] := '{}';
+    tier_texts text[] := '{}';
+BEGIN
+    IF jsonb_typeof(definition) IS DISTINCT FROM 'object' THEN
+        PERFORM ratelimit.rl__invalid(fn, 'definition must be a JSON object with limits, and optionally tiers and shadow');
+    END IF;
+    SELECT k INTO extra FROM jsonb_object_keys(definition) WITH ORDINALITY AS e(k, n)
+    WHERE k NOT IN ('limits', 'tiers', 'shadow') ORDER BY n LIMIT 1;
+    IF extra IS NOT NULL THEN
+        PERFORM ratelimit.rl__invalid(fn, format('definition: unknown field %s (a policy has limits, tiers, shadow)',
+                                                 to_jsonb(extra)::text));
+    END IF;
+    IF jsonb_typeof(definition -> 'limits') IS DISTINCT FROM 'array' THEN
+        PERFORM ratelimit.rl__invalid(fn, 'definition.limits must be a JSON array of limit objects');
+    END IF;
+    IF jsonb_array_length(definition -> 'limits') NOT BETWEEN 1 AND 16 THEN
+        PERFORM ratelimit.rl__invalid(fn, format('definition.limits must hold 1 to 16 items, got %s',
+                                                 jsonb_array_length(definition -> 'limits')));
+    END IF;
+    limits := '[]';
+    FOR i IN 1..jsonb_array_length(definition -> 'limits') LOOP
+        item := definition -> 'limits' -> (i - 1);
+        prefix := fn || ': definition.limits item ' || i;
+        IF jsonb_typeof(item) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, 'must be a JSON object'); END IF;
+        kind := CASE WHEN item ? 'period' THEN 1 WHEN item ? 'window_seconds' THEN 2 ELSE 0 END;
+        allowed := CASE kind WHEN 1 THEN ARRAY['period', 'quota'] WHEN 2 THEN ARRAY['limit', 'window_seconds']
+                             ELSE ARRAY['burst', 'refill_per_minute'] END;
+        SELECT k INTO extra FROM jsonb_object_keys(item) WITH ORDINALITY AS e(k, n) WHERE NOT k = ANY (allowed)
+        ORDER BY n LIMIT 1;
+        IF extra IS NOT NULL THEN
+            PERFORM ratelimit.rl__invalid(prefix, format('unknown field %s (a bucket has burst, refill_per_minute; '
+                || 'a budget period, quota; a window limit, window_seconds)', to_jsonb(extra)::text));
+        END IF;
+        IF kind = 1 THEN
+            limits := limits || jsonb_build_object('kind', 1, 'period', ratelimit.rl__json_period(prefix, item -> 'period'),
+                'quota', ratelimit.rl__json_micros(prefix, 'quota', item -> 'quota'));
+            texts := texts || format('{"period":%s,"quota":%s}', to_jsonb(limits -> -1 ->> 'period')::text,
+                                     ratelimit.rl__micros((limits -> -1 ->> 'quota')::bigint)::text);
+        ELSIF kind = 2 THEN
+            limits := limits || jsonb_build_object('kind', 2, 'quota', ratelimit.rl__json_micros(prefix, 'limit', item -> 'limit'),
+                'window_ms', ratelimit.rl__json_duration_ms(prefix, 'window_seconds', item -> 'window_seconds'));
+            texts := texts || format('{"limit":%s,"window_seconds":%s}', ratelimit.rl__micros((limits -> -1 ->> 'quota')::bigint)::text,
+                                     ratelimit.rl__number((limits -> -1 ->> 'window_ms')::float8 / 1000)::text);
+        ELSE
+            limits := limits || jsonb_build_object('kind', 0, 'burst', ratelimit.rl__json_tokens(prefix, 'burst', item -> 'burst'),
+                'rate', ratelimit.rl__json_tokens(prefix, 'refill_per_minute', item -> 'refill_per_minute'));
+            texts := texts || format('{"burst":%s,"refill_per_minute":%s}',
+                                     ratelimit.rl__number((limits -> -1 ->> 'burst')::float8)::text,
+                                     ratelimit.rl__number((limits -> -1 ->> 'rate')::float8)::text);
+        END IF;
+    END LOOP;
+    tiers := '{}';
+    IF definition -> 'tiers' IS NOT NULL AND jsonb_typeof(definition -> 'tiers') <> 'null' THEN
+        IF jsonb_typeof(definition -> 'tiers') <> 'object' THEN
+            PERFORM ratelimit.rl__invalid(fn, 'definition.tiers must be a JSON object of tier names to multipliers');
+        END IF;
+        FOR t IN SELECT e.key, e.value FROM jsonb_each(definition -> 'tiers') WITH ORDINALITY AS e(key, value, n) ORDER BY n LOOP
+            IF t.key = '' THEN PERFORM ratelimit.rl__invalid(fn, 'definition.tiers: a tier name must not be empty'); END IF;
+            tiers := tiers || jsonb_build_object(t.key, ratelimit.rl__json_positive(fn, 'definition.tiers.' || t.key, t.value));
+        END LOOP;
+        -- every multiplier keeps every limit valid (PolicyLimit::scales_by), in name order
+        FOR t IN SELECT e.key, e.value FROM jsonb_each(tiers) AS e ORDER BY e.key COLLATE "C" LOOP
+            m := (t.value #>> '{}')::float8;
+            FOR i IN 1..jsonb_array_length(limits) LOOP
+                item := limits -> (i - 1);
+                IF (item ->> 'kind')::int = 0 THEN
+                    v := (item ->> 'burst')::float8 * m;
+                    scaled := (item ->> 'rate')::float8 * m;
+                    CONTINUE WHEN v > 0 AND v <= 1e15 AND scaled > 0 AND scaled <= 1e15;
+                ELSE
+                    scaled := (item ->> 'quota')::bigint::float8 * m;
+                    scaled := CASE WHEN scaled - trunc(scaled) >= 0.5 THEN trunc(scaled) + 1 ELSE trunc(scaled) END;
+                    CONTINUE WHEN scaled >= 1 AND scaled <= 1e15;
+                END IF;
+                PERFORM ratelimit.rl__invalid(fn, format('definition.tiers.%s: a multiplier of %s takes limits item %s out of '
+                    || 'range (a bucket''s burst and refill must stay above 0 and at most 1000000000000000, a quota or window '
+                    || 'limit from 0.000001 to 1000000000)', t.key, ratelimit.rl__number(m)::text, i));
+            END LOOP;
+            tier_texts := tier_texts || (to_jsonb(t.key)::text || ':' || ratelimit.rl__number(m)::text);
+        END LOOP;
+    END IF;
+    shadow := false;
+    IF definition -> 'shadow' IS NOT NULL AND jsonb_typeof(definition -> 'shadow') <> 'null' THEN
+        IF jsonb_typeof(definition -> 'shadow') <> 'boolean' THEN
+            PERFORM ratelimit.rl__invalid(fn, 'definition.shadow must be true or false, got ' || (definition -> 'shadow')::text);
+        END IF;
+        shadow := (definition -> 'shadow')::boolean;
+    END IF;
+    canonical := format('{"limits":[%s],"tiers":{%s},"shadow":%s}', array_to_string(texts, ','),
+                        array_to_string(tier_texts, ','), CASE WHEN shadow THEN 'true' ELSE 'false' END);
+END
+$$;
+
+-- The key of limit i (0-based) of a policy for a subject (Policy::key): U+0001, then
+-- <bytes of policy>:<policy>:<i>:<subject>.
+CREATE OR REPLACE FUNCTION ratelimit.rl__policy_key(policy text, subject text, i int) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT chr(1) || octet_length(policy) || ':' || policy || ':' || i || ':' || subject
+$$;
+
+-- A stored policy parsed, and its limits for a subject at a tier as rl__take_all items in
+-- the policy's order (Policy::items; cost in units, charged to budgets and windows in
+-- millionths). The multiplier of an unknown tier is an error (Policy::multiplier).
+CREATE OR REPLACE FUNCTION ratelimit.rl__policy_items(fn text, policy text, subject text, tier text, cost double precision,
+                                                      OUT items jsonb, OUT shadow boolean)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    stored text;
+    p record;
+    m double precision := 1;
+    l jsonb;
+    q double precision;
+    cost_micros double precision := cost * 1000000;
+BEGIN
+    SELECT t.definition INTO stored FROM ratelimit.rl_policy AS t WHERE t.name = policy;
+    IF NOT FOUND THEN
+        PERFORM ratelimit.rl__invalid(fn, format('there is no policy named ''%s''', policy));
+    END IF;
+    p := ratelimit.rl__policy_parse(fn, stored::jsonb);
+    shadow := p.shadow;
+    IF tier IS NOT NULL THEN
+        IF NOT p.tiers ? tier THEN
+            PERFORM ratelimit.rl__invalid(fn, format('tier ''%s'' is not one of this policy''s tiers (%s)', tier,
+                (SELECT coalesce(string_agg(k, ', ' ORDER BY k COLLATE "C"), '') FROM jsonb_object_keys(p.tiers) AS k)));
+        END IF;
+        m := (p.tiers ->> tier)::float8;
+    END IF;
+    cost_micros := trunc(cost_micros) + CASE WHEN cost_micros - trunc(cost_micros) >= 0.5 THEN 1 ELSE 0 END;
+    items := '[]';
+    FOR i IN 1..jsonb_array_length(p.limits) LOOP
+        l := p.limits -> (i - 1);
+        IF (l ->> 'kind')::int = 0 THEN
+            items := items || jsonb_build_object('pos', i, 'kind', 0, 'key', ratelimit.rl__policy_key(policy, subject, i - 1),
+                'burst', (l ->> 'burst')::float8 * m, 'rate', (l ->> 'rate')::float8 * m, 'cost', cost);
+        ELSE
+            q := (l ->> 'quota')::bigint::float8 * m;
+            q := greatest(trunc(q) + CASE WHEN q - trunc(q) >= 0.5 THEN 1 ELSE 0 END, 1);
+            items := items || jsonb_build_object('pos', i, 'kind', (l ->> 'kind')::int,
+                'key', ratelimit.rl__policy_key(policy, subject, i - 1), 'period', l ->> 'period',
+                'quota', q::bigint, 'window_ms', (l ->> 'window_ms')::bigint, 'micros', cost_micros::bigint);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Counts an outcome of rl_check for this session (stats::CounterSink): the edition has no
+-- shared memory, so the counts live in the session setting pg_ratelimit_sql.counts.
+CREATE OR REPLACE FUNCTION ratelimit.rl__count(policy text, outcome text) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    counts jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.counts', true), ''), '{}')::jsonb;
+    zero CONSTANT jsonb := '{"admitted": 0, "refused": 0, "would_refuse": 0, "refused_blocked": 0}';
+BEGIN
+    counts := jsonb_set(counts, ARRAY[policy], coalesce(counts -> policy, zero), true);
+    counts := jsonb_set(counts, ARRAY[policy, outcome], to_jsonb((counts -> policy ->> outcome)::bigint + 1));
+    PERFORM set_config('pg_ratelimit_sql.counts', counts::text, false);
+END
+$$;
+
+-- A double as the native library writes it in text (render::number_text): whole numbers
+-- below 9e15 as integers, others as ryu writes them (the shortest digits; an exponent
+-- below 1e-5 and from 1e16, as 1.5e16 and 1e-7; a whole number as 9500000000000000.0).
+CREATE OR REPLACE FUNCTION ratelimit.rl__number_text(v double precision) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET extra_float_digits = 1 AS $$
+DECLARE
+    n numeric;
+    digits text;
+    kk int;
+    sign text := '';
+BEGIN
+    IF v IS NULL OR v IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN RETURN 'null'; END IF;
+    IF v = trunc(v) AND abs(v) < 9e15 THEN RETURN v::bigint::text; END IF;
+    n := v::text::numeric;
+    IF n < 0 THEN sign := '-'; n := -n; END IF;
+    -- the significant digits, and kk with 10^(kk-1) <= n < 10^kk
+    digits := trim(leading '0' FROM replace(trim_scale(n)::text, '.', ''));
+    kk := CASE WHEN n >= 1 THEN length(split_part(trim_scale(n)::text, '.', 1))
+               ELSE -(length(split_part(trim_scale(n)::text, '.', 2)) - length(ltrim(split_part(trim_scale(n)::text, '.', 2), '0'))) END;
+    digits := rtrim(digits, '0');
+    IF kk > 0 AND kk <= 16 THEN
+        IF length(digits) <= kk THEN RETURN sign || rpad(digits, kk, '0') || '.0'; END IF;
+        RETURN sign || substr(digits, 1, kk) || '.' || substr(digits, kk + 1);
+    ELSIF kk <= 0 AND kk > -5 THEN
+        RETURN sign || '0.' || repeat('0', -kk) || digits;
+    ELSIF length(digits) = 1 THEN
+        RETURN sign || digits || 'e' || (kk - 1);
+    END IF;
+    RETURN sign || substr(digits, 1, 1) || '.' || substr(digits, 2) || 'e' || (kk - 1);
+END
+$$;
+
+-- One limit of a result as the headers see it (headers::limit_of): NULL when the object
+-- is no result. Its fields: name, limit, remaining, reset (seconds), x_reset, retry, unit,
+-- window (seconds), exceeds.
+CREATE OR REPLACE FUNCTION ratelimit.rl__header_limit(name text, o jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    lim double precision := ratelimit.rl__header_num(o -> 'limit');
+    refused boolean := coalesce(o -> 'admitted' = 'false'::jsonb, false);
+    exceeds boolean := coalesce(o -> 'exceeds_limit' = 'true'::jsonb, false);
+    retry bigint;
+    w double precision;
+    remaining double precision;
+    reset bigint;
+BEGIN
+    IF lim IS NULL THEN RETURN NULL; END IF;
+    retry := CASE WHEN refused AND NOT exceeds THEN ratelimit.rl__header_int(o -> 'retry_after_seconds') END;
+    w := coalesce(ratelimit.rl__header_num(o -> 'refill_seconds'), ratelimit.rl__header_num(o -> 'period_seconds'),
+                  ratelimit.rl__header_num(o -> 'window_seconds'));
+    IF ratelimit.rl__header_num(o -> 'in_flight') IS NOT NULL THEN
+        RETURN jsonb_build_object('name', name, 'limit', lim, 'remaining', lim - ratelimit.rl__header_num(o -> 'in_flight'),
+            'reset', retry, 'x_reset', NULL, 'retry', retry, 'unit', 'concurrent-requests', 'window', NULL, 'exceeds', exceeds);
+    END IF;
+    remaining := ratelimit.rl__header_num(o -> 'remaining');
+    IF remaining IS NULL THEN RETURN NULL; END IF;
+    reset := ratelimit.rl__header_int(o -> 'reset_after_seconds');
+    IF reset IS NULL AND ratelimit.rl__header_int(o -> 'resets_at') IS NULL THEN RETURN NULL; END IF;
+    RETURN jsonb_build_object('name', name, 'limit', lim, 'remaining', remaining,
+        'reset', coalesce(reset, retry), 'x_reset', coalesce(reset, ratelimit.rl__header_int(o -> 'resets_at')),
+        'retry', retry, 'unit', NULL, 'window', CASE WHEN w IS NOT NULL THEN greatest(ceil(w)::bigint, 1) END,
+        'exceeds', exceeds);
+END
+$$;
+
+-- A JSON number as a finite double (serde's as_f64), else NULL.
+CREATE OR REPLACE FUNCTION ratelimit.rl__header_num(v jsonb) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(v) = 'number' AND abs(ratelimit.rl__json_double(v)) < 'Infinity'::float8
+                THEN ratelimit.rl__json_double(v) END
+$$;
+
+-- A JSON number that is an integer (serde's as_i64), else NULL.
+CREATE OR REPLACE FUNCTION ratelimit.rl__header_int(v jsonb) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(v) = 'number' THEN ratelimit.rl__int(v::text) END
+$$;
+
+-- The kind a result's limit is named by (headers::kind).
+CREATE OR REPLACE FUNCTION ratelimit.rl__header_kind(o jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN o ? 'resets_at' THEN 'budget' WHEN o ? 'window_seconds' THEN 'window'
+                WHEN o ? 'in_flight' THEN 'concurrency' ELSE 'bucket' END
+$$;
