@@ -52,8 +52,6 @@ pub fn alongside(conn: &Connection) -> rusqlite::Result<Connection> {
 /// Shared by every function registered on one connection.
 pub struct Handle {
     conn: Mutex<Connection>,
-    /// The thread that last took `conn` (kept while it holds it, which is what matters).
-    holder: Mutex<Option<std::thread::ThreadId>>,
     /// Whether the anchor table is connected, so that closing finalizes the cache.
     anchored: AtomicBool,
 }
@@ -64,22 +62,25 @@ impl Handle {
     pub fn new(db: Connection) -> rusqlite::Result<Arc<Handle>> {
         // SAFETY: the same connection SQLite just handed over; this Connection never closes it.
         let own = unsafe { Connection::from_handle(db.handle())? };
-        let handle =
-            Arc::new(Handle { conn: Mutex::new(own), holder: Mutex::new(None), anchored: AtomicBool::new(false) });
+        let handle = Arc::new(Handle { conn: Mutex::new(own), anchored: AtomicBool::new(false) });
         db.create_module(ANCHOR_TABLE, &ANCHOR_MODULE, Some(handle.clone()))?;
         Ok(handle)
     }
 
-    /// The connection, with its statement cache, for the length of one call. A call made
-    /// while this thread is inside another call on the same connection (a TEMP trigger on a
-    /// state table calling an rl_* function: SQLite lets TEMP triggers call DIRECTONLY
-    /// functions) is refused: waiting for the lock would wait for itself forever.
+    /// The connection, with its statement cache, for the length of one call. SQLite runs
+    /// one statement of a connection at a time (the connection's own mutex, or the
+    /// application's promise in multi-thread mode), so the lock is only ever held already
+    /// when this call runs inside another on the same connection: a TEMP trigger on a state
+    /// table calling an rl_* function (SQLite lets TEMP triggers call DIRECTONLY
+    /// functions). Waiting would wait for itself forever, so that call is refused. (No
+    /// thread id is asked for: std's current-thread handle leaves a destructor in this
+    /// library that runs at thread exit, after SQLite may have unloaded it.)
     pub fn lock(&self, function: &str) -> rusqlite::Result<MutexGuard<'_, Connection>> {
         let conn = match self.conn.try_lock() {
             Ok(conn) => conn,
             // A panic inside a call is caught at the FFI boundary; the connection stays usable.
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) if self.holder() == Some(std::thread::current().id()) => {
+            Err(TryLockError::WouldBlock) => {
                 return Err(rusqlite::Error::SqliteFailure(
                     rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_MISUSE),
                     // The call this one runs inside reports it, prefixed with its own name.
@@ -89,18 +90,12 @@ impl Handle {
                     )),
                 ));
             }
-            Err(TryLockError::WouldBlock) => self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
         };
-        *self.holder.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(std::thread::current().id());
         if !self.anchored.load(Ordering::Acquire) {
             conn.execute_batch("SELECT * FROM rl_statement_cache")?;
             self.anchored.store(true, Ordering::Release);
         }
         Ok(conn)
-    }
-
-    fn holder(&self) -> Option<std::thread::ThreadId> {
-        *self.holder.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The connection without anchoring: for registering functions during load.
