@@ -4,7 +4,8 @@
 #                                 needs (apt packages, cargo-pgrx, PostgreSQL 15, 16 and 18), runs the
 #                                 core's tests, then for each PostgreSQL version in turn the in-server
 #                                 pgrx tests and the client tests of both built extensions against a
-#                                 throwaway cluster of that version, then the Citus target
+#                                 throwaway cluster of that version (and the PostgreSQL tests again
+#                                 against the SQL edition), then the Citus target
 #                                 (scripts/test_citus.sh) when Citus or its source tarball is
 #                                 at hand. CI runs this.
 #   bash scripts/test.sh --fast   the core's tests and the SQLite client tests: no root, no apt, no
@@ -89,6 +90,10 @@ for v in "${PG_VERSIONS[@]}"; do
     (cd integrations/node && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
       && npm ci --no-audit --no-fund --loglevel=error && npm test)
   fi
+  step "postgres $v: the SQL edition (installed from its plain script by an owner that is no superuser)"
+  RL_PG_EDITION=sql RL_REQUIRE_PG=1 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v tests/test_sql_edition.py \
+    tests/test_conformance.py tests/test_windows_and_leases.py tests/test_policies.py tests/test_postgres.py \
+    tests/test_take_all.py tests/test_fuzz.py tests/test_hostile.py
   bash scripts/pg_cluster.sh stop
 done
 

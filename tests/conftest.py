@@ -31,6 +31,14 @@ RESULT_KEYS = {f["name"]: f["result_keys"] for f in FUNCTIONS}
 with open(os.path.join(ROOT, "Cargo.toml")) as f:
     CARGO_VERSION = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
 
+# Which edition PostgreSQL tests install: "native" (CREATE EXTENSION pg_ratelimit) or, with
+# RL_PG_EDITION=sql, the SQL edition for managed PostgreSQL, installed from its plain script
+# by a database owner that is no superuser.
+EDITION = os.environ.get("RL_PG_EDITION", "native")
+native_only = pytest.mark.skipif(EDITION == "sql", reason="about the native extension (the SQL edition has its own)")
+# What rl_version() answers on PostgreSQL: the SQL edition says which it is.
+PG_VERSION_ANSWER = CARGO_VERSION + ("-sql" if EDITION == "sql" else "")
+
 
 def sqlite_connect(path, timeout=30.0):
     conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
@@ -69,6 +77,7 @@ class SqliteEngine:
 
 class PgEngine:
     engine = "postgres"
+    version = PG_VERSION_ANSWER
 
     def __init__(self, conn, name="postgres"):
         self.conn = conn
@@ -142,8 +151,11 @@ def pg_database(prefix="rl_test", extension=True):
         pytest.skip("PGHOST not set: no PostgreSQL cluster for client tests")
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin(f"CREATE DATABASE {name}")
+    owner = f"owner_{name}"
     try:
-        if extension:
+        if extension and EDITION == "sql":
+            install_sql_edition(name, owner)
+        elif extension:
             conn = pg_connect(name)
             with conn.cursor() as cur:
                 cur.execute("CREATE EXTENSION pg_ratelimit")
@@ -151,6 +163,24 @@ def pg_database(prefix="rl_test", extension=True):
         yield name
     finally:
         admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        if extension and EDITION == "sql":
+            admin(f"DROP ROLE IF EXISTS {owner}")
+
+
+def install_sql_edition(name, owner):
+    """Makes `owner` (CREATEDB and CREATEROLE, no superuser: a managed service's master user)
+    the owner of database `name` and installs the SQL edition there as that role."""
+    import psycopg2
+
+    admin(f"CREATE ROLE {owner} LOGIN CREATEDB CREATEROLE")
+    admin(f"ALTER DATABASE {name} OWNER TO {owner}")
+    conn = psycopg2.connect(dbname=name, user=owner)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql_edition_script())
+    finally:
+        conn.close()
 
 
 def assert_refused_read_only(cur, sql, function):
@@ -180,14 +210,19 @@ def pg_test_database(buckets="table"):
     """A fresh database with pg_ratelimit created, the explicit clock allowed and buckets
     in `buckets` ('table' or 'memory'), set for every session of the database as a
     superuser would. Yields a connection (a superuser's) and the database's name."""
+    if EDITION == "sql" and buckets == "memory":
+        pytest.skip("the SQL edition has no memory store")
     with pg_database() as name:
         conn = pg_connect(name)
         try:
-            with conn.cursor() as cur:
-                cur.execute("LOAD 'pg_ratelimit'")  # its settings exist once the library is loaded
-                for setting, value in (("allow_explicit_clock", "on"), ("buckets", buckets)):
-                    cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.{setting} = '{value}'")
-                    cur.execute(f"SET pg_ratelimit.{setting} = '{value}'")
+            # The SQL edition needs no setting: the owner and members of rl_admin (a
+            # superuser is one) may pass now_ms.
+            if EDITION != "sql":
+                with conn.cursor() as cur:
+                    cur.execute("LOAD 'pg_ratelimit'")  # its settings exist once the library is loaded
+                    for setting, value in (("allow_explicit_clock", "on"), ("buckets", buckets)):
+                        cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.{setting} = '{value}'")
+                        cur.execute(f"SET pg_ratelimit.{setting} = '{value}'")
             yield conn, name
         finally:
             conn.close()
@@ -264,28 +299,25 @@ def sql_edition_script(form="sql"):
 
 @contextlib.contextmanager
 def sql_edition_database():
-    """A fresh database owned by a role with CREATEDB and CREATEROLE but not superuser (a
-    managed service's master user), with the SQL edition installed by that role from the
-    plain script. Yields a connection of the owner's and the database's name."""
+    """A fresh database with the SQL edition installed by a non-superuser owner (whichever
+    edition the other tests use). Yields a connection of the owner's and the database's name."""
     import psycopg2
 
+    if not pg_available():
+        pytest.skip("PGHOST not set: no PostgreSQL cluster for client tests")
     with pg_database("rl_sql", extension=False) as name:
         owner = f"owner_{name}"
-        admin(f"CREATE ROLE {owner} LOGIN CREATEDB CREATEROLE")
+        install_sql_edition(name, owner)
         try:
-            admin(f"ALTER DATABASE {name} OWNER TO {owner}")
             conn = psycopg2.connect(dbname=name, user=owner)
             conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(sql_edition_script())
             try:
                 yield conn, name
             finally:
                 conn.close()
         finally:
             admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            admin(f"DROP OWNED BY {owner} CASCADE")
-            admin(f"DROP ROLE {owner}")
+            admin(f"DROP ROLE IF EXISTS {owner}")
 
 
 @pytest.fixture

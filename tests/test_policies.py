@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import one, pg_connect, run_sessions, sqlite_connect
+from conftest import EDITION, one, pg_connect, run_sessions, sqlite_connect
 
 psycopg2 = pytest.importorskip("psycopg2")
 
@@ -71,10 +71,11 @@ def test_sixteen_sessions_checking_one_subject_admit_exactly_the_limit(pg_store_
     one(conn, "SELECT rl_stats_reset()")
     run_sessions(name, 16, work)
     assert sum(admitted) == 100
-    # the counters of the whole server (the test cluster preloads the library) agree
+    # the counters of the whole server (the test cluster preloads the library) agree; the
+    # SQL edition counts per session, and this one made no check
     with conn.cursor() as cur:
         cur.execute("SELECT rl_policy_stats() ->> 'scope', admitted, refused FROM rl_stats WHERE policy = 'hot'")
-        assert cur.fetchone() == ("server", 100, 16 * 40 - 100)
+        assert cur.fetchone() == (("server", 100, 16 * 40 - 100) if EDITION == "native" else None)
     left = one(conn, "SELECT rl_check('hot', 'ann')")
     assert (left["admitted"], left["items"][0]["remaining"], left["items"][1]["used"]) == (False, 0, 100)
 

@@ -8,7 +8,7 @@ import pytest
 
 psycopg2 = pytest.importorskip("psycopg2")
 
-from conftest import INTERNAL, PUBLIC, assert_refused_read_only, one, pg_connect, run_sessions
+from conftest import INTERNAL, PUBLIC, assert_refused_read_only, native_only, one, pg_connect, run_sessions
 
 
 
@@ -51,6 +51,7 @@ def test_ordinary_role_calls_functions_but_cannot_touch_state(pg_db, app_role):
                 cur.execute(sql)
 
 
+@native_only
 def test_explicit_clock_is_off_by_default_and_superuser_only(pg_db, app_role):
     conn, _ = pg_db
     with conn.cursor() as cur:
@@ -97,6 +98,7 @@ def test_search_path_hijack_is_ignored(pg_db, app_role):
             cur.execute("SELECT ratelimit.rl_bucket_guard(1, 0, 0)")
 
 
+@native_only
 def test_internal_functions_refuse_calls_outside_their_statements(pg_db):
     conn, _ = pg_db
     with conn.cursor() as cur:
@@ -131,6 +133,7 @@ def catalog(cur):
 RELEASED = os.path.join(os.path.dirname(__file__), "..", "pg_ext", "released")
 
 
+@native_only
 @pytest.mark.parametrize("old", ["0.1.0", "0.2.0"])
 def test_upgrade_keeps_state_and_equals_a_fresh_install(pg_db, old):
     conn, name = pg_db
@@ -204,6 +207,7 @@ def test_clock_is_the_real_time(pg_db):
         assert int(resets_at) == expected
 
 
+@native_only
 def test_every_function_has_a_comment_and_drop_removes_everything(pg_db):
     conn, _ = pg_db
     with conn.cursor() as cur:

@@ -7,6 +7,7 @@
 use crate::functions::{Entry, Function, ALL};
 
 const SCHEMA: &str = include_str!("../../sql/pg_schema.sql");
+const STATS_VIEW: &str = include_str!("../../sql/pg_stats_view.sql");
 const HELPERS: &str = include_str!("../../sql/edition/helpers.sql");
 const BODIES: &str = include_str!("../../sql/edition/functions.sql");
 const SECTION: &str = "-- function: ";
@@ -106,6 +107,7 @@ pub fn script(extension: bool) -> String {
         }
         out += "\n";
     }
+    out += &STATS_VIEW.replace("CREATE VIEW ", "CREATE OR REPLACE VIEW ");
     out
 }
 
