@@ -81,7 +81,9 @@ for v in "${PG_VERSIONS[@]}"; do
   step "postgres $v: client tests (with SQLite's)"
   eval "$(bash scripts/pg_cluster.sh start)"
   first=$([ "$v" = "${PG_VERSIONS[0]}" ] && echo 1 || echo 0)
-  RL_REQUIRE_PG=1 RL_REQUIRE_PACKAGES=$first RL_SKIP_PACKAGES=$((1 - first)) "${PYTEST[@]}" -v tests
+  # the differential run (native against the SQL edition): 100,000 calls on the first version
+  RL_REQUIRE_PG=1 RL_REQUIRE_PACKAGES=$first RL_SKIP_PACKAGES=$((1 - first)) \
+    RL_DIFF_CALLS="${RL_DIFF_CALLS:-$([ "$first" = 1 ] && echo 100000 || echo 20000)}" "${PYTEST[@]}" -v tests
   if [ "$first" = 1 ]; then
     step "postgres $v: the web integrations (uvicorn, real HTTP clients; SQLite's too)"
     "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests

@@ -223,6 +223,22 @@ LANGUAGE sql IMMUTABLE AS $$
         ELSE (date_trunc('month', date '1970-01-01' + (now / 86400000)::int)::date - date '1970-01-01')::bigint * 86400000 END
 $$;
 
+-- a / b and a * b as IEEE doubles give them, infinite past the largest double (PostgreSQL
+-- raises an error there instead).
+CREATE OR REPLACE FUNCTION ratelimit.rl__div(a double precision, b double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN abs(b) < 1 AND abs(a) > abs(b) * 1.7976931348623157e308
+                THEN CASE WHEN (a < 0) = (b < 0) THEN 'Infinity'::float8 ELSE '-Infinity'::float8 END
+                ELSE a / b END
+$$;
+
+CREATE OR REPLACE FUNCTION ratelimit.rl__mul(a double precision, b double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN abs(a) > 1 AND abs(b) > 1.7976931348623157e308 / abs(a)
+                THEN CASE WHEN (a < 0) = (b < 0) THEN 'Infinity'::float8 ELSE '-Infinity'::float8 END
+                ELSE a * b END
+$$;
+
 -- Tokens in a bucket at t (bucket::level_at); has_row false: no row, a full bucket.
 CREATE OR REPLACE FUNCTION ratelimit.rl__level_at(has_row boolean, level double precision, refilled_at bigint,
                                                   burst double precision, rate double precision, t bigint)
@@ -249,7 +265,7 @@ BEGIN
     IF NOT has_row OR target > burst THEN RETURN max_wait; END IF;
     start := greatest(refilled_at, now);
     deficit := target - ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, start);
-    estimate := (start - now)::float8 + ceil(deficit * 60000::float8 / rate);
+    estimate := (start - now)::float8 + ceil(ratelimit.rl__div(deficit * 60000::float8, rate));
     IF estimate = 'NaN'::float8 OR estimate >= max_wait::float8 THEN RETURN max_wait; END IF;
     wait := greatest(trunc(estimate)::bigint, 1);
     FOR i IN 1..64 LOOP
@@ -267,7 +283,7 @@ $$;
 -- Seconds an empty bucket takes to fill, capped as every wait is (BucketLimits::refill_seconds).
 CREATE OR REPLACE FUNCTION ratelimit.rl__refill_seconds(burst double precision, rate double precision)
 RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
-    SELECT least(burst * 60::float8 / rate, 9007199254740::float8)
+    SELECT least(ratelimit.rl__div(burst * 60::float8, rate), 9007199254740::float8)
 $$;
 
 -- A bucket answer in rl_take's shape (TakeDecision's JSON).
@@ -306,7 +322,7 @@ BEGIN
     END IF;
     admitted := false;
     IF cost > burst THEN
-        full_ms := ceil(burst * 60000::float8 / rate);
+        full_ms := ceil(ratelimit.rl__div(burst * 60000::float8, rate));
         retry := CASE WHEN full_ms < max_wait::float8 THEN greatest(full_ms::bigint, 1) ELSE max_wait END;
     ELSE
         retry := ratelimit.rl__wait_for(has_row, level, refilled_at, burst, rate, now, cost);
@@ -1460,11 +1476,11 @@ BEGIN
             FOR i IN 1..jsonb_array_length(limits) LOOP
                 item := limits -> (i - 1);
                 IF (item ->> 'kind')::int = 0 THEN
-                    v := (item ->> 'burst')::float8 * m;
-                    scaled := (item ->> 'rate')::float8 * m;
+                    v := ratelimit.rl__mul((item ->> 'burst')::float8, m);
+                    scaled := ratelimit.rl__mul((item ->> 'rate')::float8, m);
                     CONTINUE WHEN v > 0 AND v <= 1e15 AND scaled > 0 AND scaled <= 1e15;
                 ELSE
-                    scaled := (item ->> 'quota')::bigint::float8 * m;
+                    scaled := ratelimit.rl__mul((item ->> 'quota')::bigint::float8, m);
                     scaled := CASE WHEN scaled - trunc(scaled) >= 0.5 THEN trunc(scaled) + 1 ELSE trunc(scaled) END;
                     CONTINUE WHEN scaled >= 1 AND scaled <= 1e15;
                 END IF;

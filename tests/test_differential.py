@@ -1,0 +1,131 @@
+"""The differential run (issue 24): one random sequence of calls, every function with hostile
+arguments included and an explicit clock, against the native extension and the SQL edition
+in two databases; every answer and every error (SQLSTATE and message) must be the same.
+
+RL_DIFF_CALLS sets the number of calls (default 100000)."""
+import os
+import random
+
+import pytest
+
+from conftest import EDITION, FUNCTIONS, PgEngine
+from test_fuzz import CLOCKS, pg_value, random_call
+
+psycopg2 = pytest.importorskip("psycopg2")
+
+CALLS = int(os.environ.get("RL_DIFF_CALLS", "100000"))
+# Counters differ by design (the native ones count for the whole server, the edition's per
+# session), the memory store is the native extension's alone, and rl_version says which.
+LEFT_OUT = {"rl_policy_stats", "rl_stats_reset", "rl_memory_stats", "rl_version"}
+PARAMS = {f["name"]: f["params"] for f in FUNCTIONS}
+LAST_LEASE = "(the last lease this engine handed out on the key)"
+
+
+KEYS, SUBJECTS, POLICIES = ["a", "b", "c"], ["s1", "s2"], ["p1", "p2"]
+DEFINITIONS = [
+    '{"limits": [{"burst": 5, "refill_per_minute": 30}]}',
+    '{"limits": [{"burst": 3, "refill_per_minute": 6}, {"period": "day", "quota": 10.5}], "tiers": {"pro": 2.5}}',
+    '{"limits": [{"limit": 4, "window_seconds": 90}, {"period": "month", "quota": 100}], "tiers": {"pro": 3}, "shadow": true}',
+]
+
+
+def valid_call(rng):
+    """A well-formed call on a few keys, subjects and policies, so that calls meet state."""
+    key, subject, policy = rng.choice(KEYS), rng.choice(SUBJECTS), rng.choice(POLICIES)
+    cost = rng.choice([1, 1, 2, 0.5, 2.5, 7])
+    function = rng.choice(["rl_take", "rl_take", "rl_peek", "rl_refund", "rl_charge", "rl_spend", "rl_spend", "rl_budget",
+                           "rl_refund_budget", "rl_charge_budget", "rl_window", "rl_window", "rl_window_peek",
+                           "rl_acquire", "rl_release", "rl_renew", "rl_in_flight", "rl_take_all", "rl_check", "rl_check",
+                           "rl_refund_check", "rl_policy_set", "rl_penalize", "rl_block", "rl_unblock", "rl_sweep",
+                           "rl_headers", "rl_reset", "rl_policy_drop"])
+    burst, rate = rng.choice([(5, 30), (3, 6), (10, 0.5)])
+    args = {
+        "rl_take": [key, burst, rate, cost], "rl_peek": [key, burst, rate, rng.choice([0, cost])],
+        "rl_refund": [key, burst, rate, cost], "rl_charge": [key, burst, rate, cost],
+        "rl_spend": [key, rng.choice(["day", "month"]), rng.choice([10, 2.5]), cost],
+        "rl_budget": [key, rng.choice(["day", "month"]), 10, rng.choice([0, cost])],
+        "rl_refund_budget": [key, "day", cost], "rl_charge_budget": [key, "month", cost],
+        "rl_window": [key, rng.choice([4, 10]), rng.choice([1, 90]), cost],
+        "rl_window_peek": [key, 4, 90, rng.choice([0, cost])],
+        "rl_acquire": [key, rng.choice([1, 2, 3]), rng.choice([1, 30])], "rl_release": [key, LAST_LEASE],
+        "rl_renew": [key, LAST_LEASE, 30], "rl_in_flight": [key],
+        "rl_take_all": ['[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
+                        '{"key": "%s", "period": "day", "quota": 10, "cost": %s}, '
+                        '{"key": "%s", "limit": 4, "window_seconds": 90}]' % (key, burst, rate, cost, key, cost, key)],
+        "rl_check": [policy, subject, cost, rng.choice([None, None, "pro"])],
+        "rl_refund_check": [policy, subject, cost, rng.choice([None, "pro"])],
+        "rl_policy_set": [policy, rng.choice(DEFINITIONS)], "rl_policy_drop": [policy],
+        "rl_penalize": [subject, rng.choice([0, 1, 3]), 60, 3600, rng.choice([1, 3600])],
+        "rl_block": [subject, rng.choice([None, 1, 120])], "rl_unblock": [subject],
+        "rl_sweep": [], "rl_reset": [key],
+        "rl_headers": ['{"admitted": false, "remaining": 0, "limit": 5, "retry_after_ms": 1500, '
+                       '"retry_after_seconds": 2, "reset_after_seconds": 9, "refill_seconds": 10}'],
+    }[function]
+    return function, args
+
+
+def with_clock(function, args, clock, rng):
+    """The call with an explicit now_ms: the run's own clock, unless the call was given a
+    hostile one (kept a fifth of the time). Arguments before it take their defaults."""
+    params = PARAMS[function]
+    names = [p["name"] for p in params]
+    if "now_ms" not in names or function == "rl_sweep":
+        return args
+    at = names.index("now_ms")
+    given = args[at] if len(args) > at else None
+    if given is not None and given in CLOCKS and rng.random() < 0.2:
+        return args
+    args = list(args[:at])
+    for p in params[len(args):at]:
+        default = p["default"]
+        args.append(None if default == "NULL" else float(default) if p["type"] == "double precision" else int(default))
+    return args + [clock]
+
+
+def answer_of(engine, function, args):
+    try:
+        return "answer", engine.call(function, *args)
+    except ValueError:  # the driver refuses NUL in text before sending anything
+        return "refused by the driver", None
+    except psycopg2.Error as e:
+        return "error", (e.pgcode, e.diag.message_primary)
+
+
+def without_secret(answer):
+    if isinstance(answer, dict) and isinstance(answer.get("lease"), str):
+        return {**answer, "lease": answer["lease"].rsplit("-", 1)[0]}
+    return answer
+
+
+@pytest.mark.skipif(EDITION == "sql", reason="compares the SQL edition with the native extension")
+def test_the_editions_answer_every_call_alike(pg_db, pg_sql_db):
+    native, ours = PgEngine(pg_db[0]), PgEngine(pg_sql_db[0], "postgres-sql")
+    functions = [f["name"] for f in FUNCTIONS if f["kind"] not in ("internal",) and f["name"] not in LEFT_OUT]
+    rng = random.Random(20261201)
+    clock = 1_000_000_000_000
+    leases = {id(native): {}, id(ours): {}}
+    kinds, differences = {}, []
+    for n in range(CALLS):
+        clock += rng.choice([0, 0, 1, 7, 250, 1000, 60_000, 3_600_000])
+        function, args = valid_call(rng) if rng.random() < 0.6 else random_call(rng, functions)
+        args = [pg_value(a) for a in with_clock(function, args, clock, rng)]
+        if function in ("rl_release", "rl_renew") and rng.random() < 0.3:
+            args[1] = LAST_LEASE
+        answers = []
+        for engine in (native, ours):
+            call_args = list(args)
+            if call_args[1:2] == [LAST_LEASE]:
+                call_args[1] = leases[id(engine)].get(call_args[0], "none")
+            kind, value = answer_of(engine, function, call_args)
+            if kind == "answer" and isinstance(value, dict) and isinstance(value.get("lease"), str):
+                leases[id(engine)][call_args[0]] = value["lease"]
+            answers.append((kind, without_secret(value)))
+        kinds[answers[0][0]] = kinds.get(answers[0][0], 0) + 1
+        if answers[0] != answers[1]:
+            differences.append((n, function, args, answers[0], answers[1]))
+            if len(differences) >= 20:
+                break
+    print(f"\n{CALLS} calls: {kinds}; {len(differences)} differences")
+    assert differences == [], "\n".join(f"call {n}: {f}{tuple(a)}\n  native {x}\n  sql    {y}"
+                                        for n, f, a, x, y in differences)
+    assert kinds.get("answer", 0) > CALLS // 10 and kinds.get("error", 0) > CALLS // 10
