@@ -95,8 +95,17 @@ for v in "${PG_VERSIONS[@]}"; do
   step "postgres $v: the SQL edition (installed from its plain script by an owner that is no superuser)"
   RL_PG_EDITION=sql RL_REQUIRE_PG=1 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v tests/test_sql_edition.py \
     tests/test_conformance.py tests/test_windows_and_leases.py tests/test_policies.py tests/test_postgres.py \
-    tests/test_take_all.py tests/test_fuzz.py tests/test_hostile.py
+    tests/test_take_all.py tests/test_fuzz.py tests/test_hostile.py tests/test_backup.py
   bash scripts/pg_cluster.sh stop
+  if [ "$v" = 15 ] && bash scripts/pg_tle.sh available; then
+    step "postgres $v: the SQL edition through pg_tle (pg_tle $(bash scripts/pg_tle.sh version) built from ../shared/vendor)"
+    bash scripts/pg_tle.sh build
+    eval "$(RL_PG_PRELOAD=pg_ratelimit,pg_tle bash scripts/pg_cluster.sh start)"
+    RL_PG_EDITION=pg_tle RL_REQUIRE_PG=1 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v \
+      tests/test_sql_edition.py tests/test_conformance.py tests/test_windows_and_leases.py tests/test_policies.py \
+      tests/test_postgres.py tests/test_take_all.py tests/test_fuzz.py tests/test_hostile.py tests/test_backup.py
+    bash scripts/pg_cluster.sh stop
+  fi
 done
 
 step "postgres packages: the .deb (15) and the tarball (18), installed and tested"

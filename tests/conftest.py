@@ -31,10 +31,12 @@ RESULT_KEYS = {f["name"]: f["result_keys"] for f in FUNCTIONS}
 with open(os.path.join(ROOT, "Cargo.toml")) as f:
     CARGO_VERSION = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
 
-# Which edition PostgreSQL tests install: "native" (CREATE EXTENSION pg_ratelimit) or, with
-# RL_PG_EDITION=sql, the SQL edition for managed PostgreSQL, installed from its plain script
-# by a database owner that is no superuser.
-EDITION = os.environ.get("RL_PG_EDITION", "native")
+# Which edition PostgreSQL tests install: "native" (CREATE EXTENSION pg_ratelimit) or the SQL
+# edition for managed PostgreSQL, installed by a database owner that is no superuser: from its
+# plain script (RL_PG_EDITION=sql) or registered with pg_tle and then created as an extension
+# (RL_PG_EDITION=pg_tle, on a cluster that preloads pg_tle).
+INSTALL = os.environ.get("RL_PG_EDITION", "native")
+EDITION = "sql" if INSTALL in ("sql", "pg_tle") else "native"
 native_only = pytest.mark.skipif(EDITION == "sql", reason="about the native extension (the SQL edition has its own)")
 # What rl_version() answers on PostgreSQL: the SQL edition says which it is.
 PG_VERSION_ANSWER = CARGO_VERSION + ("-sql" if EDITION == "sql" else "")
@@ -167,20 +169,42 @@ def pg_database(prefix="rl_test", extension=True):
             admin(f"DROP ROLE IF EXISTS {owner}")
 
 
-def install_sql_edition(name, owner):
+def install_sql_edition(name, owner, through=None):
     """Makes `owner` (CREATEDB and CREATEROLE, no superuser: a managed service's master user)
-    the owner of database `name` and installs the SQL edition there as that role."""
+    the owner of database `name` and installs the SQL edition there as that role: from the
+    plain script, or (through "pg_tle") registered with pg_tle, as a member of pgtle_admin,
+    and created as the extension pg_ratelimit_sql."""
     import psycopg2
 
+    through = through or INSTALL
     admin(f"CREATE ROLE {owner} LOGIN CREATEDB CREATEROLE")
     admin(f"ALTER DATABASE {name} OWNER TO {owner}")
+    if through == "pg_tle":
+        superuser = pg_connect(name)
+        with superuser.cursor() as cur:
+            cur.execute("CREATE EXTENSION IF NOT EXISTS pg_tle")
+            cur.execute(f"GRANT pgtle_admin TO {owner}")
+        superuser.close()
     conn = psycopg2.connect(dbname=name, user=owner)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute(sql_edition_script())
+            if through == "pg_tle":
+                cur.execute(sql_edition_script("pg_tle.sql"))
+                cur.execute("CREATE EXTENSION pg_ratelimit_sql")
+            else:
+                cur.execute(sql_edition_script())
     finally:
         conn.close()
+
+
+def pg_tle_preloaded():
+    conn = pg_connect("postgres")
+    with conn.cursor() as cur:
+        cur.execute("SELECT 'pg_tle' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))")
+        (preloaded,) = cur.fetchone()
+    conn.close()
+    return preloaded
 
 
 def assert_refused_read_only(cur, sql, function):

@@ -8,7 +8,7 @@ import pytest
 
 psycopg2 = pytest.importorskip("psycopg2")
 
-from conftest import admin, pg_connect, pg_database
+from conftest import EDITION, admin, pg_connect, pg_database
 
 BIN = os.environ.get("RL_PG_BIN", "/usr/lib/postgresql/15/bin")
 # (sql, what it answers): read with explicit clocks, so the answers do not move
@@ -44,6 +44,9 @@ def with_state(name):
 @pytest.mark.parametrize("form", ["plain", "custom"])
 @pytest.mark.parametrize("target", ["new database", "extension already created"])
 def test_a_restored_dump_answers_like_the_original(tmp_path, form, target):
+    if EDITION == "sql" and target != "new database":
+        pytest.skip("the SQL edition's objects are in the dump: restore it into an empty database, or its state "
+                    "tables' rows alone into an install (tests/test_sql_edition.py)")
     with pg_database("rl_dump") as source, pg_database("rl_restore", extension=(target != "new database")) as copy:
         with_state(source)
         before = answers(source)
