@@ -63,7 +63,7 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
 
 
-def pgbench(script, clients, keys, sync, buckets="table", transactions=None):
+def pgbench(script, clients, keys, sync, buckets="table", transactions=None, db=DB):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "script.sql")
         with open(path, "w") as f:
@@ -71,7 +71,7 @@ def pgbench(script, clients, keys, sync, buckets="table", transactions=None):
         env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'} -c pg_ratelimit.buckets={buckets}")
         length = ["-t", str(transactions)] if transactions else ["-T", str(max(1, round(SECONDS)))]
         cmd = ["pgbench", "-n", "-M", "prepared", "-f", path, "-c", str(clients), "-j", str(min(clients, 2)),
-               *length, "--log", "--sampling-rate=0.2", "--log-prefix", os.path.join(tmp, "log"), DB]
+               *length, "--log", "--sampling-rate=0.2", "--log-prefix", os.path.join(tmp, "log"), db]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tmp).stdout
         tps = float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out).group(1))
         latencies = []
@@ -196,7 +196,7 @@ def memory_store_section():
 KIND_SCRIPTS = {
     "rl_take": PG_SCRIPTS["rl_take"],
     "rl_window": "SELECT rl_window('k' || :k, 1000000000, 60);",
-    "rl_acquire + rl_release": "SELECT rl_release('k' || :k, rl_acquire('k' || :k, 10000, 60) ->> 'lease');",
+    "rl_acquire + rl_release": "SELECT rl_release('k' || :k, rl_acquire('k' || :k, 1000, 60) ->> 'lease');",
     "rl_charge": f"SELECT rl_charge('k' || :k, {BIG}, 1);",
     "rl_check (one bucket)": "SELECT rl_check('one', 'k' || :k);",
 }
@@ -207,7 +207,7 @@ POLICY_KEY_SQL = "{mark}(1) || '3:one:0:k' || g"
 SQLITE_KIND_SQL = {
     "rl_take": f"SELECT rl_take(?1, {BIG})",
     "rl_window": "SELECT rl_window(?1, 1000000000, 60)",
-    "rl_acquire + rl_release": "SELECT rl_release(?1, rl_acquire(?1, 10000, 60) ->> 'lease')",
+    "rl_acquire + rl_release": "SELECT rl_release(?1, rl_acquire(?1, 1000, 60) ->> 'lease')",
     "rl_charge": f"SELECT rl_charge(?1, {BIG}, 1)",
     "rl_check (one bucket)": "SELECT rl_check('one', ?1)",
 }
@@ -240,7 +240,7 @@ def kinds_section():
     # one entry (or lease) per ms from a present-day clock
     at = "1764500000000 + g"
     for kind, sql, counts in (("window", f"rl_window('size-{{n}}', 1000000000, 3600, 1, {at})", (1, 100, 10_000)),
-                              ("lease", f"rl_acquire('size-{{n}}', 10000, 3600, {at})", (1, 100, 1_000))):
+                              ("lease", f"rl_acquire('size-{{n}}', 1000, 3600, {at})", (1, 100, 1_000))):
         for n in counts:
             # explicit clocks, which only a superuser may allow
             psql(f"SET pg_ratelimit.allow_explicit_clock = on; SELECT count({sql.format(n=n)}) FROM generate_series(1, {n}) g")
@@ -250,12 +250,46 @@ def kinds_section():
     return cells, sizes
 
 
+SQL_DB = "rl_bench_sql"
+EDITION_FUNCTIONS = ["rl_take", "rl_spend", "rl_window", "rl_check (one bucket)"]
+
+
+def edition_section():
+    """The SQL edition (managed PostgreSQL) beside the native table store: the same calls on
+    the same rows in two databases of one cluster, 8 clients, synchronous_commit on and off."""
+    print("SQL edition: setup", file=sys.stderr)
+    setup_postgres(KEYS)
+    psql(f"DROP DATABASE IF EXISTS {SQL_DB}", db="postgres")
+    psql(f"CREATE DATABASE {SQL_DB}", db="postgres")
+    script = subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
+                            capture_output=True, text=True).stdout.split()[0]
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", SQL_DB, "-f", os.path.join(ROOT, script)],
+                   check=True, capture_output=True)
+    for db in (DB, SQL_DB):
+        psql(f"SELECT rl_policy_set('one', '{ONE_BUCKET_POLICY}')", db=db)
+        psql(f"INSERT INTO ratelimit.rl_bucket SELECT 'k' || g, 1000000000, 0, 0 FROM generate_series(1, {KEYS}) g "
+             "ON CONFLICT DO NOTHING", db=db)
+        psql(f"INSERT INTO ratelimit.rl_bucket SELECT {POLICY_KEY_SQL.format(mark='chr')}, 1000000000, 0, 0 "
+             f"FROM generate_series(1, {KEYS}) g", db=db)
+        psql("VACUUM ANALYZE", db=db)
+    scripts = {"rl_spend": PG_SCRIPTS["rl_spend"], **KIND_SCRIPTS}
+    matrix = {}
+    for sync in (True, False):
+        for name in EDITION_FUNCTIONS:
+            for edition, db in (("native", DB), ("sql", SQL_DB)):
+                matrix[(edition, name, sync)] = (lambda s=scripts[name], d=db, y=sync: pgbench(s, 8, KEYS, y, db=d))
+    return run_matrix(matrix)
+
+
 def main():
     os.makedirs(RESULTS, exist_ok=True)
     import report  # noqa: E402  (bench/report.py)
 
     if os.environ.get("RL_BENCH_ONLY") == "kinds":
         report.write_kinds(*kinds_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "edition":
+        report.write_edition(edition_section())
         return
     memory_cells, wal, stats = memory_store_section()
     report.write_memory_store(memory_cells, wal, stats)

@@ -21,14 +21,36 @@ mkdir -p dist
 # The SQL edition: the script shared/src/sql_edition.rs writes, and pg_tle's registration
 # of its extension form (the body between dollar quotes no script of ours contains).
 cargo run --quiet -p ratelimit_core --example sql_edition -- plain > "dist/pg_ratelimit_sql-$version.sql"
-{
-  echo "-- pg_ratelimit $version, SQL edition, registered with pg_tle. Run as a member of pgtle_admin, then in"
-  echo "-- each database that wants it: CREATE EXTENSION pg_ratelimit_sql;"
-  echo "SELECT pgtle.install_extension('pg_ratelimit_sql', '$version',"
-  echo "  'rate limits and spending budgets inside PostgreSQL, in SQL and PL/pgSQL', \$_pg_ratelimit_sql_\$"
-  cargo run --quiet -p ratelimit_core --example sql_edition -- extension
-  echo "\$_pg_ratelimit_sql_\$);"
-} > "dist/pg_ratelimit_sql-$version.pg_tle.sql"
+# A server with no release of it registered gets this one; one with an earlier release gets
+# this version's script and an update path from each earlier one (the script is idempotent, so
+# it serves as the update too), then ALTER EXTENSION pg_ratelimit_sql UPDATE.
+extension_script=$(cargo run --quiet -p ratelimit_core --example sql_edition -- extension)
+q='$_pg_ratelimit_sql_$'
+cat > "dist/pg_ratelimit_sql-$version.pg_tle.sql" <<TLE
+-- pg_ratelimit $version, SQL edition, registered with pg_tle. Run as a member of pgtle_admin, then
+-- in each database that wants it: CREATE EXTENSION pg_ratelimit_sql (or, over an earlier
+-- release: ALTER EXTENSION pg_ratelimit_sql UPDATE).
+DO \$rl_register\$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pgtle.available_extensions() WHERE name = 'pg_ratelimit_sql') THEN
+        PERFORM pgtle.install_extension('pg_ratelimit_sql', '$version',
+            'rate limits and spending budgets inside PostgreSQL, in SQL and PL/pgSQL', $q
+$extension_script
+$q);
+    ELSE
+        PERFORM pgtle.install_extension_version_sql('pg_ratelimit_sql', '$version', $q
+$extension_script
+$q);
+        PERFORM pgtle.install_update_path('pg_ratelimit_sql', v.version, '$version', $q
+$extension_script
+$q)
+        FROM pgtle.available_extension_versions() AS v
+        WHERE v.name = 'pg_ratelimit_sql' AND v.version <> '$version';
+        PERFORM pgtle.set_default_version('pg_ratelimit_sql', '$version');
+    END IF;
+END
+\$rl_register\$;
+TLE
 if [ "${1:-}" = "--sql" ]; then
   echo "dist/pg_ratelimit_sql-$version.sql dist/pg_ratelimit_sql-$version.pg_tle.sql"
   exit 0

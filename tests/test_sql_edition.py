@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import (FUNCTIONS, PgEngine, admin, install_sql_edition, pg_connect, pg_database, pg_tle_preloaded,
+from conftest import (CARGO_VERSION, FUNCTIONS, INSTALL, PgEngine, admin, install_sql_edition, pg_connect, pg_database, pg_tle_preloaded,
                       sql_edition_script)
 from test_conformance import STEPS, run
 
@@ -179,4 +179,50 @@ def test_a_pg_tle_install_dumps_and_restores_whole(tmp_path):
         finally:
             admin(f"DROP DATABASE IF EXISTS {copy} WITH (FORCE)")
             admin(f"DROP DATABASE IF EXISTS {source} WITH (FORCE)")
+            admin(f"DROP ROLE IF EXISTS {owner}")
+
+
+def next_release(script):
+    """This release's script as the next release's would be: the same text under a newer
+    version (the edition's scripts are idempotent, so the next one is written alike)."""
+    return script.replace(f"{CARGO_VERSION}-sql", "9.9.9-sql")
+
+
+def test_a_newer_plain_script_run_over_an_install_keeps_its_state(pg_sql_db):
+    if INSTALL == "pg_tle":
+        pytest.skip("a pg_tle install updates along its update path (the next test)")
+    conn, _ = pg_sql_db
+    run_all(conn, MAKE_STATE)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM ratelimit.rl_bucket")
+        rows = cur.fetchone()
+        cur.execute(next_release(sql_edition_script()))
+        cur.execute("SELECT rl_version(), count(*) FROM ratelimit.rl_bucket")
+        assert cur.fetchone() == ("9.9.9-sql", rows[0])
+    assert run_all(conn, READ_STATE)[1][0][0]["admitted"] is False, "the drained bucket stays drained"
+
+
+def test_a_pg_tle_install_updates_along_its_update_path():
+    if not pg_tle_preloaded():
+        pytest.skip("the cluster does not preload pg_tle (scripts/test.sh runs this on one that does)")
+    with pg_database("rl_tle_update", extension=False) as name:
+        owner = f"owner_{name}"
+        install_sql_edition(name, owner, through="pg_tle")
+        try:
+            conn = psycopg2.connect(dbname=name, user=owner)
+            conn.autocommit = True
+            run_all(conn, MAKE_STATE)
+            before = run_all(conn, READ_STATE[:5])
+            with conn.cursor() as cur:
+                # the next release's file over this one: it registers the update path
+                cur.execute(sql_edition_script("pg_tle.sql").replace(CARGO_VERSION, "9.9.9"))
+                cur.execute("ALTER EXTENSION pg_ratelimit_sql UPDATE")
+                cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_ratelimit_sql'")
+                assert cur.fetchone() == ("9.9.9",)
+                cur.execute("SELECT rl_version()")
+                assert cur.fetchone() == ("9.9.9-sql",)
+            assert run_all(conn, READ_STATE[:5]) == before
+            conn.close()
+        finally:
+            admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             admin(f"DROP ROLE IF EXISTS {owner}")

@@ -126,7 +126,7 @@ BEGIN
         PERFORM ratelimit.rl__invalid(fn, 'max_rows must be a positive integer, got ' || max_rows);
     END IF;
     budget := coalesce(max_rows, 9223372036854775807);
-    PERFORM ratelimit.rl__writable(fn);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     DELETE FROM ratelimit.rl_bucket WHERE full_at <= cutoff
         AND key IN (SELECT key FROM ratelimit.rl_bucket WHERE full_at <= cutoff LIMIT budget);
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -153,7 +153,7 @@ DECLARE
     removed bigint := 0;
     n bigint;
 BEGIN
-    PERFORM ratelimit.rl__writable(fn);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     DELETE FROM ratelimit.rl_bucket WHERE ratelimit.rl_bucket.key = k;
     GET DIAGNOSTICS n = ROW_COUNT;
     removed := removed + n;
@@ -348,7 +348,7 @@ BEGIN
                                                  pg_column_size(definition)));
     END IF;
     p := ratelimit.rl__policy_parse(fn, definition);
-    PERFORM ratelimit.rl__writable(fn);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     -- a revision drawn anew, as the native library's connections compare it
     INSERT INTO ratelimit.rl_policy (name, definition, revision)
     VALUES (n, p.canonical, ('x' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 16))::bit(64)::bigint)
@@ -361,7 +361,7 @@ DECLARE
     fn CONSTANT text := 'rl_policy_drop';
     n text := ratelimit.rl__name(fn, 'name', name);
 BEGIN
-    PERFORM ratelimit.rl__writable(fn);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     DELETE FROM ratelimit.rl_policy AS t WHERE t.name = n;
     RETURN FOUND;
 END
@@ -415,7 +415,7 @@ DECLARE
     answers jsonb := '[]';
 BEGIN
     pi := ratelimit.rl__policy_items(fn, p, s, t, c);
-    PERFORM ratelimit.rl__writable(fn);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     FOR i IN 1..jsonb_array_length(pi.items) LOOP
         it := pi.items -> (i - 1);
         answers := answers || CASE (it ->> 'kind')::int

@@ -43,20 +43,28 @@ BEGIN
 END
 $$;
 
+-- The shortest decimal that reads back as v (float8out's, whatever extra_float_digits the
+-- caller set): a function of its own, since its SET costs every call that makes one.
+CREATE OR REPLACE FUNCTION ratelimit.rl__shortest(v double precision) RETURNS numeric
+LANGUAGE sql IMMUTABLE SET extra_float_digits = 1 AS $$
+    SELECT v::text::numeric
+$$;
+
 -- A double as the core writes it in an answer (render::number_form): whole numbers below
 -- 9e15 as integers, others in their shortest exact form, non-finite ones as null.
 CREATE OR REPLACE FUNCTION ratelimit.rl__number(v double precision) RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE SET extra_float_digits = 1 AS $$
-BEGIN
-    IF v IS NULL OR v IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN RETURN 'null'; END IF;
-    IF v = trunc(v) AND abs(v) < 9e15 THEN RETURN to_jsonb(v::bigint); END IF;
-    RETURN to_jsonb(v::text::numeric);
-END
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN v IS NULL OR v IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN 'null'::jsonb
+                WHEN v = trunc(v) AND abs(v) < 9e15 THEN to_jsonb(v::bigint)
+                ELSE to_jsonb(ratelimit.rl__shortest(v)) END
 $$;
 
+
 -- An exact amount kept in millionths (render's Json::micros): 1000000 is 1, 300000 is 0.3.
+-- (The SQL helpers are STABLE where they call to_jsonb or format, as those are, so that
+-- PostgreSQL inlines them into the calling expression instead of running each as a query.)
 CREATE OR REPLACE FUNCTION ratelimit.rl__micros(micros bigint) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN micros % 1000000 = 0 THEN to_jsonb(micros / 1000000)
                 ELSE to_jsonb(trim_scale(micros::numeric / 1000000)) END
 $$;
@@ -64,24 +72,23 @@ $$;
 -- Whole seconds, rounded up (units::ceil_seconds): a wait of 1 ms is 1 s, never 0.
 CREATE OR REPLACE FUNCTION ratelimit.rl__ceil_seconds(ms bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT floor((ms + 999)::numeric / 1000)::bigint
+    SELECT CASE WHEN ms >= 0 THEN (ms + 999) / 1000 ELSE -((-ms) / 1000) END
 $$;
 
--- A key (args::key): non-empty text of at most 1024 bytes, not starting with U+0001.
-CREATE OR REPLACE FUNCTION ratelimit.rl__key(fn text, key text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    PERFORM ratelimit.rl__name(fn, 'key', key);
-    IF left(key, 1) = chr(1) THEN
-        PERFORM ratelimit.rl__invalid(fn, 'key must not start with U+0001, which marks the keys of policies');
-    END IF;
-    RETURN key;
-END
+-- A double rounded half away from zero (Rust's f64::round), for the positive amounts here.
+CREATE OR REPLACE FUNCTION ratelimit.rl__round(x double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT trunc(x) + CASE WHEN x - trunc(x) >= 0.5 THEN 1 ELSE 0 END
 $$;
 
--- A name (args::name): non-empty text of at most 1024 bytes.
-CREATE OR REPLACE FUNCTION ratelimit.rl__name(fn text, what text, v text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE AS $$
+-- The argument rules (args.rs). Each is an expression PostgreSQL inlines, passing a good
+-- value through; a bad one goes to its *_error function, which raises the core's error
+-- (VOLATILE, so the planner never runs one ahead of the value it is for).
+
+-- A name (args::name): non-empty text of at most 1024 bytes; a key also must not start
+-- with U+0001, the mark of policy keys (args::key).
+CREATE OR REPLACE FUNCTION ratelimit.rl__name_error(fn text, what text, v text) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF v IS NULL THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be text, got NULL');
@@ -89,6 +96,42 @@ BEGIN
         PERFORM ratelimit.rl__invalid(fn, what || ' must not be empty');
     ELSIF octet_length(v) > 1024 THEN
         PERFORM ratelimit.rl__invalid(fn, format('%s must be at most 1024 bytes, got %s bytes', what, octet_length(v)));
+    ELSIF what = 'key' AND left(v, 1) = chr(1) THEN
+        PERFORM ratelimit.rl__invalid(fn, 'key must not start with U+0001, which marks the keys of policies');
+    END IF;
+    RETURN v;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION ratelimit.rl__name(fn text, what text, v text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v <> '' AND octet_length(v) <= 1024 THEN v ELSE ratelimit.rl__name_error(fn, what, v) END
+$$;
+
+CREATE OR REPLACE FUNCTION ratelimit.rl__key(fn text, key text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN key <> '' AND octet_length(key) <= 1024 AND left(key, 1) <> chr(1) THEN key
+                ELSE ratelimit.rl__name_error(fn, 'key', key) END
+$$;
+
+-- The error of a number that is no finite number greater than 0 (of at least 0, with
+-- zero), above max, below a millionth (amounts) or above a year (durations): the rules
+-- of args::positive_number, token_number, cost_number, amount_micros and duration_ms.
+CREATE OR REPLACE FUNCTION ratelimit.rl__number_error(fn text, what text, v double precision, max text, zero boolean)
+RETURNS double precision LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || CASE WHEN zero THEN ' must be a finite number of at least 0, got '
+            ELSE ' must be a finite number greater than 0, got ' END || ratelimit.rl__describe(v));
+    END IF;
+    IF max = '31536000' AND v > 31536000 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 31536000 (one year), got ' || ratelimit.rl__describe(v));
+    END IF;
+    IF max <> 'Infinity' AND v > max::float8 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most ' || max || ', got ' || ratelimit.rl__describe(v));
+    END IF;
+    IF max = '1000000000' AND v < 1.0::float8 / 1000000 THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at least 0.000001, got ' || ratelimit.rl__describe(v));
     END IF;
     RETURN v;
 END
@@ -96,81 +139,65 @@ $$;
 
 -- A finite number greater than 0 (args::positive_number).
 CREATE OR REPLACE FUNCTION ratelimit.rl__positive(fn text, what text, v double precision) RETURNS double precision
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be a finite number greater than 0, got ' || ratelimit.rl__describe(v));
-    END IF;
-    RETURN v;
-END
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v > 0 AND v < 'Infinity'::float8 THEN v
+                ELSE ratelimit.rl__number_error(fn, what, v, 'Infinity', false) END
 $$;
 
 -- A bucket's burst, refill_per_minute or cost (args::token_number): at most 1e15.
 CREATE OR REPLACE FUNCTION ratelimit.rl__tokens(fn text, what text, v double precision) RETURNS double precision
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    PERFORM ratelimit.rl__positive(fn, what, v);
-    IF v > 1e15 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000000000, got ' || ratelimit.rl__describe(v));
-    END IF;
-    RETURN v;
-END
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v > 0 AND v <= 1e15::float8 THEN v
+                ELSE ratelimit.rl__number_error(fn, what, v, '1000000000000000', false) END
 $$;
 
 -- A cost that may also be 0 (the peeks: args::cost_number with zero allowed).
 CREATE OR REPLACE FUNCTION ratelimit.rl__peek_tokens(fn text, what text, v double precision) RETURNS double precision
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    IF v = 0 THEN RETURN v; END IF;
-    IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be a finite number of at least 0, got ' || ratelimit.rl__describe(v));
-    END IF;
-    RETURN ratelimit.rl__tokens(fn, what, v);
-END
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v = 0 OR (v > 0 AND v <= 1e15::float8) THEN v
+                ELSE ratelimit.rl__number_error(fn, what, v, '1000000000000000', true) END
 $$;
 
 -- A budget amount as an exact count of millionths (args::amount_micros): 0.000001 to
 -- 1,000,000,000, rounded half away from zero as Rust's f64::round.
 CREATE OR REPLACE FUNCTION ratelimit.rl__micros_of(fn text, what text, v double precision) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    scaled double precision;
-BEGIN
-    PERFORM ratelimit.rl__positive(fn, what, v);
-    IF v > 1e9 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000, got ' || ratelimit.rl__describe(v));
-    END IF;
-    IF v < 1.0::float8 / 1000000 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at least 0.000001, got ' || ratelimit.rl__describe(v));
-    END IF;
-    scaled := v * 1000000;
-    RETURN (trunc(scaled) + CASE WHEN scaled - trunc(scaled) >= 0.5 THEN 1 ELSE 0 END)::bigint;
-END
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ratelimit.rl__round(CASE WHEN v >= 1.0::float8 / 1000000 AND v <= 1e9::float8 THEN v
+                                    ELSE ratelimit.rl__number_error(fn, what, v, '1000000000', false) END
+                               * 1000000)::bigint
 $$;
 
 -- A budget cost that may be 0 (rl_budget: args::cost_micros with zero allowed).
 CREATE OR REPLACE FUNCTION ratelimit.rl__peek_micros(fn text, what text, v double precision) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    IF v = 0 THEN RETURN 0; END IF;
-    IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be a finite number of at least 0, got ' || ratelimit.rl__describe(v));
-    END IF;
-    RETURN ratelimit.rl__micros_of(fn, what, v);
-END
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ratelimit.rl__round(CASE WHEN v = 0 OR (v >= 1.0::float8 / 1000000 AND v <= 1e9::float8) THEN v
+                                    ELSE ratelimit.rl__number_error(fn, what, v, '1000000000', true) END
+                               * 1000000)::bigint
+$$;
+
+-- A number of seconds as whole milliseconds (args::duration_ms): above 0, at most a year,
+-- rounded half away from zero, at least 1.
+CREATE OR REPLACE FUNCTION ratelimit.rl__duration_ms(fn text, what text, seconds double precision) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(ratelimit.rl__round(CASE WHEN seconds > 0 AND seconds <= 31536000 THEN seconds
+                                             ELSE ratelimit.rl__number_error(fn, what, seconds, '31536000', false) END
+                                        * 1000)::bigint, 1)
 $$;
 
 -- A budget period (args::period): 'day' or 'month'.
-CREATE OR REPLACE FUNCTION ratelimit.rl__period(fn text, v text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE AS $$
+CREATE OR REPLACE FUNCTION ratelimit.rl__period_error(fn text, v text) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF v IS NULL OR v NOT IN ('day', 'month') THEN
-        PERFORM ratelimit.rl__invalid(fn, 'period must be ''day'' or ''month'', got '
-            || CASE WHEN v IS NULL THEN 'NULL' ELSE '''' || replace(left(v, 40), '''', '''''')
-                    || CASE WHEN length(v) > 40 THEN '...' ELSE '' END || '''' END);
-    END IF;
+    PERFORM ratelimit.rl__invalid(fn, 'period must be ''day'' or ''month'', got '
+        || CASE WHEN v IS NULL THEN 'NULL' ELSE '''' || replace(left(v, 40), '''', '''''')
+                || CASE WHEN length(v) > 40 THEN '...' ELSE '' END || '''' END);
     RETURN v;
 END
+$$;
+
+CREATE OR REPLACE FUNCTION ratelimit.rl__period(fn text, v text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v IN ('day', 'month') THEN v ELSE ratelimit.rl__period_error(fn, v) END
 $$;
 
 -- The role calling a rl_* function (inside it current_user is the owner): the role SET
@@ -181,18 +208,14 @@ LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role')::name END
 $$;
 
--- The clock reading of a call (args::now_ms): the real time, or an explicit now_ms, which
--- this edition honours for the owner of its functions and members of rl_admin only: a
--- setting cannot be guarded without a library, so pg_ratelimit.allow_explicit_clock has no
--- say here.
-CREATE OR REPLACE FUNCTION ratelimit.rl__now(fn text, now_ms double precision) RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
+-- An explicit now_ms (args::now_ms), which this edition honours for the owner of its
+-- functions and members of rl_admin only: a setting cannot be guarded without a library,
+-- so pg_ratelimit.allow_explicit_clock has no say here.
+CREATE OR REPLACE FUNCTION ratelimit.rl__explicit_now(fn text, now_ms double precision) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     caller name;
 BEGIN
-    IF now_ms IS NULL THEN
-        RETURN least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 253402300799999);
-    END IF;
     IF NOT (now_ms = trunc(now_ms) AND abs(now_ms) < 9e15 AND now_ms >= 0 AND now_ms <= 253402300799999) THEN
         PERFORM ratelimit.rl__invalid(fn, 'now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got '
             || ratelimit.rl__describe(now_ms));
@@ -206,12 +229,27 @@ BEGIN
 END
 $$;
 
--- The end (exclusive) of the UTC calendar period containing now, epoch ms (units::Period::end_ms).
+-- The clock reading of a call: the real time (clock_timestamp), or an explicit now_ms.
+CREATE OR REPLACE FUNCTION ratelimit.rl__now(fn text, now_ms double precision) RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN now_ms IS NULL
+                THEN least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 253402300799999)
+                ELSE ratelimit.rl__explicit_now(fn, now_ms) END
+$$;
+
+-- The first day of the UTC month containing d.
+CREATE OR REPLACE FUNCTION ratelimit.rl__month_start(d date) RETURNS date
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT make_date(extract(year FROM d)::int, extract(month FROM d)::int, 1)
+$$;
+
+-- The end (exclusive) of the UTC calendar period containing now, epoch ms
+-- (units::Period::end_ms): a month's end is the first of the month 32 days after its start.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_end(period text, now bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE period
         WHEN 'day' THEN (now / 86400000 + 1) * 86400000
-        ELSE ((date_trunc('month', date '1970-01-01' + (now / 86400000)::int) + interval '1 month')::date
+        ELSE (ratelimit.rl__month_start(ratelimit.rl__month_start(date '1970-01-01' + (now / 86400000)::int) + 32)
               - date '1970-01-01')::bigint * 86400000 END
 $$;
 
@@ -220,7 +258,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__period_start(period text, now bigint) R
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE period
         WHEN 'day' THEN (now / 86400000) * 86400000
-        ELSE (date_trunc('month', date '1970-01-01' + (now / 86400000)::int)::date - date '1970-01-01')::bigint * 86400000 END
+        ELSE (ratelimit.rl__month_start(date '1970-01-01' + (now / 86400000)::int) - date '1970-01-01')::bigint * 86400000 END
 $$;
 
 -- a / b and a * b as IEEE doubles give them, infinite past the largest double (PostgreSQL
@@ -290,7 +328,7 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__take_answer(admitted boolean, remaining bigint, burst double precision,
                                                      retry_ms bigint, reset_ms bigint, exceeds boolean,
                                                      rate double precision)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number(burst),
         'retry_after_ms', retry_ms, 'retry_after_seconds', ratelimit.rl__ceil_seconds(retry_ms),
         'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms), 'exceeds_limit', exceeds,
@@ -332,17 +370,19 @@ BEGIN
 END
 $$;
 
--- Fails (25006) in a read-only transaction or on a standby, as the core's Error::read_only.
-CREATE OR REPLACE FUNCTION ratelimit.rl__writable(fn text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+-- True, or fails (25006) in a read-only transaction or on a standby (Error::read_only).
+CREATE OR REPLACE FUNCTION ratelimit.rl__read_only(fn text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF current_setting('transaction_read_only') = 'on' THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = fn || ': cannot change rate-limit state in a read-only database or transaction';
-    END IF;
+    RAISE EXCEPTION USING ERRCODE = '25006',
+        MESSAGE = fn || ': cannot change rate-limit state in a read-only database or transaction';
 END
 $$;
 
+CREATE OR REPLACE FUNCTION ratelimit.rl__writable(fn text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN current_setting('transaction_read_only') = 'off' THEN true ELSE ratelimit.rl__read_only(fn) END
+$$;
 -- The one path of every bucket change (protocol::change_row over bucket::take, charge and
 -- refund): a guarded UPDATE whose condition is the decision itself, so PostgreSQL
 -- re-decides on the newest row version under concurrent takes; without a row, decide on
@@ -358,7 +398,7 @@ DECLARE
     d record;
     cur double precision;
 BEGIN
-    PERFORM ratelimit.rl__writable(fn);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     FOR attempt IN 1..1000 LOOP
         IF op = 'refund' THEN
             UPDATE ratelimit.rl_bucket AS t
@@ -464,7 +504,7 @@ DECLARE
     cur bigint;
     period_end bigint := ratelimit.rl__period_end(p, now);
 BEGIN
-    PERFORM ratelimit.rl__writable(fn);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     FOR attempt IN 1..1000 LOOP
         UPDATE ratelimit.rl_budget AS t
         SET used = CASE op WHEN 'refund'
@@ -521,21 +561,6 @@ BEGIN
 END
 $$;
 
--- A number of seconds as whole milliseconds (args::duration_ms): above 0, at most a year,
--- rounded half away from zero, at least 1.
-CREATE OR REPLACE FUNCTION ratelimit.rl__duration_ms(fn text, what text, seconds double precision) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    ms double precision;
-BEGIN
-    PERFORM ratelimit.rl__positive(fn, what, seconds);
-    IF seconds > 31536000 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 31536000 (one year), got ' || ratelimit.rl__describe(seconds));
-    END IF;
-    ms := seconds * 1000;
-    RETURN greatest((trunc(ms) + CASE WHEN ms - trunc(ms) >= 0.5 THEN 1 ELSE 0 END)::bigint, 1);
-END
-$$;
 
 -- The error of a stored row no rule can read (protocol::damaged).
 CREATE OR REPLACE FUNCTION ratelimit.rl__damaged(fn text, kind text) RETURNS void
@@ -766,7 +791,7 @@ DECLARE
     found_row boolean;
     d record;
 BEGIN
-    PERFORM ratelimit.rl__writable(fn);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     SELECT t.entries, t.empty_at INTO seen, seen_empty_at FROM ratelimit.rl_entries AS t
     WHERE t.key = k AND t.kind = entry_kind;
     found_row := FOUND;
@@ -791,7 +816,7 @@ $$;
 -- blocked false for none.
 CREATE OR REPLACE FUNCTION ratelimit.rl__strikes_encode(strikes bigint, last_strike_at bigint, forgotten_at bigint,
                                                         blocked boolean, until bigint)
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
+RETURNS text LANGUAGE sql STABLE AS $$
     SELECT format('{"strikes":%s,"last_strike_at":%s,"forgotten_at":%s,"blocked_until":%s}', strikes, last_strike_at,
                   forgotten_at, CASE WHEN NOT blocked THEN 'false' WHEN until IS NULL THEN 'null' ELSE until::text END)
 $$;
@@ -833,7 +858,7 @@ $$;
 
 -- What rl_penalize and rl_block answer (penalty::BlockAnswer::fields).
 CREATE OR REPLACE FUNCTION ratelimit.rl__block_answer(strikes bigint, blocked boolean, until bigint, now bigint)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('strikes', strikes, 'blocked', blocked,
         'blocked_until', CASE WHEN blocked AND until IS NOT NULL THEN ratelimit.rl__ceil_seconds(until) END,
         'retry_after_seconds', CASE WHEN NOT blocked THEN 0 WHEN until IS NOT NULL
@@ -1251,7 +1276,7 @@ DECLARE
     too_many boolean[];
     x record;
 BEGIN
-    IF NOT decide_only THEN PERFORM ratelimit.rl__writable(fn); END IF;
+    IF NOT decide_only THEN IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF; END IF;
     LOOP
         -- the rows: as they stand, or held
         FOR i IN 1..n LOOP
@@ -1507,7 +1532,7 @@ $$;
 -- <bytes of policy>:<policy>:<i>:<subject>.
 CREATE OR REPLACE FUNCTION ratelimit.rl__policy_key(policy text, subject text, i int) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT chr(1) || octet_length(policy) || ':' || policy || ':' || i || ':' || subject
+    SELECT chr(1) || octet_length(policy)::text || ':' || policy || ':' || i::text || ':' || subject
 $$;
 
 -- A stored policy parsed, and its limits for a subject at a tier as rl__take_all items in
@@ -1573,7 +1598,7 @@ $$;
 -- below 9e15 as integers, others as ryu writes them (the shortest digits; an exponent
 -- below 1e-5 and from 1e16, as 1.5e16 and 1e-7; a whole number as 9500000000000000.0).
 CREATE OR REPLACE FUNCTION ratelimit.rl__number_text(v double precision) RETURNS text
-LANGUAGE plpgsql IMMUTABLE SET extra_float_digits = 1 AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     n numeric;
     digits text;
@@ -1582,7 +1607,7 @@ DECLARE
 BEGIN
     IF v IS NULL OR v IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN RETURN 'null'; END IF;
     IF v = trunc(v) AND abs(v) < 9e15 THEN RETURN v::bigint::text; END IF;
-    n := v::text::numeric;
+    n := ratelimit.rl__shortest(v);
     IF n < 0 THEN sign := '-'; n := -n; END IF;
     -- the significant digits, and kk with 10^(kk-1) <= n < 10^kk
     digits := trim(leading '0' FROM replace(trim_scale(n)::text, '.', ''));
