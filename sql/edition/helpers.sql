@@ -82,13 +82,15 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The argument rules (args.rs). Each is an expression PostgreSQL inlines, passing a good
--- value through; a bad one goes to its *_error function, which raises the core's error
--- (VOLATILE, so the planner never runs one ahead of the value it is for).
+-- value through; a bad one goes to its *_error function, which raises the core's error.
+-- The error functions are IMMUTABLE: PL/pgSQL takes a new snapshot for every expression
+-- that calls anything less (about 15 us a call), and they are only ever called with a
+-- variable among their arguments, so the planner never runs one ahead of its value.
 
 -- A name (args::name): non-empty text of at most 1024 bytes; a key also must not start
 -- with U+0001, the mark of policy keys (args::key).
 CREATE OR REPLACE FUNCTION ratelimit.rl__name_error(fn text, what text, v text) RETURNS text
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF v IS NULL THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be text, got NULL');
@@ -118,7 +120,7 @@ $$;
 -- zero), above max, below a millionth (amounts) or above a year (durations): the rules
 -- of args::positive_number, token_number, cost_number, amount_micros and duration_ms.
 CREATE OR REPLACE FUNCTION ratelimit.rl__number_error(fn text, what text, v double precision, max text, zero boolean)
-RETURNS double precision LANGUAGE plpgsql VOLATILE AS $$
+RETURNS double precision LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
         PERFORM ratelimit.rl__invalid(fn, what || CASE WHEN zero THEN ' must be a finite number of at least 0, got '
@@ -186,7 +188,7 @@ $$;
 
 -- A budget period (args::period): 'day' or 'month'.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_error(fn text, v text) RETURNS text
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM ratelimit.rl__invalid(fn, 'period must be ''day'' or ''month'', got '
         || CASE WHEN v IS NULL THEN 'NULL' ELSE '''' || replace(left(v, 40), '''', '''''')
@@ -328,11 +330,13 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__take_answer(admitted boolean, remaining bigint, burst double precision,
                                                      retry_ms bigint, reset_ms bigint, exceeds boolean,
                                                      rate double precision)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number(burst),
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number(burst),
         'retry_after_ms', retry_ms, 'retry_after_seconds', ratelimit.rl__ceil_seconds(retry_ms),
         'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms), 'exceeds_limit', exceeds,
-        'refill_seconds', ratelimit.rl__number(ratelimit.rl__refill_seconds(burst, rate)))
+        'refill_seconds', ratelimit.rl__number(ratelimit.rl__refill_seconds(burst, rate)));
+END
 $$;
 
 -- What rl_take decides on a row (bucket::take), as its answer; the row to store is the
@@ -371,25 +375,27 @@ END
 $$;
 
 -- True, or fails (25006) in a read-only transaction or on a standby (Error::read_only).
-CREATE OR REPLACE FUNCTION ratelimit.rl__read_only(fn text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    RAISE EXCEPTION USING ERRCODE = '25006',
-        MESSAGE = fn || ': cannot change rate-limit state in a read-only database or transaction';
-END
-$$;
-
+-- IMMUTABLE although it reads a setting: see the error functions above (it is called with
+-- the function's name, a variable).
 CREATE OR REPLACE FUNCTION ratelimit.rl__writable(fn text) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN current_setting('transaction_read_only') = 'off' THEN true ELSE ratelimit.rl__read_only(fn) END
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = fn || ': cannot change rate-limit state in a read-only database or transaction';
+    END IF;
+    RETURN true;
+END
 $$;
 -- The one path of every bucket change (protocol::change_row over bucket::take, charge and
 -- refund): a guarded UPDATE whose condition is the decision itself, so PostgreSQL
 -- re-decides on the newest row version under concurrent takes; without a row, decide on
--- none and insert. op is 'take', 'charge' or 'refund'.
+-- none and insert. op is 'take', 'charge' or 'refund'. (Its statements keep one generic
+-- plan: a custom plan looks cheaper, its constants folded, but would be made, and the SQL
+-- helpers inlined, again on every call.)
 CREATE OR REPLACE FUNCTION ratelimit.rl__bucket_change(fn text, op text, k text, b double precision,
                                                        r double precision, amount double precision, now bigint)
-RETURNS jsonb LANGUAGE plpgsql VOLATILE AS $$
+RETURNS jsonb LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     new_level double precision;
     new_full_at bigint;
@@ -489,12 +495,24 @@ BEGIN
 END
 $$;
 
+-- What rl_refund_budget and rl_charge_budget answer (BudgetRefund, BudgetCharge): used and
+-- resets_at, with admitted for a charge (IMMUTABLE: see the error functions).
+CREATE OR REPLACE FUNCTION ratelimit.rl__budget_answer(admitted boolean, used bigint, resets_at bigint) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF admitted IS NULL THEN
+        RETURN jsonb_build_object('used', ratelimit.rl__micros(used), 'resets_at', resets_at / 1000);
+    END IF;
+    RETURN jsonb_build_object('admitted', admitted, 'used', ratelimit.rl__micros(used), 'resets_at', resets_at / 1000);
+END
+$$;
+
 -- The one path of every budget change (protocol::change_row over budget::spend, refund
 -- and charge): a guarded UPDATE deciding on the newest row; without a row, insert.
 -- op is 'spend', 'refund' or 'charge'; quota is used by 'spend' only.
 CREATE OR REPLACE FUNCTION ratelimit.rl__budget_change(fn text, op text, k text, p text, quota bigint,
                                                        amount bigint, now bigint)
-RETURNS jsonb LANGUAGE plpgsql VOLATILE AS $$
+RETURNS jsonb LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     max_used CONSTANT bigint := 9007199254740991;
     new_used bigint;
@@ -521,10 +539,9 @@ BEGIN
             IF op = 'spend' THEN
                 RETURN ratelimit.rl__spend_answer(true, new_used, new_resets_at, p, quota, 0, now);
             ELSIF op = 'charge' THEN
-                RETURN jsonb_build_object('admitted', true, 'used', ratelimit.rl__micros(new_used),
-                                          'resets_at', new_resets_at / 1000);
+                RETURN ratelimit.rl__budget_answer(true, new_used, new_resets_at);
             END IF;
-            RETURN jsonb_build_object('used', ratelimit.rl__micros(new_used), 'resets_at', new_resets_at / 1000);
+            RETURN ratelimit.rl__budget_answer(NULL, new_used, new_resets_at);
         END IF;
         SELECT t.used, t.resets_at INTO row_used, row_resets_at FROM ratelimit.rl_budget AS t
         WHERE t.key = k AND t.period = p;
@@ -539,11 +556,10 @@ BEGIN
                     MESSAGE = fn || ': the period''s use would pass 9007199254 units; nothing was charged';
             END IF;
             CONTINUE WHEN greatest(cur - amount, 0) <> cur;
-            RETURN jsonb_build_object('used', ratelimit.rl__micros(cur), 'resets_at',
-                CASE WHEN row_resets_at > now THEN row_resets_at ELSE period_end END / 1000);
+            RETURN ratelimit.rl__budget_answer(NULL, cur, CASE WHEN row_resets_at > now THEN row_resets_at ELSE period_end END);
         END IF;
         IF op = 'refund' THEN
-            RETURN jsonb_build_object('used', 0, 'resets_at', period_end / 1000);
+            RETURN ratelimit.rl__budget_answer(NULL, 0, period_end);
         ELSIF op = 'spend' AND amount > quota THEN
             RETURN ratelimit.rl__spend_answer(false, 0, 0, p, quota, amount, now);
         END IF;
@@ -551,8 +567,7 @@ BEGIN
         ON CONFLICT (key, period) DO NOTHING;
         IF FOUND THEN
             IF op = 'charge' THEN
-                RETURN jsonb_build_object('admitted', true, 'used', ratelimit.rl__micros(amount),
-                                          'resets_at', period_end / 1000);
+                RETURN ratelimit.rl__budget_answer(true, amount, period_end);
             END IF;
             RETURN ratelimit.rl__spend_answer(true, amount, period_end, p, quota, 0, now);
         END IF;
@@ -784,7 +799,7 @@ $$;
 -- and decide again on the locked row. step names the decision (ratelimit.rl__entries_step).
 CREATE OR REPLACE FUNCTION ratelimit.rl__entries_change(fn text, k text, entry_kind text, step text, args jsonb,
                                                         now bigint, empty text)
-RETURNS jsonb LANGUAGE plpgsql VOLATILE AS $$
+RETURNS jsonb LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     seen text;
     seen_empty_at bigint;
@@ -858,11 +873,13 @@ $$;
 
 -- What rl_penalize and rl_block answer (penalty::BlockAnswer::fields).
 CREATE OR REPLACE FUNCTION ratelimit.rl__block_answer(strikes bigint, blocked boolean, until bigint, now bigint)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('strikes', strikes, 'blocked', blocked,
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN jsonb_build_object('strikes', strikes, 'blocked', blocked,
         'blocked_until', CASE WHEN blocked AND until IS NOT NULL THEN ratelimit.rl__ceil_seconds(until) END,
         'retry_after_seconds', CASE WHEN NOT blocked THEN 0 WHEN until IS NOT NULL
-                                    THEN ratelimit.rl__ceil_seconds(until - now) END)
+                                    THEN ratelimit.rl__ceil_seconds(until - now) END);
+END
 $$;
 
 -- One decision on an rl_entries row for rl__entries_change: the answer, and the row to
@@ -1247,7 +1264,7 @@ $$;
 -- admit. items are the limits in row order with their given positions (pos, 1-based).
 CREATE OR REPLACE FUNCTION ratelimit.rl__take_all(fn text, items jsonb, now bigint, decide_only boolean DEFAULT false)
 RETURNS jsonb
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     n int := jsonb_array_length(items);
     it jsonb;
