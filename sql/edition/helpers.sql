@@ -164,26 +164,23 @@ $$;
 -- 1,000,000,000, rounded half away from zero as Rust's f64::round.
 CREATE OR REPLACE FUNCTION ratelimit.rl__micros_of(fn text, what text, v double precision) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT ratelimit.rl__round(CASE WHEN v >= 1.0::float8 / 1000000 AND v <= 1e9::float8 THEN v
-                                    ELSE ratelimit.rl__number_error(fn, what, v, '1000000000', false) END
-                               * 1000000)::bigint
+    SELECT CASE WHEN v >= 1.0::float8 / 1000000 AND v <= 1e9::float8 THEN ratelimit.rl__round(v * 1000000)::bigint
+                ELSE ratelimit.rl__number_error(fn, what, v, '1000000000', false)::bigint END
 $$;
 
 -- A budget cost that may be 0 (rl_budget: args::cost_micros with zero allowed).
 CREATE OR REPLACE FUNCTION ratelimit.rl__peek_micros(fn text, what text, v double precision) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT ratelimit.rl__round(CASE WHEN v = 0 OR (v >= 1.0::float8 / 1000000 AND v <= 1e9::float8) THEN v
-                                    ELSE ratelimit.rl__number_error(fn, what, v, '1000000000', true) END
-                               * 1000000)::bigint
+    SELECT CASE WHEN v = 0 OR (v >= 1.0::float8 / 1000000 AND v <= 1e9::float8) THEN ratelimit.rl__round(v * 1000000)::bigint
+                ELSE ratelimit.rl__number_error(fn, what, v, '1000000000', true)::bigint END
 $$;
 
 -- A number of seconds as whole milliseconds (args::duration_ms): above 0, at most a year,
 -- rounded half away from zero, at least 1.
 CREATE OR REPLACE FUNCTION ratelimit.rl__duration_ms(fn text, what text, seconds double precision) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT greatest(ratelimit.rl__round(CASE WHEN seconds > 0 AND seconds <= 31536000 THEN seconds
-                                             ELSE ratelimit.rl__number_error(fn, what, seconds, '31536000', false) END
-                                        * 1000)::bigint, 1)
+    SELECT CASE WHEN seconds > 0 AND seconds <= 31536000 THEN greatest(ratelimit.rl__round(seconds * 1000)::bigint, 1)
+                ELSE ratelimit.rl__number_error(fn, what, seconds, '31536000', false)::bigint END
 $$;
 
 -- A budget period (args::period): 'day' or 'month'.
@@ -331,11 +328,15 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__take_answer(admitted boolean, remaining
                                                      retry_ms bigint, reset_ms bigint, exceeds boolean,
                                                      rate double precision)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    -- a variable, not an argument expression: PostgreSQL inlines a SQL helper whose
+    -- argument is used more than once only when that argument is cheap
+    refill double precision := ratelimit.rl__refill_seconds(burst, rate);
 BEGIN
     RETURN jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number(burst),
         'retry_after_ms', retry_ms, 'retry_after_seconds', ratelimit.rl__ceil_seconds(retry_ms),
         'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms), 'exceeds_limit', exceeds,
-        'refill_seconds', ratelimit.rl__number(ratelimit.rl__refill_seconds(burst, rate)));
+        'refill_seconds', ratelimit.rl__number(refill));
 END
 $$;
 
