@@ -1143,7 +1143,6 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     n double precision := ratelimit.rl__json_positive(fn, what, v);
     t text;
-    scaled double precision;
 BEGIN
     IF n > 1e9 THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000, got ' || ratelimit.rl__json_describe(v));
@@ -1161,8 +1160,7 @@ BEGIN
                  + coalesce(nullif(rpad(split_part(t, '.', 2), 6, '0'), '000000')::bigint, 0);
         END IF;
     END IF;
-    scaled := n * 1000000;
-    RETURN (trunc(scaled) + CASE WHEN scaled - trunc(scaled) >= 0.5 THEN 1 ELSE 0 END)::bigint;
+    RETURN ratelimit.rl__round(n * 1000000)::bigint;
 END
 $$;
 
@@ -1171,13 +1169,11 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__json_duration_ms(fn text, what text, v 
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     n double precision := ratelimit.rl__json_positive(fn, what, v);
-    ms double precision;
 BEGIN
     IF n > 31536000 THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 31536000 (one year), got ' || ratelimit.rl__json_describe(v));
     END IF;
-    ms := n * 1000;
-    RETURN greatest((trunc(ms) + CASE WHEN ms - trunc(ms) >= 0.5 THEN 1 ELSE 0 END)::bigint, 1);
+    RETURN greatest(ratelimit.rl__round(n * 1000)::bigint, 1);
 END
 $$;
 
@@ -1524,7 +1520,7 @@ BEGIN
                     CONTINUE WHEN v > 0 AND v <= 1e15 AND scaled > 0 AND scaled <= 1e15;
                 ELSE
                     scaled := ratelimit.rl__mul((item ->> 'quota')::bigint::float8, m);
-                    scaled := CASE WHEN scaled - trunc(scaled) >= 0.5 THEN trunc(scaled) + 1 ELSE trunc(scaled) END;
+                    scaled := ratelimit.rl__round(scaled);
                     CONTINUE WHEN scaled >= 1 AND scaled <= 1e15;
                 END IF;
                 PERFORM ratelimit.rl__invalid(fn, format('definition.tiers.%s: a multiplier of %s takes limits item %s out of '
@@ -1580,7 +1576,7 @@ BEGIN
         END IF;
         m := (p.tiers ->> tier)::float8;
     END IF;
-    cost_micros := trunc(cost_micros) + CASE WHEN cost_micros - trunc(cost_micros) >= 0.5 THEN 1 ELSE 0 END;
+    cost_micros := ratelimit.rl__round(cost_micros);
     items := '[]';
     FOR i IN 1..jsonb_array_length(p.limits) LOOP
         l := p.limits -> (i - 1);
@@ -1589,7 +1585,7 @@ BEGIN
                 'burst', (l ->> 'burst')::float8 * m, 'rate', (l ->> 'rate')::float8 * m, 'cost', cost);
         ELSE
             q := (l ->> 'quota')::bigint::float8 * m;
-            q := greatest(trunc(q) + CASE WHEN q - trunc(q) >= 0.5 THEN 1 ELSE 0 END, 1);
+            q := greatest(ratelimit.rl__round(q), 1);
             items := items || jsonb_build_object('pos', i, 'kind', (l ->> 'kind')::int,
                 'key', ratelimit.rl__policy_key(policy, subject, i - 1), 'period', l ->> 'period',
                 'quota', q::bigint, 'window_ms', (l ->> 'window_ms')::bigint, 'micros', cost_micros::bigint);
