@@ -2,10 +2,11 @@
 # Builds the packages users install, into dist/ (publishes nothing):
 #   dist/sqlite_ratelimit-<version>-py3-none-linux_x86_64.whl   the SQLite extension for Python (pip)
 #   dist/sqlite-ratelimit-<version>.tgz                         the SQLite extension for Node (npm)
-#   dist/postgresql-15-pg-ratelimit_<version>_amd64.deb        the PostgreSQL 15 extension for Debian
-#   dist/pg_ratelimit-<version>-pg18-linux-x86_64.tar.gz       the PostgreSQL 18 extension (no Debian
-#                                                               package of 18 to depend on): lib/ and
-#                                                               share/extension/ of that server's tree
+#   dist/postgresql-NN-pg-ratelimit_<version>_amd64.deb        the PostgreSQL NN extension for Debian and
+#                                                               Ubuntu (the PostgreSQL project's apt layout),
+#                                                               NN = 15, 16, 17, 18 (pg_versions.sh)
+#   dist/pg_ratelimit-<version>-pgNN-linux-x86_64.tar.gz       the same files for other layouts: lib/ and
+#                                                               share/extension/, copied where pg_config says
 #   dist/pg_ratelimit_sql-<version>.sql                         the SQL edition (managed PostgreSQL): the
 #                                                               database owner runs it with psql -f
 #   dist/pg_ratelimit_sql-<version>.pg_tle.sql                  the same registered with pg_tle, then
@@ -73,46 +74,54 @@ cp -r bindings/node "$work/node"
 cp target/release/libratelimit.so "$work/node/"
 (cd "$work/node" && npm pkg set version="$version" >/dev/null && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
 
-# Debian: what cargo pgrx package lays out for PostgreSQL 15, with a control file.
-package_root=target/release/pg_ratelimit-pg15
-rm -rf "$package_root"
-cargo pgrx package -p pg_ratelimit --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
-deb_root="$work/deb"
-cp -r "$package_root" "$deb_root"
-mkdir "$deb_root/DEBIAN"
-cat > "$deb_root/DEBIAN/control" <<CONTROL
-Package: postgresql-15-pg-ratelimit
+# PostgreSQL, for each supported major: the files `cargo pgrx package` builds, laid out twice.
+#   - a .deb in the layout of the PostgreSQL project's own apt packages of that major
+#     (/usr/lib/postgresql/NN/lib, /usr/share/postgresql/NN/extension; Depends: postgresql-NN);
+#   - a tarball of lib/ and share/extension/ with an INSTALL, for any other layout (pg_config
+#     names the folders).
+for v in "${PG_VERSIONS[@]}"; do
+  pg_config=$(pg_config_of "$v")
+  package_root=target/release/pg_ratelimit-pg$v
+  rm -rf "$package_root"
+  CC=clang cargo pgrx package -p pg_ratelimit --pg-config "$pg_config" --no-default-features --features "pg$v" >/dev/null
+  library="$package_root$("$pg_config" --pkglibdir)/pg_ratelimit.so"
+  extension_files=("$package_root$("$pg_config" --sharedir)"/extension/pg_ratelimit*)
+
+  name=postgresql-$v-pg-ratelimit
+  deb_root="$work/deb$v"
+  mkdir -p "$deb_root/DEBIAN" "$deb_root/usr/lib/postgresql/$v/lib" "$deb_root/usr/share/postgresql/$v/extension" \
+    "$deb_root/usr/share/doc/$name"
+  cp "$library" "$deb_root/usr/lib/postgresql/$v/lib/"
+  cp "${extension_files[@]}" "$deb_root/usr/share/postgresql/$v/extension/"
+  cp LICENSE "$deb_root/usr/share/doc/$name/copyright"
+  cat > "$deb_root/DEBIAN/control" <<CONTROL
+Package: $name
 Version: $version
 Architecture: amd64
 Maintainer: pg_ratelimit developers <noreply@pg-ratelimit.invalid>
-Depends: postgresql-15, libc6 (>= 2.34)
+Depends: postgresql-$v, libc6 (>= 2.34)
 Section: database
 Priority: optional
-Description: rate limits and spending budgets inside PostgreSQL 15
+Description: rate limits and spending budgets inside PostgreSQL $v
  pg_ratelimit keeps token buckets and calendar spending budgets in the database:
  SELECT rl_take(...) from any language, atomic inside the server. CREATE EXTENSION
  pg_ratelimit in each database; for the memory store add pg_ratelimit to
  shared_preload_libraries. Restart the server after an upgrade if it preloads it.
 CONTROL
-dpkg-deb --build --root-owner-group "$deb_root" "dist/postgresql-15-pg-ratelimit_${version}_amd64.deb" >/dev/null
+  dpkg-deb --build --root-owner-group "$deb_root" "dist/${name}_${version}_amd64.deb" >/dev/null
 
-# PostgreSQL 18: the same files laid out as the server's tree names them (pg_config
-# --pkglibdir is lib/, --sharedir is share/), with how to install them.
-pg18=$(pg_config_of 18)
-package_root=target/release/pg_ratelimit-pg18
-rm -rf "$package_root"
-CC=clang cargo pgrx package -p pg_ratelimit --pg-config "$pg18" --no-default-features --features pg18 >/dev/null
-tree="$work/pg18/pg_ratelimit-$version-pg18"
-mkdir -p "$tree/lib" "$tree/share/extension"
-cp "$package_root$("$pg18" --pkglibdir)/pg_ratelimit.so" "$tree/lib/"
-cp "$package_root$("$pg18" --sharedir)"/extension/pg_ratelimit* "$tree/share/extension/"
-cat > "$tree/INSTALL" <<INSTALL
-pg_ratelimit $version for PostgreSQL 18 (Linux x86_64). As the owner of the server's files,
+  tree="$work/tar$v/pg_ratelimit-$version-pg$v"
+  mkdir -p "$tree/lib" "$tree/share/extension"
+  cp "$library" "$tree/lib/"
+  cp "${extension_files[@]}" "$tree/share/extension/"
+  cat > "$tree/INSTALL" <<INSTALL
+pg_ratelimit $version for PostgreSQL $v (Linux x86_64). As the owner of the server's files,
 with the server stopped if it preloads pg_ratelimit (never overwrite a library in use):
   cp lib/pg_ratelimit.so "\$(pg_config --pkglibdir)/"
   cp share/extension/* "\$(pg_config --sharedir)/extension/"
 then CREATE EXTENSION pg_ratelimit in each database (ALTER EXTENSION pg_ratelimit UPDATE
 after an upgrade; restart the server first if it preloads pg_ratelimit).
 INSTALL
-tar -czf "dist/pg_ratelimit-$version-pg18-linux-x86_64.tar.gz" -C "$work/pg18" "pg_ratelimit-$version-pg18"
+  tar -czf "dist/pg_ratelimit-$version-pg$v-linux-x86_64.tar.gz" -C "$work/tar$v" "pg_ratelimit-$version-pg$v"
+done
 ls dist

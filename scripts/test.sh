@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite.
 #   bash scripts/test.sh          everything, as root on a fresh Debian 12 machine: installs what it
-#                                 needs (apt packages, cargo-pgrx, PostgreSQL 15, 16 and 18), runs the
+#                                 needs (apt packages, cargo-pgrx, PostgreSQL 15, 16, 17 and 18), runs the
 #                                 core's tests, then for each PostgreSQL version in turn the in-server
 #                                 pgrx tests and the client tests of both built extensions against a
 #                                 throwaway cluster of that version (and the PostgreSQL tests again
@@ -108,7 +108,7 @@ for v in "${PG_VERSIONS[@]}"; do
   fi
 done
 
-step "postgres packages: the .deb (15) and the tarball (18), installed and tested"
+step "postgres packages: the .deb and the tarball of each major, installed and tested"
 bash scripts/test_system_packages.sh
 
 step "Citus: a coordinator and two workers (bash scripts/test_citus.sh)"
