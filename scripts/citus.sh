@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# A Citus test cluster on one machine: a coordinator and two workers of PostgreSQL 15 on
-# private ports and one socket folder, run as the postgres user, with citus and
-# pg_ratelimit preloaded (explicit clocks allowed, for the conformance list). Test-only:
-# Citus is built from the tarball in
-# ../shared/vendor (RL_CITUS_TARBALL) and never ships with the project.
-#   scripts/citus.sh build   install Citus 13.2.2 into PostgreSQL 15 (skipped when present)
+# A Citus test cluster on one machine: a coordinator and two workers of PostgreSQL
+# $RL_CITUS_PG (15 unless set; 18 too) on private ports and one socket folder, run as the
+# postgres user, with citus and pg_ratelimit preloaded (explicit clocks allowed, for the
+# conformance list). Test-only: Citus is built from the tarball in ../shared/vendor
+# (RL_CITUS_TARBALL) and never ships with the project: 13.2.2 for 15 (it supports 15 to
+# 17), 14.0.1 for 18 (it supports 16 to 18).
+#   scripts/citus.sh build   install that Citus into that PostgreSQL (skipped when present)
 #   scripts/citus.sh start   build if needed, create the three nodes if missing, start them,
 #                            join the workers; prints the coordinator's settings to eval
 #   scripts/citus.sh stop    stop the nodes and delete them
 #   scripts/citus.sh available  succeeds when Citus is installed or its tarball is at hand
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSION=13.2.2
-BIN=/usr/lib/postgresql/15/bin
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+source scripts/pg_versions.sh
+PG_MAJOR=${RL_CITUS_PG:-15}
+case "$PG_MAJOR" in
+  15) VERSION=13.2.2 SHA256=dd2453caec20a830e5e63f1def5c5a98cb6f57ae510407cdcd800916fcdab430 ;;
+  18) VERSION=14.0.1 SHA256=acfa9a77cd84a8e1edab26cca4a71355f39c910c01586da89560e0240d4b05ba ;;
+  *) echo "citus.sh: no Citus build arranged for PostgreSQL $PG_MAJOR (15 or 18)" >&2; exit 2 ;;
+esac
+PG_CONFIG=$(pg_config_of "$PG_MAJOR")
+BIN=$(dirname "$PG_CONFIG")
 TARBALL=${RL_CITUS_TARBALL:-$(pwd)/../shared/vendor/citus-$VERSION.tar.gz}
-SHA256=dd2453caec20a830e5e63f1def5c5a98cb6f57ae510407cdcd800916fcdab430
 DIR=${RL_CITUS_DIR:-/tmp/pg_ratelimit_citus}
 PORT=${RL_CITUS_PORT:-54340}   # coordinator; workers on the next two ports
 DB=${RL_CITUS_DB:-rl}
@@ -31,11 +37,11 @@ installed() {
 
 build() {
   if installed; then
-    log "Citus $VERSION already installed for PostgreSQL 15"
+    log "Citus $VERSION already installed for PostgreSQL $PG_MAJOR"
     return
   fi
   local missing=() pkg
-  for pkg in postgresql-15 postgresql-server-dev-15 build-essential liblz4-dev libzstd-dev libcurl4-openssl-dev \
+  for pkg in postgresql-15 postgresql-server-dev-15 build-essential clang liblz4-dev libzstd-dev libcurl4-openssl-dev \
       libkrb5-dev libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
   done
@@ -61,8 +67,12 @@ if n != 1 and "have_createdb_privilege" in text:
     sys.exit("citus.sh: the have_createdb_privilege shim was not found where expected")
 open(path, "w").write(text)
 PY
-  log "building Citus $VERSION (about 12 minutes on 2 cores)"
-  (cd "$src" && ./configure -q PG_CONFIG="$PG_CONFIG" >/dev/null && make -s -j"$(nproc)" >/dev/null && make -s install >/dev/null)
+  log "building Citus $VERSION for PostgreSQL $PG_MAJOR"
+  # clang: 18 was compiled with GCC 14, whose warning flags Debian's gcc 12 rejects
+  local cc=gcc
+  [ "$PG_MAJOR" = 15 ] || cc=clang
+  (cd "$src" && ./configure -q CC="$cc" PG_CONFIG="$PG_CONFIG" >/dev/null && make -s -j"$(nproc)" CC="$cc" >/dev/null \
+    && make -s install CC="$cc" >/dev/null)
   rm -rf "$(dirname "$src")"
   installed || { log "Citus did not install"; exit 1; }
 }
@@ -94,7 +104,7 @@ start() {
     psql_on "$PORT" -d "$DB" -c "SELECT citus_set_coordinator_host('$DIR', $PORT)" \
       -c "SELECT citus_add_node('$DIR', $((PORT + 1)))" -c "SELECT citus_add_node('$DIR', $((PORT + 2)))" >/dev/null
   fi
-  echo "export PGHOST=$DIR PGPORT=$PORT PGUSER=postgres PGDATABASE=$DB RL_CITUS_DIR=$DIR"
+  echo "export PGHOST=$DIR PGPORT=$PORT PGUSER=postgres PGDATABASE=$DB RL_CITUS_DIR=$DIR RL_PG_BIN=$BIN"
 }
 
 stop() {

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The Citus tests (tests/test_citus.py) on a throwaway coordinator and two workers:
-# builds Citus and the extension if needed, starts the cluster, runs the tests, stops it.
+# The Citus tests (tests/test_citus.py) on a throwaway coordinator and two workers of
+# PostgreSQL $RL_CITUS_PG (15 unless set; 18 too, see citus.sh): builds Citus and the
+# extension if needed, starts the cluster, runs the tests, stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/pg_versions.sh
+major=${RL_CITUS_PG:-15}
 bash scripts/setup.sh --pg
-bash scripts/build.sh
 bash scripts/citus.sh stop
+cargo build --quiet --release -p sqlite_ratelimit
+CC=clang cargo pgrx install -p pg_ratelimit --release --pg-config "$(pg_config_of "$major")" \
+  --no-default-features --features "pg$major" >/dev/null
 trap 'bash scripts/citus.sh stop' EXIT
 eval "$(bash scripts/citus.sh start)"
 RL_CITUS=1 /usr/bin/python3 -m pytest -p no:cacheprovider -v tests/test_citus.py

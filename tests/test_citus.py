@@ -16,6 +16,7 @@ psycopg2 = pytest.importorskip("psycopg2")
 pytestmark = pytest.mark.skipif(os.environ.get("RL_CITUS") != "1", reason="needs the Citus cluster (scripts/test_citus.sh)")
 
 DB = os.environ.get("PGDATABASE", "rl")
+PG_BIN = os.environ.get("RL_PG_BIN", "/usr/lib/postgresql/15/bin")
 TABLES = "ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy"
 
 
@@ -225,7 +226,7 @@ def test_a_restarted_worker_loses_no_committed_admission(cluster):
         name = f"worker{port_of(pg_connect(DB), a) - int(os.environ['PGPORT'])}"
         # the log file keeps the new postmaster off our pipes (else run() waits for it to exit)
         folder = os.environ["RL_CITUS_DIR"]
-        subprocess.run(["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl", "-D",
+        subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(PG_BIN, "pg_ctl"), "-D",
                         os.path.join(folder, name), "-l", os.path.join(folder, f"{name}.log"),
                         "-m", "immediate", "-w", "restart"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
