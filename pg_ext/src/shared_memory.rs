@@ -36,6 +36,11 @@ const COUNTER_LOCK: usize = PARTS;
 /// In the data directory, like pg_stat_statements' file; removed once read, so a crash
 /// never brings back an old state.
 const SAVE_FILE: &str = "pg_stat/pg_ratelimit_buckets.dat";
+const SAVE_FILE_C: &CStr = c"pg_stat/pg_ratelimit_buckets.dat";
+const SAVE_FILE_TMP_C: &CStr = c"pg_stat/pg_ratelimit_buckets.dat.tmp";
+/// AddinShmemInitLock's place in MainLWLockArray (21 in lwlocknames.txt, 15 to 18): a C
+/// macro, which bindgen does not carry over.
+const ADDIN_SHMEM_INIT_LOCK: usize = 21;
 
 /// The table's first 64 bytes; the parts follow.
 #[repr(C)]
@@ -113,7 +118,7 @@ unsafe extern "C-unwind" fn make_table() {
         if let Some(previous) = PREV_STARTUP_HOOK {
             previous();
         }
-        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(ADDIN_SHMEM_INIT_LOCK)).lock;
         pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let mut found = false;
         let base = pg_sys::ShmemInitStruct(SEGMENT.as_ptr(), total_bytes(), &mut found).cast::<u8>();
@@ -213,10 +218,19 @@ unsafe extern "C-unwind" fn save_at_exit(code: std::ffi::c_int, _arg: pg_sys::Da
     };
     let live = parts.iter().flat_map(|p| p.slots().iter()).filter(|s| s.full_at > now);
     let (bytes, count) = save_file::encode(secret, live);
-    let tmp = format!("{SAVE_FILE}.tmp");
-    let written = std::fs::write(&tmp, &bytes)
-        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, SAVE_FILE));
+    let tmp = SAVE_FILE_TMP_C.to_str().expect("an ASCII name");
+    // durable_rename, as pg_stat_statements saves its file: it syncs the new file, renames it
+    // over the old one and syncs the folder, so a power cut leaves one whole file or the other.
+    let written = std::fs::write(tmp, &bytes).and_then(|()| {
+        // SAFETY: two NUL-terminated paths; PostgreSQL reports a failure at LOG and returns -1.
+        let renamed =
+            unsafe { pg_sys::durable_rename(SAVE_FILE_TMP_C.as_ptr(), SAVE_FILE_C.as_ptr(), pg_sys::LOG as i32) };
+        if renamed == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::other("durable_rename failed (its LOG line says why)"))
+        }
+    });
     match written {
         Ok(()) => pgrx::log!("pg_ratelimit: saved {count} buckets to {SAVE_FILE}"),
         Err(e) => pgrx::log!("pg_ratelimit: could not save buckets to {SAVE_FILE}: {e}"),

@@ -1,0 +1,46 @@
+//! The `pg_ratelimit.*` settings: defined once per process from `_PG_init`, read per call.
+
+use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
+
+/// An explicit now_ms can refill a bucket early, so only a superuser may allow it.
+pub static ALLOW_EXPLICIT_CLOCK: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+/// Where buckets live. The two homes hold different state, so a role that could switch
+/// would escape its limits: only a superuser (or configuration one wrote) may set it.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BucketHome {
+    #[name = c"table"]
+    Table,
+    #[name = c"memory"]
+    Memory,
+}
+
+pub static BUCKETS: GucSetting<BucketHome> = GucSetting::<BucketHome>::new(BucketHome::Table);
+
+/// Registers the settings; from _PG_init, once per process.
+pub fn define() {
+    GucRegistry::define_bool_guc(
+        c"pg_ratelimit.allow_explicit_clock",
+        c"Allows callers to pass now_ms to pg_ratelimit functions.",
+        c"An explicit clock lets a caller refill buckets early; meant for tests and replays.",
+        &ALLOW_EXPLICIT_CLOCK,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"pg_ratelimit.buckets",
+        c"Where pg_ratelimit keeps token buckets: 'table' (durable, transactional) or 'memory' (shared memory).",
+        c"The memory store needs pg_ratelimit in shared_preload_libraries; budgets always stay in their tables.",
+        &BUCKETS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
+
+/// Makes every other `pg_ratelimit.*` name an error instead of a silent placeholder (a
+/// misspelt `pg_ratelimit.bukets` would otherwise do nothing), once all are defined.
+#[allow(unsafe_code)]
+pub fn reserve_prefix() {
+    // SAFETY: called from _PG_init with a static NUL-terminated name, as PostgreSQL expects.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_ratelimit".as_ptr()) }
+}
