@@ -60,70 +60,65 @@ impl Value<'_> {
     }
 }
 
-/// Every statement, by name, so that an engine can keep its own form of each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Statement {
-    BucketRead,
-    BucketLock,
-    BucketInsert,
-    BucketUpdate,
-    BucketChange,
-    BudgetRead,
-    BudgetLock,
-    BudgetInsert,
-    BudgetUpdate,
-    BudgetChange,
-    SweepBuckets,
-    SweepBudgets,
-    ResetBuckets,
-    ResetBudgets,
-    EntriesRead,
-    EntriesLock,
-    EntriesInsert,
-    EntriesUpdate,
-    SweepEntries,
-    ResetEntries,
-    PolicyRead,
-    PolicyPut,
-    PolicyDelete,
-    BucketChangeForPolicy,
-    StrikeRowsRead,
+/// Declares [`Statement`], its [`Statement::ALL`] and its texts from one list: each
+/// statement with the file of `sql/` it is read from.
+macro_rules! statements {
+    ($($(#[$doc:meta])* $name:ident => $file:literal,)*) => {
+        /// Every statement, by name, so that an engine can keep its own form of each.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Statement {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl Statement {
+            /// Every statement, in declaration order (`ALL[s as usize] == s`).
+            pub const ALL: &'static [Statement] = &[$(Statement::$name,)*];
+
+            /// The PostgreSQL text (of the two SQLite-only statements, the text SQLite's is
+            /// made from). The `Lock` statements (FOR UPDATE) are PostgreSQL only;
+            /// BucketChange, BudgetChange and the two BucketChange...s of rl_check are the
+            /// guarded UPDATEs (see [`crate::decision_slot`]).
+            pub const fn text(self) -> &'static str {
+                match self {
+                    $(Statement::$name => include_str!(concat!("../../sql/", $file, ".sql")),)*
+                }
+            }
+        }
+    };
+}
+
+statements! {
+    BucketRead => "bucket_read",
+    BucketLock => "bucket_lock",
+    BucketInsert => "bucket_insert",
+    BucketUpdate => "bucket_update",
+    BucketChange => "bucket_change",
+    BudgetRead => "budget_read",
+    BudgetLock => "budget_lock",
+    BudgetInsert => "budget_insert",
+    BudgetUpdate => "budget_update",
+    BudgetChange => "budget_change",
+    SweepBuckets => "sweep_buckets",
+    SweepBudgets => "sweep_budgets",
+    ResetBuckets => "reset_buckets",
+    ResetBudgets => "reset_budgets",
+    EntriesRead => "entries_read",
+    EntriesLock => "entries_lock",
+    EntriesInsert => "entries_insert",
+    EntriesUpdate => "entries_update",
+    SweepEntries => "sweep_entries",
+    ResetEntries => "reset_entries",
+    PolicyRead => "policy_read",
+    PolicyPut => "policy_put",
+    PolicyDelete => "policy_delete",
+    BucketChangeForPolicy => "bucket_change_for_policy",
+    StrikeRowsRead => "strike_rows_read",
     /// SQLite only, as is ChecksEpochRead: PostgreSQL keeps the checks epoch in memory.
-    BucketChangeInEpoch,
-    ChecksEpochRead,
+    BucketChangeInEpoch => "bucket_change_in_epoch",
+    ChecksEpochRead => "checks_epoch_read",
 }
 
 impl Statement {
-    pub const ALL: [Statement; 27] = [
-        Statement::BucketRead,
-        Statement::BucketLock,
-        Statement::BucketInsert,
-        Statement::BucketUpdate,
-        Statement::BucketChange,
-        Statement::BudgetRead,
-        Statement::BudgetLock,
-        Statement::BudgetInsert,
-        Statement::BudgetUpdate,
-        Statement::BudgetChange,
-        Statement::SweepBuckets,
-        Statement::SweepBudgets,
-        Statement::ResetBuckets,
-        Statement::ResetBudgets,
-        Statement::EntriesRead,
-        Statement::EntriesLock,
-        Statement::EntriesInsert,
-        Statement::EntriesUpdate,
-        Statement::SweepEntries,
-        Statement::ResetEntries,
-        Statement::PolicyRead,
-        Statement::PolicyPut,
-        Statement::PolicyDelete,
-        Statement::BucketChangeForPolicy,
-        Statement::StrikeRowsRead,
-        Statement::BucketChangeInEpoch,
-        Statement::ChecksEpochRead,
-    ];
-
     /// The types of the columns a reading statement returns (empty for the others).
     pub const fn columns(self) -> &'static [SqlType] {
         match self {
@@ -136,42 +131,6 @@ impl Statement {
             _ => &[],
         }
     }
-
-    /// The PostgreSQL text (of the two SQLite-only statements, the text SQLite's is made
-    /// from). The `Lock` statements (FOR UPDATE) are PostgreSQL only; BucketChange,
-    /// BudgetChange and the two BucketChange...s of rl_check are the guarded UPDATEs (see
-    /// [`crate::decision_slot`]).
-    pub const fn text(self) -> &'static str {
-        match self {
-            Statement::BucketRead => include_str!("../../sql/bucket_read.sql"),
-            Statement::BucketLock => include_str!("../../sql/bucket_lock.sql"),
-            Statement::BucketInsert => include_str!("../../sql/bucket_insert.sql"),
-            Statement::BucketUpdate => include_str!("../../sql/bucket_update.sql"),
-            Statement::BucketChange => include_str!("../../sql/bucket_change.sql"),
-            Statement::BudgetRead => include_str!("../../sql/budget_read.sql"),
-            Statement::BudgetLock => include_str!("../../sql/budget_lock.sql"),
-            Statement::BudgetInsert => include_str!("../../sql/budget_insert.sql"),
-            Statement::BudgetUpdate => include_str!("../../sql/budget_update.sql"),
-            Statement::BudgetChange => include_str!("../../sql/budget_change.sql"),
-            Statement::SweepBuckets => include_str!("../../sql/sweep_buckets.sql"),
-            Statement::SweepBudgets => include_str!("../../sql/sweep_budgets.sql"),
-            Statement::ResetBuckets => include_str!("../../sql/reset_buckets.sql"),
-            Statement::ResetBudgets => include_str!("../../sql/reset_budgets.sql"),
-            Statement::EntriesRead => include_str!("../../sql/entries_read.sql"),
-            Statement::EntriesLock => include_str!("../../sql/entries_lock.sql"),
-            Statement::EntriesInsert => include_str!("../../sql/entries_insert.sql"),
-            Statement::EntriesUpdate => include_str!("../../sql/entries_update.sql"),
-            Statement::SweepEntries => include_str!("../../sql/sweep_entries.sql"),
-            Statement::ResetEntries => include_str!("../../sql/reset_entries.sql"),
-            Statement::PolicyRead => include_str!("../../sql/policy_read.sql"),
-            Statement::PolicyPut => include_str!("../../sql/policy_put.sql"),
-            Statement::PolicyDelete => include_str!("../../sql/policy_delete.sql"),
-            Statement::BucketChangeForPolicy => include_str!("../../sql/bucket_change_for_policy.sql"),
-            Statement::StrikeRowsRead => include_str!("../../sql/strike_rows_read.sql"),
-            Statement::BucketChangeInEpoch => include_str!("../../sql/bucket_change_in_epoch.sql"),
-            Statement::ChecksEpochRead => include_str!("../../sql/checks_epoch_read.sql"),
-        }
-    }
 }
 
 const SCHEMA: &str = "ratelimit.";
@@ -179,7 +138,7 @@ const OPERATOR: &str = "OPERATOR(pg_catalog.";
 
 /// The extension's tables: SQLite finds them in `main` alone (unqualified, a name is looked
 /// up in temp, then main, then every attached database).
-const TABLES: [&str; 5] = ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta"];
+pub const TABLES: [&str; 5] = ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta"];
 
 /// A statement as SQLite runs it: the tables in `main`, the functions without a schema,
 /// and plain operators.
@@ -221,7 +180,7 @@ mod tests {
     /// table, function or `=` operator before the extension's.
     #[test]
     fn every_name_and_comparison_is_qualified() {
-        for text in Statement::ALL.map(Statement::text) {
+        for text in Statement::ALL.iter().map(|s| s.text()) {
             for name in ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta"] {
                 for (at, _) in text.match_indices(name) {
                     assert!(text[..at].ends_with(SCHEMA), "unqualified {name} in {text}");
@@ -271,7 +230,7 @@ mod tests {
     /// (and positional binding is right on both) only if first appearances ascend.
     #[test]
     fn parameters_first_appear_in_order() {
-        for text in Statement::ALL.map(Statement::text) {
+        for text in Statement::ALL.iter().map(|s| s.text()) {
             let mut seen: Vec<u32> = Vec::new();
             let mut rest = text;
             while let Some(at) = rest.find('$') {

@@ -112,8 +112,8 @@ fn to_sqlite_error(e: ratelimit_core::Error) -> rusqlite::Error {
 }
 
 /// Every statement in SQLite's form, derived once.
-static SQLITE_TEXT: LazyLock<[String; Statement::ALL.len()]> =
-    LazyLock::new(|| Statement::ALL.map(|s| sql::sqlite(s.text())));
+static SQLITE_TEXT: LazyLock<Vec<String>> =
+    LazyLock::new(|| Statement::ALL.iter().map(|s| sql::sqlite(s.text())).collect());
 
 /// A value bound to a statement, borrowed.
 struct Bind<'a>(&'a Value<'a>);
@@ -162,7 +162,9 @@ impl SqliteEngine<'_> {
     ) -> StoreResult<T> {
         let attempt = || self.conn.prepare_cached(text).and_then(|mut stmt| f(&mut stmt));
         match attempt() {
-            Err(e) if e.to_string().contains("no such table") => {
+            // A missing table is SQLITE_ERROR like any other failed prepare: ask the schema
+            // rather than read the message.
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) && !self.has_state_tables()? => {
                 if let Some(answer) = read_only_without_tables {
                     if self.conn.is_readonly(MAIN_DB).map_err(|e| self.fail(e))? {
                         return Ok(answer);
@@ -175,7 +177,23 @@ impl SqliteEngine<'_> {
             other => other.map_err(|e| self.fail(e)),
         }
     }
+
+    /// Whether every state table is in `main`.
+    fn has_state_tables(&self) -> StoreResult<bool> {
+        let found: i64 = self
+            .conn
+            .prepare_cached(&STATE_TABLES_COUNT)
+            .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+            .map_err(|e| self.fail(e))?;
+        Ok(found == sql::TABLES.len() as i64)
+    }
 }
+
+/// How many of the state tables `main` holds.
+static STATE_TABLES_COUNT: LazyLock<String> = LazyLock::new(|| {
+    let names: Vec<String> = sql::TABLES.iter().map(|t| format!("'{t}'")).collect();
+    format!("SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name IN ({})", names.join(", "))
+});
 
 fn bound<'a>(params: &'a [Value<'a>]) -> impl rusqlite::Params + 'a {
     rusqlite::params_from_iter(params.iter().map(Bind))
