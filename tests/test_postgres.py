@@ -134,6 +134,27 @@ RELEASED = os.path.join(os.path.dirname(__file__), "..", "pg_ext", "released")
 
 
 @native_only
+def test_an_upgrade_script_run_by_hand_only_says_how_to_run_it(pg_db):
+    """From 0.3.0 on, each upgrade script starts with pgvector's guard: run with psql -f it
+    prints how to load it and stops before any statement (0.1.0 -> 0.2.0, released
+    without it, is never edited)."""
+    conn, name = pg_db
+    folder = os.path.join(os.path.dirname(__file__), "..", "pg_ext", "sql")
+    scripts = sorted(f for f in os.listdir(folder) if f != "pg_ratelimit--0.1.0--0.2.0.sql")
+    assert scripts, "the upgrade scripts of this release"
+    with conn.cursor() as cur:
+        before = catalog(cur)
+    for script in scripts:
+        target = script.removesuffix(".sql").rsplit("--", 1)[1]
+        out = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", name, "-f", os.path.join(folder, script)],
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and out.stderr == "", (script, out.stderr)
+        assert out.stdout.strip() == f"Use \"ALTER EXTENSION pg_ratelimit UPDATE TO '{target}'\" to load this file.", script
+    with conn.cursor() as cur:
+        assert catalog(cur) == before
+
+
+@native_only
 @pytest.mark.parametrize("old", ["0.1.0", "0.2.0"])
 def test_upgrade_keeps_state_and_equals_a_fresh_install(pg_db, old):
     conn, name = pg_db

@@ -9,6 +9,9 @@
 -- are marked for pg_dump, which left their rows out before (a restored backup had lost
 -- every level and spend). Buckets and budgets in the tables are kept as they are.
 
+-- complain if this script is run in psql rather than by ALTER EXTENSION
+\echo Use "ALTER EXTENSION pg_ratelimit UPDATE TO '0.3.0'" to load this file. \quit
+
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_bucket', '');
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_budget', '');
 
