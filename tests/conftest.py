@@ -199,6 +199,8 @@ def install_sql_edition(name, owner, through=None):
 
 
 def pg_tle_preloaded():
+    if not pg_available():
+        pytest.skip("PGHOST not set: no PostgreSQL cluster for client tests")
     conn = pg_connect("postgres")
     with conn.cursor() as cur:
         cur.execute("SELECT 'pg_tle' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))")
