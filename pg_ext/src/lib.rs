@@ -63,7 +63,7 @@ fn run<T: FromAnswer>(function: &Function, args: &[Arg]) -> T {
         // Read on every call, never cached: the setting may change between calls.
         f::Entry::State(call) if call.touches_buckets() && BUCKETS.get() == BucketHome::Memory => {
             let Some(buckets) = shared_memory::table() else {
-                raise(ratelimit_core::Error::memory_store_not_loaded(function.name))
+                raise(ratelimit_core::Error::memory_store_not_loaded().in_function(function.name))
             };
             // Budgets go to their tables, each statement with an SPI connection of its own,
             // so a call on buckets alone runs no statement at all.
@@ -77,7 +77,7 @@ fn run<T: FromAnswer>(function: &Function, args: &[Arg]) -> T {
     // A wrapper whose return type differs from its descriptor's: the catalog test
     // (catalog_matches_the_function_table) catches that before any user could.
     T::from_answer(answer).unwrap_or_else(|other| {
-        raise(ratelimit_core::Error::storage(function.name, format!("unexpected answer {other:?}")))
+        raise(ratelimit_core::Error::storage(format!("unexpected answer {other:?}")).in_function(function.name))
     })
 }
 

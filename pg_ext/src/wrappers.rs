@@ -12,7 +12,8 @@ use ratelimit_core::Arg;
 fn json_text(function: &Function, name: &str, v: Option<JsonbArg>) -> Option<String> {
     let bound = ratelimit_core::units::MAX_JSON_BYTES;
     v.map(|j| {
-        j.text(bound).unwrap_or_else(|bytes| raise(ratelimit_core::args::json_too_large(function.name, name, bytes)))
+        j.text(bound)
+            .unwrap_or_else(|bytes| raise(ratelimit_core::args::json_too_large(name, bytes).in_function(function.name)))
     })
 }
 
@@ -162,7 +163,7 @@ fn rl_version() -> String {
 fn rl_memory_stats() -> JsonbResult {
     match shared_memory::stats() {
         Some(stats) => JsonbResult(stats.to_json()),
-        None => raise(ratelimit_core::Error::memory_store_not_loaded(f::RL_MEMORY_STATS.name)),
+        None => raise(ratelimit_core::Error::memory_store_not_loaded().in_function(f::RL_MEMORY_STATS.name)),
     }
 }
 

@@ -68,10 +68,10 @@ fn format_real(r: f64) -> String {
 }
 
 /// Checks the argument count of a function with optional trailing arguments.
-pub fn arity(function: &'static str, got: usize, min: usize, max: usize) -> Result<()> {
+pub fn arity(got: usize, min: usize, max: usize) -> Result<()> {
     if got < min || got > max {
         let expected = if min == max { min.to_string() } else { format!("{min} to {max}") };
-        return Err(Error::invalid(function, format!("expected {expected} arguments, got {got}")));
+        return Err(Error::invalid(format!("expected {expected} arguments, got {got}")));
     }
     Ok(())
 }
@@ -109,25 +109,19 @@ fn parse_decimal_text(t: &str) -> Option<f64> {
 }
 
 /// A finite number greater than 0 (burst, refill_per_minute, quota, cost).
-pub fn positive_number(function: &'static str, name: &str, arg: &Arg) -> Result<f64> {
+pub fn positive_number(name: &str, arg: &Arg) -> Result<f64> {
     match as_number(arg) {
         Some(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(Error::invalid(
-            function,
-            format!("{name} must be a finite number greater than 0, got {}", arg.describe()),
-        )),
+        _ => Err(Error::invalid(format!("{name} must be a finite number greater than 0, got {}", arg.describe()))),
     }
 }
 
 /// A bucket's burst, refill_per_minute or cost: a finite number greater than 0 and at most
 /// [`MAX_TOKENS`], where token counts stop being exact.
-pub fn token_number(function: &'static str, name: &str, arg: &Arg) -> Result<f64> {
-    let value = positive_number(function, name, arg)?;
+pub fn token_number(name: &str, arg: &Arg) -> Result<f64> {
+    let value = positive_number(name, arg)?;
     if value > MAX_TOKENS {
-        return Err(Error::invalid(
-            function,
-            format!("{name} must be at most 1000000000000000, got {}", arg.describe()),
-        ));
+        return Err(Error::invalid(format!("{name} must be at most 1000000000000000, got {}", arg.describe())));
     }
     Ok(value)
 }
@@ -137,40 +131,40 @@ fn peek_cost(arg: &Arg) -> Option<f64> {
     as_number(arg).filter(|v| *v == 0.0)
 }
 
-fn zero_error(function: &'static str, name: &str, arg: &Arg) -> Error {
-    Error::invalid(function, format!("{name} must be a finite number of at least 0, got {}", arg.describe()))
+fn zero_error(name: &str, arg: &Arg) -> Error {
+    Error::invalid(format!("{name} must be a finite number of at least 0, got {}", arg.describe()))
 }
 
 /// What a call may be charged: a positive number, or 0 too where `zero` (the peeks).
-fn cost_number(function: &'static str, name: &str, arg: &Arg, zero: bool) -> Result<f64> {
+fn cost_number(name: &str, arg: &Arg, zero: bool) -> Result<f64> {
     match peek_cost(arg) {
         Some(z) if zero => Ok(z),
-        _ if zero => match positive_number(function, name, arg) {
-            Err(_) => Err(zero_error(function, name, arg)),
-            Ok(_) => token_number(function, name, arg),
+        _ if zero => match positive_number(name, arg) {
+            Err(_) => Err(zero_error(name, arg)),
+            Ok(_) => token_number(name, arg),
         },
-        _ => token_number(function, name, arg),
+        _ => token_number(name, arg),
     }
 }
 
 /// A budget cost in millionths, 0 too where `zero` (the peeks).
-fn cost_micros(function: &'static str, name: &str, arg: &Arg, zero: bool) -> Result<i64> {
+fn cost_micros(name: &str, arg: &Arg, zero: bool) -> Result<i64> {
     match peek_cost(arg) {
         Some(_) if zero => Ok(0),
-        _ if zero && positive_number(function, name, arg).is_err() => Err(zero_error(function, name, arg)),
-        _ => amount_micros(function, name, arg),
+        _ if zero && positive_number(name, arg).is_err() => Err(zero_error(name, arg)),
+        _ => amount_micros(name, arg),
     }
 }
 
 /// A budget amount (quota or cost) as an exact count of millionths.
-pub fn amount_micros(function: &'static str, name: &str, arg: &Arg) -> Result<i64> {
-    let value = positive_number(function, name, arg)?;
+pub fn amount_micros(name: &str, arg: &Arg) -> Result<i64> {
+    let value = positive_number(name, arg)?;
     if value > MAX_AMOUNT {
-        return Err(Error::invalid(function, format!("{name} must be at most 1000000000, got {}", arg.describe())));
+        return Err(Error::invalid(format!("{name} must be at most 1000000000, got {}", arg.describe())));
     }
     // Below a millionth would round up to one: refused as the text says, never rounded up.
     if value < 1.0 / MICROS_PER_UNIT as f64 {
-        return Err(Error::invalid(function, format!("{name} must be at least 0.000001, got {}", arg.describe())));
+        return Err(Error::invalid(format!("{name} must be at least 0.000001, got {}", arg.describe())));
     }
     let micros = match *arg {
         Arg::Integer(i) => i * MICROS_PER_UNIT,
@@ -178,7 +172,7 @@ pub fn amount_micros(function: &'static str, name: &str, arg: &Arg) -> Result<i6
         _ => round_micros(value),
     };
     if micros < 1 {
-        return Err(Error::invalid(function, format!("{name} must be at least 0.000001, got {}", arg.describe())));
+        return Err(Error::invalid(format!("{name} must be at least 0.000001, got {}", arg.describe())));
     }
     Ok(micros)
 }
@@ -202,47 +196,44 @@ fn decimal_text_micros(t: &str) -> Option<i64> {
 
 /// A key: non-empty text of at most [`MAX_KEY_BYTES`] bytes, not starting with the mark
 /// of the keys policies derive.
-pub fn key<'a>(function: &'static str, arg: &Arg<'a>) -> Result<&'a str> {
-    let key = name(function, "key", arg)?;
+pub fn key<'a>(arg: &Arg<'a>) -> Result<&'a str> {
+    let key = name("key", arg)?;
     if key.starts_with(POLICY_KEY_MARK) {
-        return Err(Error::invalid(function, "key must not start with U+0001, which marks the keys of policies"));
+        return Err(Error::invalid("key must not start with U+0001, which marks the keys of policies"));
     }
     Ok(key)
 }
 
 /// A name (a key, a policy, a subject): non-empty text of at most [`MAX_KEY_BYTES`] bytes.
-pub fn name<'a>(function: &'static str, what: &str, arg: &Arg<'a>) -> Result<&'a str> {
+pub fn name<'a>(what: &str, arg: &Arg<'a>) -> Result<&'a str> {
     match *arg {
-        Arg::Text("") => Err(Error::invalid(function, format!("{what} must not be empty"))),
-        Arg::Text(t) if t.len() > MAX_KEY_BYTES => Err(Error::invalid(
-            function,
-            format!("{what} must be at most {MAX_KEY_BYTES} bytes, got {} bytes", t.len()),
-        )),
+        Arg::Text("") => Err(Error::invalid(format!("{what} must not be empty"))),
+        Arg::Text(t) if t.len() > MAX_KEY_BYTES => {
+            Err(Error::invalid(format!("{what} must be at most {MAX_KEY_BYTES} bytes, got {} bytes", t.len())))
+        }
         Arg::Text(t) => Ok(t),
-        _ => Err(Error::invalid(function, format!("{what} must be text, got {}", arg.describe()))),
+        _ => Err(Error::invalid(format!("{what} must be text, got {}", arg.describe()))),
     }
 }
 
 /// A length of time in seconds (window_seconds, lease_seconds): a finite number greater
 /// than 0 and at most a year, as whole milliseconds (rounded, at least 1).
-pub fn duration_ms(function: &'static str, name: &str, arg: &Arg) -> Result<i64> {
-    let seconds = positive_number(function, name, arg)?;
+pub fn duration_ms(name: &str, arg: &Arg) -> Result<i64> {
+    let seconds = positive_number(name, arg)?;
     if seconds > MAX_DURATION_SECONDS {
-        return Err(Error::invalid(
-            function,
-            format!("{name} must be at most {MAX_DURATION_SECONDS} (one year), got {}", arg.describe()),
-        ));
+        return Err(Error::invalid(format!(
+            "{name} must be at most {MAX_DURATION_SECONDS} (one year), got {}",
+            arg.describe()
+        )));
     }
     Ok(((seconds * 1000.0).round() as i64).max(1))
 }
 
 /// An integer from 1 to `max`.
-fn whole_number(function: &'static str, name: &str, arg: &Arg, max: i64) -> Result<i64> {
+fn whole_number(name: &str, arg: &Arg, max: i64) -> Result<i64> {
     match as_integer(arg) {
         Some(n) if (1..=max).contains(&n) => Ok(n),
-        _ => {
-            Err(Error::invalid(function, format!("{name} must be an integer from 1 to {max}, got {}", arg.describe())))
-        }
+        _ => Err(Error::invalid(format!("{name} must be an integer from 1 to {max}, got {}", arg.describe()))),
     }
 }
 
@@ -269,54 +260,49 @@ pub fn wall_clock_ms() -> i64 {
 }
 
 /// An explicit now_ms: an integer from 0 to [`MAX_NOW_MS`]. None when absent or NULL.
-pub fn explicit_now_ms(function: &'static str, arg: &Arg) -> Result<Option<i64>> {
+pub fn explicit_now_ms(arg: &Arg) -> Result<Option<i64>> {
     if *arg == Arg::Null {
         return Ok(None);
     }
     match as_integer(arg) {
         Some(ms) if (0..=MAX_NOW_MS).contains(&ms) => Ok(Some(ms)),
-        _ => Err(Error::invalid(
-            function,
-            format!(
-                "now_ms must be an integer number of epoch milliseconds from 0 to {MAX_NOW_MS}, got {}",
-                arg.describe()
-            ),
-        )),
+        _ => Err(Error::invalid(format!(
+            "now_ms must be an integer number of epoch milliseconds from 0 to {MAX_NOW_MS}, got {}",
+            arg.describe()
+        ))),
     }
 }
 
 /// A row limit: a positive integer; NULL means no limit (i64::MAX).
-fn max_rows(function: &'static str, arg: &Arg) -> Result<i64> {
+fn max_rows(arg: &Arg) -> Result<i64> {
     if *arg == Arg::Null {
         return Ok(i64::MAX);
     }
     match as_integer(arg) {
         Some(n) if n >= 1 => Ok(n),
-        _ => Err(Error::invalid(function, format!("max_rows must be a positive integer, got {}", arg.describe()))),
+        _ => Err(Error::invalid(format!("max_rows must be a positive integer, got {}", arg.describe()))),
     }
 }
 
 /// The clock reading a call runs at: its explicit now_ms when given and allowed, else real time.
-pub fn now_ms(function: &'static str, arg: &Arg, clock: &Clock) -> Result<i64> {
-    match explicit_now_ms(function, arg)? {
+pub fn now_ms(arg: &Arg, clock: &Clock) -> Result<i64> {
+    match explicit_now_ms(arg)? {
         None => Ok(clock.wall_ms),
-        Some(_) if !clock.explicit_allowed => Err(Error {
-            kind: ErrorKind::ClockNotAllowed,
-            function,
-            message: "an explicit now_ms is not allowed unless pg_ratelimit.allow_explicit_clock is on".into(),
-            engine_code: None,
-        }),
+        Some(_) if !clock.explicit_allowed => Err(Error::new(
+            ErrorKind::ClockNotAllowed,
+            "an explicit now_ms is not allowed unless pg_ratelimit.allow_explicit_clock is on",
+        )),
         Some(ms) => Ok(ms),
     }
 }
 
 /// A budget period: 'day' or 'month'.
-pub fn period(function: &'static str, arg: &Arg) -> Result<Period> {
+pub fn period(arg: &Arg) -> Result<Period> {
     match *arg {
         Arg::Text(t) => Period::ALL.into_iter().find(|p| p.as_str() == t),
         _ => None,
     }
-    .ok_or_else(|| Error::invalid(function, format!("period must be 'day' or 'month', got {}", arg.describe())))
+    .ok_or_else(|| Error::invalid(format!("period must be 'day' or 'month', got {}", arg.describe())))
 }
 
 /// `(key, burst, refill_per_minute [, cost = 1 [, now_ms]])` of rl_take and rl_peek, and
@@ -332,27 +318,27 @@ pub struct TakeArgs<'a> {
 
 impl<'a> TakeArgs<'a> {
     /// `fourth` names the fourth argument in errors: `cost`, or `amount` for rl_refund.
-    pub fn parse(function: &'static str, fourth: &str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        Self::parse_cost(function, fourth, args, false, clock)
+    pub fn parse(fourth: &str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Self::parse_cost(fourth, args, false, clock)
     }
 
     /// rl_peek's arguments: a cost of 0 reads what is left.
-    pub fn parse_peek(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        Self::parse_cost(function, "cost", args, true, clock)
+    pub fn parse_peek(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        Self::parse_cost("cost", args, true, clock)
     }
 
-    fn parse_cost(function: &'static str, fourth: &str, args: &[Arg<'a>], zero: bool, clock: &Clock) -> Result<Self> {
+    fn parse_cost(fourth: &str, args: &[Arg<'a>], zero: bool, clock: &Clock) -> Result<Self> {
         Ok(TakeArgs {
-            key: key(function, &nth(args, 0))?,
+            key: key(&nth(args, 0))?,
             limits: BucketLimits {
-                burst: token_number(function, "burst", &nth(args, 1))?,
-                refill_per_minute: token_number(function, "refill_per_minute", &nth(args, 2))?,
+                burst: token_number("burst", &nth(args, 1))?,
+                refill_per_minute: token_number("refill_per_minute", &nth(args, 2))?,
             },
             cost: match args.get(3) {
                 None => 1.0,
-                Some(a) => cost_number(function, fourth, a, zero)?,
+                Some(a) => cost_number(fourth, a, zero)?,
             },
-            now_ms: now_ms(function, &nth(args, 4), clock)?,
+            now_ms: now_ms(&nth(args, 4), clock)?,
         })
     }
 }
@@ -371,16 +357,16 @@ pub struct SpendArgs<'a> {
 
 impl<'a> SpendArgs<'a> {
     /// `peek`: rl_budget, where a cost of 0 reads what is left.
-    pub fn parse(function: &'static str, args: &[Arg<'a>], peek: bool, clock: &Clock) -> Result<Self> {
+    pub fn parse(args: &[Arg<'a>], peek: bool, clock: &Clock) -> Result<Self> {
         Ok(SpendArgs {
-            key: key(function, &nth(args, 0))?,
-            period: period(function, &nth(args, 1))?,
-            quota: amount_micros(function, "quota", &nth(args, 2))?,
+            key: key(&nth(args, 0))?,
+            period: period(&nth(args, 1))?,
+            quota: amount_micros("quota", &nth(args, 2))?,
             cost: match args.get(3) {
                 None => MICROS_PER_UNIT,
-                Some(a) => cost_micros(function, "cost", a, peek)?,
+                Some(a) => cost_micros("cost", a, peek)?,
             },
-            now_ms: now_ms(function, &nth(args, 4), clock)?,
+            now_ms: now_ms(&nth(args, 4), clock)?,
         })
     }
 }
@@ -396,12 +382,12 @@ pub struct RefundBudgetArgs<'a> {
 }
 
 impl<'a> RefundBudgetArgs<'a> {
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
         Ok(RefundBudgetArgs {
-            key: key(function, &nth(args, 0))?,
-            period: period(function, &nth(args, 1))?,
-            amount: amount_micros(function, "amount", &nth(args, 2))?,
-            now_ms: now_ms(function, &nth(args, 3), clock)?,
+            key: key(&nth(args, 0))?,
+            period: period(&nth(args, 1))?,
+            amount: amount_micros("amount", &nth(args, 2))?,
+            now_ms: now_ms(&nth(args, 3), clock)?,
         })
     }
 }
@@ -418,18 +404,18 @@ pub struct WindowArgs<'a> {
 
 impl<'a> WindowArgs<'a> {
     /// `peek`: rl_window_peek, where a cost of 0 reads what is left.
-    pub fn parse(function: &'static str, args: &[Arg<'a>], peek: bool, clock: &Clock) -> Result<Self> {
+    pub fn parse(args: &[Arg<'a>], peek: bool, clock: &Clock) -> Result<Self> {
         Ok(WindowArgs {
-            key: key(function, &nth(args, 0))?,
+            key: key(&nth(args, 0))?,
             limits: WindowLimits {
-                limit: amount_micros(function, "limit", &nth(args, 1))?,
-                window_ms: duration_ms(function, "window_seconds", &nth(args, 2))?,
+                limit: amount_micros("limit", &nth(args, 1))?,
+                window_ms: duration_ms("window_seconds", &nth(args, 2))?,
             },
             cost: match args.get(3) {
                 None => MICROS_PER_UNIT,
-                Some(a) => cost_micros(function, "cost", a, peek)?,
+                Some(a) => cost_micros("cost", a, peek)?,
             },
-            now_ms: now_ms(function, &nth(args, 4), clock)?,
+            now_ms: now_ms(&nth(args, 4), clock)?,
         })
     }
 }
@@ -444,12 +430,12 @@ pub struct AcquireArgs<'a> {
 }
 
 impl<'a> AcquireArgs<'a> {
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
         Ok(AcquireArgs {
-            key: key(function, &nth(args, 0))?,
-            max_in_flight: whole_number(function, "max_in_flight", &nth(args, 1), MAX_IN_FLIGHT)?,
-            lease_ms: duration_ms(function, "lease_seconds", &nth(args, 2))?,
-            now_ms: now_ms(function, &nth(args, 3), clock)?,
+            key: key(&nth(args, 0))?,
+            max_in_flight: whole_number("max_in_flight", &nth(args, 1), MAX_IN_FLIGHT)?,
+            lease_ms: duration_ms("lease_seconds", &nth(args, 2))?,
+            now_ms: now_ms(&nth(args, 3), clock)?,
         })
     }
 }
@@ -465,14 +451,14 @@ pub struct LeaseArgs<'a> {
 }
 
 impl<'a> LeaseArgs<'a> {
-    pub fn parse(function: &'static str, args: &[Arg<'a>], renew: bool, clock: &Clock) -> Result<Self> {
-        let key = key(function, &nth(args, 0))?;
+    pub fn parse(args: &[Arg<'a>], renew: bool, clock: &Clock) -> Result<Self> {
+        let key = key(&nth(args, 0))?;
         let lease = match nth(args, 1) {
             Arg::Text(t) => t,
-            other => return Err(Error::invalid(function, format!("lease must be text, got {}", other.describe()))),
+            other => return Err(Error::invalid(format!("lease must be text, got {}", other.describe()))),
         };
-        let lease_ms = if renew { Some(duration_ms(function, "lease_seconds", &nth(args, 2))?) } else { None };
-        Ok(LeaseArgs { key, lease, lease_ms, now_ms: now_ms(function, &nth(args, if renew { 3 } else { 2 }), clock)? })
+        let lease_ms = if renew { Some(duration_ms("lease_seconds", &nth(args, 2))?) } else { None };
+        Ok(LeaseArgs { key, lease, lease_ms, now_ms: now_ms(&nth(args, if renew { 3 } else { 2 }), clock)? })
     }
 }
 
@@ -488,22 +474,22 @@ pub struct CheckArgs<'a> {
 }
 
 impl<'a> CheckArgs<'a> {
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        let policy = name(function, "policy", &nth(args, 0))?;
-        let subject = name(function, "subject", &nth(args, 1))?;
+    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+        let policy = name("policy", &nth(args, 0))?;
+        let subject = name("subject", &nth(args, 1))?;
         Ok(CheckArgs {
             policy,
             subject,
             cost: match args.get(2) {
                 None => 1.0,
                 // the budget rules: exact millionths, 0.000001 to 1,000,000,000
-                Some(a) => amount_micros(function, "cost", a)? as f64 / MICROS_PER_UNIT as f64,
+                Some(a) => amount_micros("cost", a)? as f64 / MICROS_PER_UNIT as f64,
             },
             tier: match nth(args, 3) {
                 Arg::Null => None,
-                tier => Some(name(function, "tier", &tier)?),
+                tier => Some(name("tier", &tier)?),
             },
-            now_ms: now_ms(function, &nth(args, 4), clock)?,
+            now_ms: now_ms(&nth(args, 4), clock)?,
         })
     }
 }
@@ -518,23 +504,23 @@ pub struct PenalizeArgs<'a> {
 }
 
 impl<'a> PenalizeArgs<'a> {
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
         let or_default = |i: usize, default: i64| match args.get(i) {
             None => Ok(default),
-            Some(a) => duration_ms(function, ["", "", "base_seconds", "max_seconds", "window_seconds"][i], a),
+            Some(a) => duration_ms(["", "", "base_seconds", "max_seconds", "window_seconds"][i], a),
         };
         Ok(PenalizeArgs {
-            subject: name(function, "subject", &nth(args, 0))?,
+            subject: name("subject", &nth(args, 0))?,
             escalation: Escalation {
                 free_strikes: match args.get(1) {
                     None => 3,
                     Some(a) => match as_integer(a) {
                         Some(n) if (0..=1_000_000).contains(&n) => n,
                         _ => {
-                            return Err(Error::invalid(
-                                function,
-                                format!("free_strikes must be an integer from 0 to 1000000, got {}", a.describe()),
-                            ))
+                            return Err(Error::invalid(format!(
+                                "free_strikes must be an integer from 0 to 1000000, got {}",
+                                a.describe()
+                            )))
                         }
                     },
                 },
@@ -542,7 +528,7 @@ impl<'a> PenalizeArgs<'a> {
                 max_ms: or_default(3, 3_600_000)?,
                 window_ms: or_default(4, 3_600_000)?,
             },
-            now_ms: now_ms(function, &nth(args, 5), clock)?,
+            now_ms: now_ms(&nth(args, 5), clock)?,
         })
     }
 }
@@ -556,21 +542,21 @@ pub struct BlockArgs<'a> {
 }
 
 impl<'a> BlockArgs<'a> {
-    pub fn parse(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
+    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
         Ok(BlockArgs {
-            subject: name(function, "subject", &nth(args, 0))?,
+            subject: name("subject", &nth(args, 0))?,
             length_ms: match nth(args, 1) {
                 Arg::Null => None,
-                a => Some(duration_ms(function, "seconds", &a)?),
+                a => Some(duration_ms("seconds", &a)?),
             },
-            now_ms: now_ms(function, &nth(args, 2), clock)?,
+            now_ms: now_ms(&nth(args, 2), clock)?,
         })
     }
 }
 
 /// `(key [, now_ms])` of rl_in_flight.
-pub fn key_at<'a>(function: &'static str, args: &[Arg<'a>], clock: &Clock) -> Result<(&'a str, i64)> {
-    Ok((key(function, &nth(args, 0))?, now_ms(function, &nth(args, 1), clock)?))
+pub fn key_at<'a>(args: &[Arg<'a>], clock: &Clock) -> Result<(&'a str, i64)> {
+    Ok((key(&nth(args, 0))?, now_ms(&nth(args, 1), clock)?))
 }
 
 /// `([now_ms [, max_rows]])` of rl_sweep.
@@ -585,9 +571,9 @@ pub struct SweepArgs {
 }
 
 impl SweepArgs {
-    pub fn parse(function: &'static str, args: &[Arg], clock: &Clock) -> Result<Self> {
-        let requested = explicit_now_ms(function, &nth(args, 0))?.unwrap_or(clock.wall_ms);
-        Ok(SweepArgs { cutoff_ms: requested.min(clock.wall_ms), max_rows: max_rows(function, &nth(args, 1))? })
+    pub fn parse(args: &[Arg], clock: &Clock) -> Result<Self> {
+        let requested = explicit_now_ms(&nth(args, 0))?.unwrap_or(clock.wall_ms);
+        Ok(SweepArgs { cutoff_ms: requested.min(clock.wall_ms), max_rows: max_rows(&nth(args, 1))? })
     }
 }
 
@@ -599,61 +585,54 @@ pub struct TakeAllArgs<'a> {
 }
 
 /// The JSON argument of rl_take_all as a value, which [`TakeAllArgs`] borrows its keys from.
-pub fn limits_json(function: &'static str, arg: &Arg) -> Result<Value> {
+pub fn limits_json(arg: &Arg) -> Result<Value> {
     match *arg {
-        Arg::Text(t) => json_value(function, "limits", t),
-        _ => Err(Error::invalid(function, format!("limits must be a JSON array, got {}", arg.describe()))),
+        Arg::Text(t) => json_value("limits", t),
+        _ => Err(Error::invalid(format!("limits must be a JSON array, got {}", arg.describe()))),
     }
 }
 
 /// A JSON argument parsed, after its size is checked (so no call parses more than
 /// [`MAX_JSON_BYTES`]). A number too large for a double reads as infinite, which the
 /// field's own rule then refuses by name.
-pub fn json_value(function: &'static str, name: &str, text: &str) -> Result<Value> {
-    json_size(function, name, text.len())?;
-    serde_json::from_str(text).map_err(|e| Error::invalid(function, format!("{name} must be valid JSON: {e}")))
+pub fn json_value(name: &str, text: &str) -> Result<Value> {
+    json_size(name, text.len())?;
+    serde_json::from_str(text).map_err(|e| Error::invalid(format!("{name} must be valid JSON: {e}")))
 }
 
 /// Refuses a JSON argument of more than [`MAX_JSON_BYTES`] (an engine that can tell the
 /// size before converting the value checks it first).
-pub fn json_size(function: &'static str, name: &str, bytes: usize) -> Result<()> {
+pub fn json_size(name: &str, bytes: usize) -> Result<()> {
     if bytes > MAX_JSON_BYTES {
-        return Err(json_too_large(function, name, bytes));
+        return Err(json_too_large(name, bytes));
     }
     Ok(())
 }
 
 /// The error of a JSON argument of more than [`MAX_JSON_BYTES`] (`bytes`: as far as it was read).
-pub fn json_too_large(function: &'static str, name: &str, bytes: usize) -> Error {
-    Error::invalid(function, format!("{name} must be at most {MAX_JSON_BYTES} bytes of JSON, got {bytes} bytes"))
+pub fn json_too_large(name: &str, bytes: usize) -> Error {
+    Error::invalid(format!("{name} must be at most {MAX_JSON_BYTES} bytes of JSON, got {bytes} bytes"))
 }
 
 impl<'a> TakeAllArgs<'a> {
-    pub fn parse(function: &'static str, json: &'a Value, now_arg: &Arg, clock: &Clock) -> Result<Self> {
-        let now_ms = now_ms(function, now_arg, clock)?;
-        let list =
-            json.as_array().ok_or_else(|| Error::invalid(function, "limits must be a JSON array of limit objects"))?;
+    pub fn parse(json: &'a Value, now_arg: &Arg, clock: &Clock) -> Result<Self> {
+        let now_ms = now_ms(now_arg, clock)?;
+        let list = json.as_array().ok_or_else(|| Error::invalid("limits must be a JSON array of limit objects"))?;
         if list.is_empty() || list.len() > MAX_ITEMS {
-            return Err(Error::invalid(
-                function,
-                format!("limits must hold 1 to {MAX_ITEMS} items, got {}", list.len()),
-            ));
+            return Err(Error::invalid(format!("limits must hold 1 to {MAX_ITEMS} items, got {}", list.len())));
         }
         let mut limits = list
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                limit(function, i, v).map_err(|e| Error::invalid(function, format!("item {}: {}", i + 1, e.message)))
-            })
+            .map(|(i, v)| limit(i, v).map_err(|e| Error::invalid(format!("item {}: {}", i + 1, e.message))))
             .collect::<Result<Vec<_>>>()?;
         limits.sort_by(|x, y| x.row().cmp(&y.row()));
         if let Some(w) = limits.windows(2).find(|w| w[0].row() == w[1].row()) {
             let (a, b) = (w[0].position(), w[1].position());
             let (first, second) = (a.min(b) + 1, a.max(b) + 1);
-            return Err(Error::invalid(
-                function,
-                format!("items {first} and {second} are the same limit (one key may appear once per kind and period)"),
-            ));
+            return Err(Error::invalid(format!(
+                "items {first} and {second} are the same limit (one key may appear once per kind and period)"
+            )));
         }
         Ok(TakeAllArgs { limits, now_ms })
     }
@@ -676,8 +655,8 @@ pub fn number_f64(n: &serde_json::Number) -> f64 {
     n.as_f64().unwrap_or_else(|| n.to_string().parse::<f64>().unwrap_or(f64::NAN))
 }
 
-fn limit<'a>(function: &'static str, position: usize, v: &'a Value) -> Result<Limit<'a>> {
-    let o: &Map<String, Value> = v.as_object().ok_or_else(|| Error::invalid(function, "must be a JSON object"))?;
+fn limit<'a>(position: usize, v: &'a Value) -> Result<Limit<'a>> {
+    let o: &Map<String, Value> = v.as_object().ok_or_else(|| Error::invalid("must be a JSON object"))?;
     let is_budget = o.contains_key("period");
     let is_window = !is_budget && o.contains_key("window_seconds");
     let allowed: &[&str] = if is_budget {
@@ -689,43 +668,42 @@ fn limit<'a>(function: &'static str, position: usize, v: &'a Value) -> Result<Li
     };
     if let Some(extra) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(Error::invalid(
-            function,
             format!(
                 "unknown field \"{extra}\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost; a window key, limit, window_seconds, cost)"
             ),
         ));
     }
     let field = |name: &str| o.get(name).map_or(Arg::Null, json_arg);
-    let key = key(function, &field("key"))?;
+    let key = key(&field("key"))?;
     let cost = o.get("cost").map(json_arg);
     if is_window {
         return Ok(Limit::Window(WindowItem {
             position,
             key,
             limits: WindowLimits {
-                limit: amount_micros(function, "limit", &field("limit"))?,
-                window_ms: duration_ms(function, "window_seconds", &field("window_seconds"))?,
+                limit: amount_micros("limit", &field("limit"))?,
+                window_ms: duration_ms("window_seconds", &field("window_seconds"))?,
             },
-            cost: cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros(function, "cost", &c))?,
+            cost: cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros("cost", &c))?,
         }));
     }
     if is_budget {
         Ok(Limit::Budget(BudgetItem {
             position,
             key,
-            period: period(function, &field("period"))?,
-            quota: amount_micros(function, "quota", &field("quota"))?,
-            cost: cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros(function, "cost", &c))?,
+            period: period(&field("period"))?,
+            quota: amount_micros("quota", &field("quota"))?,
+            cost: cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros("cost", &c))?,
         }))
     } else {
         Ok(Limit::Bucket(BucketItem {
             position,
             key,
             limits: BucketLimits {
-                burst: token_number(function, "burst", &field("burst"))?,
-                refill_per_minute: token_number(function, "refill_per_minute", &field("refill_per_minute"))?,
+                burst: token_number("burst", &field("burst"))?,
+                refill_per_minute: token_number("refill_per_minute", &field("refill_per_minute"))?,
             },
-            cost: cost.map_or(Ok(1.0), |c| token_number(function, "cost", &c))?,
+            cost: cost.map_or(Ok(1.0), |c| token_number("cost", &c))?,
         }))
     }
 }

@@ -24,10 +24,13 @@ pub enum ErrorKind {
     MemoryStoreNotLoaded,
 }
 
-/// An error whose text starts with the SQL function's name, in lower case.
+/// An error whose text starts with the SQL function's name, in lower case. Rules build it
+/// without the name; [`crate::calls::call`] stamps the called function's name on it once
+/// ([`Error::in_function`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
     pub kind: ErrorKind,
+    /// The SQL function the error is reported by ("" until the call stamps it).
     pub function: &'static str,
     pub message: String,
     /// The engine's own error code for a Storage error (e.g. SQLITE_BUSY), kept so the
@@ -36,40 +39,45 @@ pub struct Error {
 }
 
 impl Error {
-    pub fn invalid(function: &'static str, message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::InvalidArgument, function, message: message.into(), engine_code: None }
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error { kind, function: "", message: message.into(), engine_code: None }
     }
 
-    pub fn out_of_range(function: &'static str, message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::OutOfRange, function, message: message.into(), engine_code: None }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidArgument, message)
     }
 
-    pub fn storage(function: &'static str, message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::Storage, function, message: message.into(), engine_code: None }
+    pub fn out_of_range(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::OutOfRange, message)
     }
 
-    pub fn not_in_statement(function: &'static str, message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::NotInStatement, function, message: message.into(), engine_code: None }
+    pub fn storage(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Storage, message)
     }
 
-    pub fn memory_store_not_loaded(function: &'static str) -> Self {
-        Error {
-            kind: ErrorKind::MemoryStoreNotLoaded,
-            function,
-            message: "the memory store is not loaded: add pg_ratelimit to shared_preload_libraries and restart \
-                      the server, or set pg_ratelimit.buckets to 'table'"
-                .into(),
-            engine_code: None,
+    pub fn not_in_statement(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::NotInStatement, message)
+    }
+
+    pub fn memory_store_not_loaded() -> Self {
+        Error::new(
+            ErrorKind::MemoryStoreNotLoaded,
+            "the memory store is not loaded: add pg_ratelimit to shared_preload_libraries and restart the server, \
+             or set pg_ratelimit.buckets to 'table'",
+        )
+    }
+
+    pub fn read_only() -> Self {
+        Error::new(ErrorKind::ReadOnly, "cannot change rate-limit state in a read-only database or transaction")
+    }
+
+    /// The error as `function` reports it (an error already stamped keeps its name).
+    #[must_use]
+    pub fn in_function(mut self, function: &'static str) -> Self {
+        if self.function.is_empty() {
+            self.function = function;
         }
-    }
-
-    pub fn read_only(function: &'static str) -> Self {
-        Error {
-            kind: ErrorKind::ReadOnly,
-            function,
-            message: "cannot change rate-limit state in a read-only database or transaction".into(),
-            engine_code: None,
-        }
+        self
     }
 }
 

@@ -70,15 +70,15 @@ pub enum Entry {
     State(StateCall),
     /// Depends on its arguments only. PostgreSQL: IMMUTABLE, PARALLEL SAFE. SQLite:
     /// DETERMINISTIC, INNOCUOUS.
-    Pure(fn(&Function, &[Arg]) -> Result<Answer>),
+    Pure(fn(&[Arg]) -> Result<Answer>),
     /// Called by the extension's own statements only, and failing anywhere else.
     /// PostgreSQL: in schema `ratelimit`, VOLATILE, no EXECUTE for PUBLIC. SQLite:
     /// DIRECTONLY, not deterministic (evaluated for each row, in order).
-    Internal(fn(&Function, &[Arg]) -> Result<Answer>),
+    Internal(fn(&[Arg]) -> Result<Answer>),
     /// About this process's (PostgreSQL preloaded: the server's) counters, not the
     /// database. PostgreSQL: VOLATILE, PARALLEL SAFE. SQLite: not deterministic;
     /// INNOCUOUS when it only reads (views may call it), DIRECTONLY when it changes them.
-    Process(fn(&Function, &[Arg]) -> Result<Answer>),
+    Process(fn(&[Arg]) -> Result<Answer>),
     /// About the PostgreSQL server itself (its shared memory), answered by its glue.
     /// PostgreSQL: VOLATILE, PARALLEL SAFE, EXECUTE for PUBLIC. SQLite has no server and
     /// does not register it.
@@ -108,7 +108,7 @@ impl Function {
             return Ok(()); // the function counts its parts itself
         }
         let required = self.params.iter().filter(|p| p.default.is_none()).count();
-        crate::args::arity(self.name, got, required, self.params.len())
+        crate::args::arity(got, required, self.params.len())
     }
 
     /// The identity signature PostgreSQL uses in `COMMENT ON` and `REVOKE`:
@@ -309,22 +309,22 @@ mod table {
         &[required("level", Float8), required("refilled_at", Int8), required("full_at", Int8)], Bool, NOT_AN_OBJECT,
         "internal: hands a bucket row to the decision of the rl_* call in progress; true when it writes");
     pub const RL_BUCKET_NEW_LEVEL: Function = function("rl_bucket_new_level",
-        Entry::Internal(|f, _| calls::decided_bucket(f).map(|r| Answer::Real(r.level))), &[], Float8, NOT_AN_OBJECT,
+        Entry::Internal(|_| calls::decided_bucket().map(|r| Answer::Real(r.level))), &[], Float8, NOT_AN_OBJECT,
         "internal: the level the call in progress writes");
     pub const RL_BUCKET_NEW_REFILLED_AT: Function = function("rl_bucket_new_refilled_at",
-        Entry::Internal(|f, _| calls::decided_bucket(f).map(|r| Answer::Int(r.refilled_at))), &[], Int8, NOT_AN_OBJECT,
+        Entry::Internal(|_| calls::decided_bucket().map(|r| Answer::Int(r.refilled_at))), &[], Int8, NOT_AN_OBJECT,
         "internal: the refilled_at the call in progress writes");
     pub const RL_BUCKET_NEW_FULL_AT: Function = function("rl_bucket_new_full_at",
-        Entry::Internal(|f, _| calls::decided_bucket(f).map(|r| Answer::Int(r.full_at))), &[], Int8, NOT_AN_OBJECT,
+        Entry::Internal(|_| calls::decided_bucket().map(|r| Answer::Int(r.full_at))), &[], Int8, NOT_AN_OBJECT,
         "internal: the full_at the call in progress writes");
     pub const RL_BUDGET_GUARD: Function = function("rl_budget_guard", Entry::Internal(calls::budget_guard),
         &[required("used", Int8), required("resets_at", Int8)], Bool, NOT_AN_OBJECT,
         "internal: hands a budget row to the decision of the rl_* call in progress; true when it writes");
     pub const RL_BUDGET_NEW_USED: Function = function("rl_budget_new_used",
-        Entry::Internal(|f, _| calls::decided_budget(f).map(|r| Answer::Int(r.used))), &[], Int8, NOT_AN_OBJECT,
+        Entry::Internal(|_| calls::decided_budget().map(|r| Answer::Int(r.used))), &[], Int8, NOT_AN_OBJECT,
         "internal: the used the call in progress writes");
     pub const RL_BUDGET_NEW_RESETS_AT: Function = function("rl_budget_new_resets_at",
-        Entry::Internal(|f, _| calls::decided_budget(f).map(|r| Answer::Int(r.resets_at))), &[], Int8, NOT_AN_OBJECT,
+        Entry::Internal(|_| calls::decided_budget().map(|r| Answer::Int(r.resets_at))), &[], Int8, NOT_AN_OBJECT,
         "internal: the resets_at the call in progress writes");
 }
 

@@ -83,18 +83,15 @@ fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
 
 /// Refuses a count no header can show exactly (the headers print whole numbers): beyond
 /// 2^53 - 1, or beyond a double altogether.
-fn exact(function: &'static str, o: &Map<String, Value>) -> Result<()> {
+fn exact(o: &Map<String, Value>) -> Result<()> {
     for field in ["limit", "remaining", "in_flight"] {
         if let Some(Value::Number(n)) = o.get(field) {
             let value = crate::args::number_f64(n);
             if value.is_nan() || value.abs() > MAX_WAIT_MS as f64 {
-                return Err(Error::out_of_range(
-                    function,
-                    format!(
-                        "result: {field} must be at most {MAX_WAIT_MS} in magnitude, got {}",
-                        crate::args::Arg::Real(value).describe()
-                    ),
-                ));
+                return Err(Error::out_of_range(format!(
+                    "result: {field} must be at most {MAX_WAIT_MS} in magnitude, got {}",
+                    crate::args::Arg::Real(value).describe()
+                )));
             }
         }
     }
@@ -122,19 +119,18 @@ fn shown(v: f64) -> String {
 }
 
 /// `rl_headers(result)`: a JSON object of header names to values, as text.
-pub fn headers(function: &'static str, result: &str) -> Result<String> {
+pub fn headers(result: &str) -> Result<String> {
     let bad = || {
         Error::invalid(
-            function,
             "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all",
         )
     };
-    crate::args::json_size(function, "result", result.len())?;
+    crate::args::json_size("result", result.len())?;
     let value: Value = serde_json::from_str(result).map_err(|_| bad())?;
     let o = value.as_object().ok_or_else(bad)?;
     let items = o.get("items").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
     for object in std::iter::once(o).chain(items.iter().filter_map(Value::as_object)) {
-        exact(function, object)?;
+        exact(object)?;
     }
     let (limits, retry) = match o.get("items").and_then(Value::as_array) {
         Some(items) => {

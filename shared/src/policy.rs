@@ -70,40 +70,31 @@ pub struct Policy {
     pub shadow: bool,
 }
 
-fn invalid(function: &'static str, message: String) -> Error {
-    Error::invalid(function, message)
+fn invalid(message: String) -> Error {
+    Error::invalid(message)
 }
 
 impl Policy {
     /// Parses and validates a whole definition; the error names the field.
-    pub fn parse(function: &'static str, text: &str) -> Result<Policy> {
-        let value = args::json_value(function, "definition", text)?;
+    pub fn parse(text: &str) -> Result<Policy> {
+        let value = args::json_value("definition", text)?;
         let o = value.as_object().ok_or_else(|| {
-            invalid(function, "definition must be a JSON object with limits, and optionally tiers and shadow".into())
+            invalid("definition must be a JSON object with limits, and optionally tiers and shadow".into())
         })?;
         if let Some(extra) = o.keys().find(|k| !["limits", "tiers", "shadow"].contains(&k.as_str())) {
-            return Err(invalid(
-                function,
-                format!("definition: unknown field \"{extra}\" (a policy has limits, tiers, shadow)"),
-            ));
+            return Err(invalid(format!("definition: unknown field \"{extra}\" (a policy has limits, tiers, shadow)")));
         }
         let list = o
             .get("limits")
             .and_then(Value::as_array)
-            .ok_or_else(|| invalid(function, "definition.limits must be a JSON array of limit objects".into()))?;
+            .ok_or_else(|| invalid("definition.limits must be a JSON array of limit objects".into()))?;
         if list.is_empty() || list.len() > MAX_LIMITS {
-            return Err(invalid(
-                function,
-                format!("definition.limits must hold 1 to {MAX_LIMITS} items, got {}", list.len()),
-            ));
+            return Err(invalid(format!("definition.limits must hold 1 to {MAX_LIMITS} items, got {}", list.len())));
         }
         let limits = list
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                limit(function, v)
-                    .map_err(|e| invalid(function, format!("definition.limits item {}: {}", i + 1, e.message)))
-            })
+            .map(|(i, v)| limit(v).map_err(|e| invalid(format!("definition.limits item {}: {}", i + 1, e.message))))
             .collect::<Result<Vec<_>>>()?;
         let tiers = match o.get("tiers") {
             None | Some(Value::Null) => BTreeMap::new(),
@@ -112,22 +103,18 @@ impl Policy {
                 .map(|(name, m)| {
                     let at = format!("definition.tiers.{name}");
                     if name.is_empty() {
-                        return Err(invalid(function, "definition.tiers: a tier name must not be empty".into()));
+                        return Err(invalid("definition.tiers: a tier name must not be empty".into()));
                     }
-                    args::positive_number(function, &at, &json_arg(m)).map(|m| (name.clone(), m))
+                    args::positive_number(&at, &json_arg(m)).map(|m| (name.clone(), m))
                 })
                 .collect::<Result<BTreeMap<_, _>>>()?,
             Some(_) => {
-                return Err(invalid(
-                    function,
-                    "definition.tiers must be a JSON object of tier names to multipliers".into(),
-                ))
+                return Err(invalid("definition.tiers must be a JSON object of tier names to multipliers".into()))
             }
         };
         for (name, m) in &tiers {
             if let Some(i) = limits.iter().position(|l| !l.scales_by(*m)) {
                 return Err(invalid(
-                    function,
                     format!(
                         "definition.tiers.{name}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay above 0 and at most 1000000000000000, a quota or window limit from 0.000001 to 1000000000)",
                         crate::render::number_text(*m),
@@ -139,9 +126,7 @@ impl Policy {
         let shadow = match o.get("shadow") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                return Err(invalid(function, format!("definition.shadow must be true or false, got {other}")))
-            }
+            Some(other) => return Err(invalid(format!("definition.shadow must be true or false, got {other}"))),
         };
         Ok(Policy { limits, tiers, shadow })
     }
@@ -175,12 +160,12 @@ impl Policy {
     }
 
     /// The multiplier of `tier` (None: 1).
-    pub fn multiplier(&self, function: &'static str, tier: Option<&str>) -> Result<f64> {
+    pub fn multiplier(&self, tier: Option<&str>) -> Result<f64> {
         match tier {
             None => Ok(1.0),
             Some(t) => self.tiers.get(t).copied().ok_or_else(|| {
                 let known: Vec<&str> = self.tiers.keys().map(String::as_str).collect();
-                invalid(function, format!("tier '{t}' is not one of this policy's tiers ({})", known.join(", ")))
+                invalid(format!("tier '{t}' is not one of this policy's tiers ({})", known.join(", ")))
             }),
         }
     }
@@ -232,8 +217,8 @@ impl Policy {
     }
 }
 
-fn limit(function: &'static str, v: &Value) -> Result<PolicyLimit> {
-    let o: &Map<String, Value> = v.as_object().ok_or_else(|| invalid(function, "must be a JSON object".into()))?;
+fn limit(v: &Value) -> Result<PolicyLimit> {
+    let o: &Map<String, Value> = v.as_object().ok_or_else(|| invalid("must be a JSON object".into()))?;
     let field = |name: &str| o.get(name).map_or(Arg::Null, json_arg);
     let (allowed, kind): (&[&str], u8) = if o.contains_key("period") {
         (&["period", "quota"], 1)
@@ -244,7 +229,6 @@ fn limit(function: &'static str, v: &Value) -> Result<PolicyLimit> {
     };
     if let Some(extra) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(invalid(
-            function,
             format!(
                 "unknown field \"{extra}\" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds)"
             ),
@@ -252,16 +236,16 @@ fn limit(function: &'static str, v: &Value) -> Result<PolicyLimit> {
     }
     Ok(match kind {
         1 => PolicyLimit::Budget {
-            period: args::period(function, &field("period"))?,
-            quota: args::amount_micros(function, "quota", &field("quota"))?,
+            period: args::period(&field("period"))?,
+            quota: args::amount_micros("quota", &field("quota"))?,
         },
         2 => PolicyLimit::Window {
-            limit: args::amount_micros(function, "limit", &field("limit"))?,
-            window_ms: args::duration_ms(function, "window_seconds", &field("window_seconds"))?,
+            limit: args::amount_micros("limit", &field("limit"))?,
+            window_ms: args::duration_ms("window_seconds", &field("window_seconds"))?,
         },
         _ => PolicyLimit::Bucket {
-            burst: args::token_number(function, "burst", &field("burst"))?,
-            refill_per_minute: args::token_number(function, "refill_per_minute", &field("refill_per_minute"))?,
+            burst: args::token_number("burst", &field("burst"))?,
+            refill_per_minute: args::token_number("refill_per_minute", &field("refill_per_minute"))?,
         },
     })
 }
@@ -305,10 +289,10 @@ pub fn cached(name: &str) -> Option<CachedPolicy> {
 
 /// The parsed policy of `stored`, read at `epoch`: from the cache when its revision is
 /// known, else parsed and kept.
-pub fn parsed(function: &'static str, name: &str, stored: &StoredPolicy, epoch: Option<u64>) -> Result<Rc<Policy>> {
+pub fn parsed(name: &str, stored: &StoredPolicy, epoch: Option<u64>) -> Result<Rc<Policy>> {
     let policy = match cached(name) {
         Some(c) if c.revision == stored.revision => c.policy,
-        _ => Rc::new(Policy::parse(function, &stored.definition)?),
+        _ => Rc::new(Policy::parse(&stored.definition)?),
     };
     POLICIES.with(|c| {
         let mut c = c.borrow_mut();

@@ -27,6 +27,16 @@ pub struct StoreError {
 
 pub type StoreResult<T> = std::result::Result<T, StoreError>;
 
+/// A failed statement, reported as a Storage error (with the engine's code) by the call it
+/// happened in.
+impl From<StoreError> for crate::error::Error {
+    fn from(e: StoreError) -> Self {
+        let mut error = crate::error::Error::storage(e.message);
+        error.engine_code = e.engine_code;
+        error
+    }
+}
+
 /// What a guarded write did: the row it last decided on (None: there was no row), and
 /// whether it wrote.
 #[derive(Debug, Clone, Copy, PartialEq)]

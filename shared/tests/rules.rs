@@ -322,11 +322,11 @@ mod calls {
 }
 
 fn encode_key(parts: &[Arg]) -> ratelimit_core::Result<String> {
-    ratelimit_core::key::encode_key("rl_key", parts)
+    ratelimit_core::key::encode_key(parts).map_err(|e| e.in_function("rl_key"))
 }
 
 fn headers_of(result: &str) -> ratelimit_core::Result<String> {
-    ratelimit_core::headers::headers("rl_headers", result)
+    ratelimit_core::headers::headers(result).map_err(|e| e.in_function("rl_headers"))
 }
 
 const TEST_CLOCK: Clock = Clock { wall_ms: 4_000_000_000_000, explicit_allowed: true };
@@ -838,7 +838,6 @@ fn keys_are_json_arrays_of_strings() {
 #[test]
 fn spend_args_round_decimals_to_millionths() {
     let a = SpendArgs::parse(
-        "rl_spend",
         &[Arg::Text("k"), Arg::Text("day"), Arg::Text("12.345678"), Arg::Real(0.000001)],
         false,
         &TEST_CLOCK,
