@@ -4,18 +4,13 @@
 //! and its error text exist once. The argument count is checked before, against the
 //! function's descriptor ([`crate::functions`]).
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::bucket::BucketLimits;
 use crate::error::{Error, ErrorKind, Result};
-use crate::lease::MAX_IN_FLIGHT;
-use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem, MAX_ITEMS};
-use crate::penalty::Escalation;
-use crate::policy::POLICY_KEY_MARK;
 use crate::units::{
     Period, MAX_AMOUNT, MAX_DURATION_SECONDS, MAX_JSON_BYTES, MAX_KEY_BYTES, MAX_NOW_MS, MAX_TOKENS, MICROS_PER_UNIT,
+    POLICY_KEY_MARK,
 };
-use crate::window::WindowLimits;
 
 /// One SQL argument value, borrowed from the engine.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,7 +82,7 @@ fn as_number(arg: &Arg) -> Option<f64> {
 }
 
 /// An integer given as one, or as a real or text without a fraction.
-fn as_integer(arg: &Arg) -> Option<i64> {
+pub(crate) fn as_integer(arg: &Arg) -> Option<i64> {
     match *arg {
         Arg::Integer(i) => Some(i),
         _ => as_number(arg).filter(|v| v.fract() == 0.0 && v.abs() < 9.0e15).map(|v| v as i64),
@@ -136,7 +131,7 @@ fn zero_error(name: &str, arg: &Arg) -> Error {
 }
 
 /// What a call may be charged: a positive number, or 0 too where `zero` (the peeks).
-fn cost_number(name: &str, arg: &Arg, zero: bool) -> Result<f64> {
+pub(crate) fn cost_number(name: &str, arg: &Arg, zero: bool) -> Result<f64> {
     match peek_cost(arg) {
         Some(z) if zero => Ok(z),
         _ if zero => match positive_number(name, arg) {
@@ -148,7 +143,7 @@ fn cost_number(name: &str, arg: &Arg, zero: bool) -> Result<f64> {
 }
 
 /// A budget cost in millionths, 0 too where `zero` (the peeks).
-fn cost_micros(name: &str, arg: &Arg, zero: bool) -> Result<i64> {
+pub(crate) fn cost_micros(name: &str, arg: &Arg, zero: bool) -> Result<i64> {
     match peek_cost(arg) {
         Some(_) if zero => Ok(0),
         _ if zero && positive_number(name, arg).is_err() => Err(zero_error(name, arg)),
@@ -230,7 +225,7 @@ pub fn duration_ms(name: &str, arg: &Arg) -> Result<i64> {
 }
 
 /// An integer from 1 to `max`.
-fn whole_number(name: &str, arg: &Arg, max: i64) -> Result<i64> {
+pub(crate) fn whole_number(name: &str, arg: &Arg, max: i64) -> Result<i64> {
     match as_integer(arg) {
         Some(n) if (1..=max).contains(&n) => Ok(n),
         _ => Err(Error::invalid(format!("{name} must be an integer from 1 to {max}, got {}", arg.describe()))),
@@ -274,7 +269,7 @@ pub fn explicit_now_ms(arg: &Arg) -> Result<Option<i64>> {
 }
 
 /// A row limit: a positive integer; NULL means no limit (i64::MAX).
-fn max_rows(arg: &Arg) -> Result<i64> {
+pub(crate) fn max_rows(arg: &Arg) -> Result<i64> {
     if *arg == Arg::Null {
         return Ok(i64::MAX);
     }
@@ -305,293 +300,6 @@ pub fn period(arg: &Arg) -> Result<Period> {
     .ok_or_else(|| Error::invalid(format!("period must be 'day' or 'month', got {}", arg.describe())))
 }
 
-/// `(key, burst, refill_per_minute [, cost = 1 [, now_ms]])` of rl_take and rl_peek, and
-/// `(key, burst, refill_per_minute, amount [, now_ms])` of rl_refund.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TakeArgs<'a> {
-    pub key: &'a str,
-    pub limits: BucketLimits,
-    /// The tokens to take (rl_take, rl_peek) or give back (rl_refund).
-    pub cost: f64,
-    pub now_ms: i64,
-}
-
-impl<'a> TakeArgs<'a> {
-    /// `fourth` names the fourth argument in errors: `cost`, or `amount` for rl_refund.
-    pub fn parse(fourth: &str, args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        Self::parse_cost(fourth, args, false, clock)
-    }
-
-    /// rl_peek's arguments: a cost of 0 reads what is left.
-    pub fn parse_peek(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        Self::parse_cost("cost", args, true, clock)
-    }
-
-    fn parse_cost(fourth: &str, args: &[Arg<'a>], zero: bool, clock: &Clock) -> Result<Self> {
-        Ok(TakeArgs {
-            key: key(&nth(args, 0))?,
-            limits: BucketLimits {
-                burst: token_number("burst", &nth(args, 1))?,
-                refill_per_minute: token_number("refill_per_minute", &nth(args, 2))?,
-            },
-            cost: match args.get(3) {
-                None => 1.0,
-                Some(a) => cost_number(fourth, a, zero)?,
-            },
-            now_ms: now_ms(&nth(args, 4), clock)?,
-        })
-    }
-}
-
-/// `(key, period, quota [, cost = 1 [, now_ms]])` of rl_spend and rl_budget.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SpendArgs<'a> {
-    pub key: &'a str,
-    pub period: Period,
-    /// Millionths.
-    pub quota: i64,
-    /// Millionths.
-    pub cost: i64,
-    pub now_ms: i64,
-}
-
-impl<'a> SpendArgs<'a> {
-    /// `peek`: rl_budget, where a cost of 0 reads what is left.
-    pub fn parse(args: &[Arg<'a>], peek: bool, clock: &Clock) -> Result<Self> {
-        Ok(SpendArgs {
-            key: key(&nth(args, 0))?,
-            period: period(&nth(args, 1))?,
-            quota: amount_micros("quota", &nth(args, 2))?,
-            cost: match args.get(3) {
-                None => MICROS_PER_UNIT,
-                Some(a) => cost_micros("cost", a, peek)?,
-            },
-            now_ms: now_ms(&nth(args, 4), clock)?,
-        })
-    }
-}
-
-/// `(key, period, amount [, now_ms])` of rl_refund_budget.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RefundBudgetArgs<'a> {
-    pub key: &'a str,
-    pub period: Period,
-    /// Millionths.
-    pub amount: i64,
-    pub now_ms: i64,
-}
-
-impl<'a> RefundBudgetArgs<'a> {
-    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        Ok(RefundBudgetArgs {
-            key: key(&nth(args, 0))?,
-            period: period(&nth(args, 1))?,
-            amount: amount_micros("amount", &nth(args, 2))?,
-            now_ms: now_ms(&nth(args, 3), clock)?,
-        })
-    }
-}
-
-/// `(key, limit, window_seconds [, cost = 1 [, now_ms]])` of rl_window and rl_window_peek.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WindowArgs<'a> {
-    pub key: &'a str,
-    pub limits: WindowLimits,
-    /// Millionths.
-    pub cost: i64,
-    pub now_ms: i64,
-}
-
-impl<'a> WindowArgs<'a> {
-    /// `peek`: rl_window_peek, where a cost of 0 reads what is left.
-    pub fn parse(args: &[Arg<'a>], peek: bool, clock: &Clock) -> Result<Self> {
-        Ok(WindowArgs {
-            key: key(&nth(args, 0))?,
-            limits: WindowLimits {
-                limit: amount_micros("limit", &nth(args, 1))?,
-                window_ms: duration_ms("window_seconds", &nth(args, 2))?,
-            },
-            cost: match args.get(3) {
-                None => MICROS_PER_UNIT,
-                Some(a) => cost_micros("cost", a, peek)?,
-            },
-            now_ms: now_ms(&nth(args, 4), clock)?,
-        })
-    }
-}
-
-/// `(key, max_in_flight, lease_seconds [, now_ms])` of rl_acquire.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AcquireArgs<'a> {
-    pub key: &'a str,
-    pub max_in_flight: i64,
-    pub lease_ms: i64,
-    pub now_ms: i64,
-}
-
-impl<'a> AcquireArgs<'a> {
-    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        Ok(AcquireArgs {
-            key: key(&nth(args, 0))?,
-            max_in_flight: whole_number("max_in_flight", &nth(args, 1), MAX_IN_FLIGHT)?,
-            lease_ms: duration_ms("lease_seconds", &nth(args, 2))?,
-            now_ms: now_ms(&nth(args, 3), clock)?,
-        })
-    }
-}
-
-/// `(key, lease [, now_ms])` of rl_release, and `(key, lease, lease_seconds [, now_ms])`
-/// of rl_renew (lease_ms None for rl_release).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LeaseArgs<'a> {
-    pub key: &'a str,
-    pub lease: &'a str,
-    pub lease_ms: Option<i64>,
-    pub now_ms: i64,
-}
-
-impl<'a> LeaseArgs<'a> {
-    pub fn parse(args: &[Arg<'a>], renew: bool, clock: &Clock) -> Result<Self> {
-        let key = key(&nth(args, 0))?;
-        let lease = match nth(args, 1) {
-            Arg::Text(t) => t,
-            other => return Err(Error::invalid(format!("lease must be text, got {}", other.describe()))),
-        };
-        let lease_ms = if renew { Some(duration_ms("lease_seconds", &nth(args, 2))?) } else { None };
-        Ok(LeaseArgs { key, lease, lease_ms, now_ms: now_ms(&nth(args, if renew { 3 } else { 2 }), clock)? })
-    }
-}
-
-/// `(policy, subject [, cost = 1 [, tier [, now_ms]]])` of rl_check.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CheckArgs<'a> {
-    pub policy: &'a str,
-    pub subject: &'a str,
-    /// For buckets; the same in millionths for budgets and windows.
-    pub cost: f64,
-    pub tier: Option<&'a str>,
-    pub now_ms: i64,
-}
-
-impl<'a> CheckArgs<'a> {
-    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        let policy = name("policy", &nth(args, 0))?;
-        let subject = name("subject", &nth(args, 1))?;
-        Ok(CheckArgs {
-            policy,
-            subject,
-            cost: match args.get(2) {
-                None => 1.0,
-                // the budget rules: exact millionths, 0.000001 to 1,000,000,000
-                Some(a) => amount_micros("cost", a)? as f64 / MICROS_PER_UNIT as f64,
-            },
-            tier: match nth(args, 3) {
-                Arg::Null => None,
-                tier => Some(name("tier", &tier)?),
-            },
-            now_ms: now_ms(&nth(args, 4), clock)?,
-        })
-    }
-}
-
-/// `(subject [, free_strikes = 3 [, base_seconds = 60 [, max_seconds = 3600 [,
-/// window_seconds = 3600 [, now_ms]]]]])` of rl_penalize.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PenalizeArgs<'a> {
-    pub subject: &'a str,
-    pub escalation: Escalation,
-    pub now_ms: i64,
-}
-
-impl<'a> PenalizeArgs<'a> {
-    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        let or_default = |i: usize, default: i64| match args.get(i) {
-            None => Ok(default),
-            Some(a) => duration_ms(["", "", "base_seconds", "max_seconds", "window_seconds"][i], a),
-        };
-        Ok(PenalizeArgs {
-            subject: name("subject", &nth(args, 0))?,
-            escalation: Escalation {
-                free_strikes: match args.get(1) {
-                    None => 3,
-                    Some(a) => match as_integer(a) {
-                        Some(n) if (0..=1_000_000).contains(&n) => n,
-                        _ => {
-                            return Err(Error::invalid(format!(
-                                "free_strikes must be an integer from 0 to 1000000, got {}",
-                                a.describe()
-                            )))
-                        }
-                    },
-                },
-                base_ms: or_default(2, 60_000)?,
-                max_ms: or_default(3, 3_600_000)?,
-                window_ms: or_default(4, 3_600_000)?,
-            },
-            now_ms: now_ms(&nth(args, 5), clock)?,
-        })
-    }
-}
-
-/// `(subject, seconds [, now_ms])` of rl_block: NULL seconds blocks until rl_unblock.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BlockArgs<'a> {
-    pub subject: &'a str,
-    pub length_ms: Option<i64>,
-    pub now_ms: i64,
-}
-
-impl<'a> BlockArgs<'a> {
-    pub fn parse(args: &[Arg<'a>], clock: &Clock) -> Result<Self> {
-        Ok(BlockArgs {
-            subject: name("subject", &nth(args, 0))?,
-            length_ms: match nth(args, 1) {
-                Arg::Null => None,
-                a => Some(duration_ms("seconds", &a)?),
-            },
-            now_ms: now_ms(&nth(args, 2), clock)?,
-        })
-    }
-}
-
-/// `(key [, now_ms])` of rl_in_flight.
-pub fn key_at<'a>(args: &[Arg<'a>], clock: &Clock) -> Result<(&'a str, i64)> {
-    Ok((key(&nth(args, 0))?, now_ms(&nth(args, 1), clock)?))
-}
-
-/// `([now_ms [, max_rows]])` of rl_sweep.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SweepArgs {
-    /// Rows finished by this time go. Never later than the real clock, so no caller's clock
-    /// can make a bucket that is still refilling, or a current budget, look finished. That
-    /// makes an explicit now_ms harmless here, so it needs no permission.
-    pub cutoff_ms: i64,
-    /// Bounds one call's work (and, in one transaction, the locks it holds).
-    pub max_rows: i64,
-}
-
-impl SweepArgs {
-    pub fn parse(args: &[Arg], clock: &Clock) -> Result<Self> {
-        let requested = explicit_now_ms(&nth(args, 0))?.unwrap_or(clock.wall_ms);
-        Ok(SweepArgs { cutoff_ms: requested.min(clock.wall_ms), max_rows: max_rows(&nth(args, 1))? })
-    }
-}
-
-/// `(limits [, now_ms])` of rl_take_all: the limits in the order their rows are read.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TakeAllArgs<'a> {
-    pub limits: Vec<Limit<'a>>,
-    pub now_ms: i64,
-}
-
-/// The JSON argument of rl_take_all as a value, which [`TakeAllArgs`] borrows its keys from.
-pub fn limits_json(arg: &Arg) -> Result<Value> {
-    match *arg {
-        Arg::Text(t) => json_value("limits", t),
-        _ => Err(Error::invalid(format!("limits must be a JSON array, got {}", arg.describe()))),
-    }
-}
-
 /// A JSON argument parsed, after its size is checked (so no call parses more than
 /// [`MAX_JSON_BYTES`]). A number too large for a double reads as infinite, which the
 /// field's own rule then refuses by name.
@@ -614,30 +322,6 @@ pub fn json_too_large(name: &str, bytes: usize) -> Error {
     Error::invalid(format!("{name} must be at most {MAX_JSON_BYTES} bytes of JSON, got {bytes} bytes"))
 }
 
-impl<'a> TakeAllArgs<'a> {
-    pub fn parse(json: &'a Value, now_arg: &Arg, clock: &Clock) -> Result<Self> {
-        let now_ms = now_ms(now_arg, clock)?;
-        let list = json.as_array().ok_or_else(|| Error::invalid("limits must be a JSON array of limit objects"))?;
-        if list.is_empty() || list.len() > MAX_ITEMS {
-            return Err(Error::invalid(format!("limits must hold 1 to {MAX_ITEMS} items, got {}", list.len())));
-        }
-        let mut limits = list
-            .iter()
-            .enumerate()
-            .map(|(i, v)| limit(i, v).map_err(|e| Error::invalid(format!("item {}: {}", i + 1, e.message))))
-            .collect::<Result<Vec<_>>>()?;
-        limits.sort_by(|x, y| x.row().cmp(&y.row()));
-        if let Some(w) = limits.windows(2).find(|w| w[0].row() == w[1].row()) {
-            let (a, b) = (w[0].position(), w[1].position());
-            let (first, second) = (a.min(b) + 1, a.max(b) + 1);
-            return Err(Error::invalid(format!(
-                "items {first} and {second} are the same limit (one key may appear once per kind and period)"
-            )));
-        }
-        Ok(TakeAllArgs { limits, now_ms })
-    }
-}
-
 /// A JSON value as the argument it stands for.
 pub fn json_arg(v: &Value) -> Arg<'_> {
     match v {
@@ -653,59 +337,6 @@ pub fn json_arg(v: &Value) -> Arg<'_> {
 /// infinite, so the rule of its field names it.
 pub fn number_f64(n: &serde_json::Number) -> f64 {
     n.as_f64().unwrap_or_else(|| n.to_string().parse::<f64>().unwrap_or(f64::NAN))
-}
-
-fn limit<'a>(position: usize, v: &'a Value) -> Result<Limit<'a>> {
-    let o: &Map<String, Value> = v.as_object().ok_or_else(|| Error::invalid("must be a JSON object"))?;
-    let is_budget = o.contains_key("period");
-    let is_window = !is_budget && o.contains_key("window_seconds");
-    let allowed: &[&str] = if is_budget {
-        &["key", "period", "quota", "cost"]
-    } else if is_window {
-        &["key", "limit", "window_seconds", "cost"]
-    } else {
-        &["key", "burst", "refill_per_minute", "cost"]
-    };
-    if let Some(extra) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(Error::invalid(
-            format!(
-                "unknown field \"{extra}\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost; a window key, limit, window_seconds, cost)"
-            ),
-        ));
-    }
-    let field = |name: &str| o.get(name).map_or(Arg::Null, json_arg);
-    let key = key(&field("key"))?;
-    let cost = o.get("cost").map(json_arg);
-    if is_window {
-        return Ok(Limit::Window(WindowItem {
-            position,
-            key,
-            limits: WindowLimits {
-                limit: amount_micros("limit", &field("limit"))?,
-                window_ms: duration_ms("window_seconds", &field("window_seconds"))?,
-            },
-            cost: cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros("cost", &c))?,
-        }));
-    }
-    if is_budget {
-        Ok(Limit::Budget(BudgetItem {
-            position,
-            key,
-            period: period(&field("period"))?,
-            quota: amount_micros("quota", &field("quota"))?,
-            cost: cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros("cost", &c))?,
-        }))
-    } else {
-        Ok(Limit::Bucket(BucketItem {
-            position,
-            key,
-            limits: BucketLimits {
-                burst: token_number("burst", &field("burst"))?,
-                refill_per_minute: token_number("refill_per_minute", &field("refill_per_minute"))?,
-            },
-            cost: cost.map_or(Ok(1.0), |c| token_number("cost", &c))?,
-        }))
-    }
 }
 
 /// An argument of an internal function: a number the extension's own statement passes.

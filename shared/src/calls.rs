@@ -1,12 +1,13 @@
 //! What each SQL function does, reached from its descriptor ([`crate::functions`]):
 //! parse the arguments into typed values, run the protocol, render the answer.
 
-use crate::args::{
-    self, AcquireArgs, Arg, BlockArgs, CheckArgs, Clock, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs,
-    SweepArgs, TakeAllArgs, TakeArgs, WindowArgs,
-};
+use crate::args::{self, Arg, Clock};
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
+use crate::call_args::{
+    self, AcquireArgs, BlockArgs, CallArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs, SweepArgs,
+    TakeAllArgs, TakeArgs, WindowArgs,
+};
 use crate::decision_slot::{self, NotInStatement};
 use crate::error::{Error, Result};
 use crate::functions::{Entry, Function};
@@ -76,7 +77,7 @@ impl StateCall {
 /// Runs `f` with the engine's arguments. The one entry point of every engine.
 pub fn call<S: LockingStore>(f: &Function, store: &mut S, args: &[Arg], clock: &Clock) -> Result<Answer> {
     let answer = f.check_arity(args.len()).and_then(|()| match f.entry {
-        Entry::State(which) => state(which, store, args, clock),
+        Entry::State(which) => state(which, &CallArgs::new(f, args), store, clock),
         Entry::Pure(run) | Entry::Internal(run) | Entry::Process(run) => run(args),
         Entry::Server => Err(Error::storage("is answered by the PostgreSQL server")),
     });
@@ -93,49 +94,49 @@ pub fn call_without_store(f: &Function, args: &[Arg]) -> Result<Answer> {
     answer.map_err(|e| e.in_function(f.name))
 }
 
-fn state<S: LockingStore>(which: StateCall, store: &mut S, args: &[Arg], clock: &Clock) -> Result<Answer> {
+fn state<S: LockingStore>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clock) -> Result<Answer> {
     let json = |r: &dyn ToJson| Answer::Json(r.to_json());
     Ok(match which {
-        StateCall::Take => json(&protocol::take(store, &TakeArgs::parse("cost", args, clock)?)?),
-        StateCall::Peek => json(&protocol::peek(store, &TakeArgs::parse_peek(args, clock)?)?),
-        StateCall::Refund => json(&protocol::refund(store, &TakeArgs::parse("amount", args, clock)?)?),
-        StateCall::Spend => json(&protocol::spend(store, &SpendArgs::parse(args, false, clock)?)?),
-        StateCall::Budget => json(&protocol::peek_budget(store, &SpendArgs::parse(args, true, clock)?)?),
-        StateCall::RefundBudget => json(&protocol::refund_budget(store, &RefundBudgetArgs::parse(args, clock)?)?),
-        StateCall::Sweep => Answer::Int(protocol::sweep(store, &SweepArgs::parse(args, clock)?)?),
-        StateCall::Reset => Answer::Int(protocol::reset(store, args::key(&args::nth(args, 0))?)?),
+        StateCall::Take => json(&protocol::take(store, &TakeArgs::parse(call, clock)?)?),
+        StateCall::Peek => json(&protocol::peek(store, &TakeArgs::parse(call, clock)?)?),
+        StateCall::Refund => json(&protocol::refund(store, &TakeArgs::parse(call, clock)?)?),
+        StateCall::Spend => json(&protocol::spend(store, &SpendArgs::parse(call, clock)?)?),
+        StateCall::Budget => json(&protocol::peek_budget(store, &SpendArgs::parse(call, clock)?)?),
+        StateCall::RefundBudget => json(&protocol::refund_budget(store, &RefundBudgetArgs::parse(call, clock)?)?),
+        StateCall::Sweep => Answer::Int(protocol::sweep(store, &SweepArgs::parse(call, clock)?)?),
+        StateCall::Reset => Answer::Int(protocol::reset(store, args::key(&call.get("key").arg)?)?),
         StateCall::TakeAll => {
-            let limits = args::limits_json(&args::nth(args, 0))?;
-            let parsed = TakeAllArgs::parse(&limits, &args::nth(args, 1), clock)?;
-            json(&protocol::take_all(store, &parsed)?)
+            let limits = call_args::limits_json(call)?;
+            json(&protocol::take_all(store, &TakeAllArgs::parse(&limits, call, clock)?)?)
         }
-        StateCall::Window => json(&protocol::window(store, &WindowArgs::parse(args, false, clock)?)?),
-        StateCall::WindowPeek => json(&protocol::window_peek(store, &WindowArgs::parse(args, true, clock)?)?),
-        StateCall::Acquire => json(&protocol::acquire(store, &AcquireArgs::parse(args, clock)?)?),
-        StateCall::Release => Answer::Bool(protocol::release(store, &LeaseArgs::parse(args, false, clock)?)?),
-        StateCall::Renew => json(&protocol::renew(store, &LeaseArgs::parse(args, true, clock)?)?),
+        StateCall::Window => json(&protocol::window(store, &WindowArgs::parse(call, clock)?)?),
+        StateCall::WindowPeek => json(&protocol::window_peek(store, &WindowArgs::parse(call, clock)?)?),
+        StateCall::Acquire => json(&protocol::acquire(store, &AcquireArgs::parse(call, clock)?)?),
+        StateCall::Release => Answer::Bool(protocol::release(store, &LeaseArgs::parse(call, clock)?)?),
+        StateCall::Renew => json(&protocol::renew(store, &LeaseArgs::parse(call, clock)?)?),
         StateCall::InFlight => {
-            let (key, now_ms) = args::key_at(args, clock)?;
+            let (key, now_ms) = call_args::first_name_at(call, clock)?;
             Answer::Int(protocol::in_flight(store, key, now_ms)?)
         }
-        StateCall::Charge => json(&protocol::charge(store, &TakeArgs::parse("amount", args, clock)?)?),
-        StateCall::ChargeBudget => json(&protocol::charge_budget(store, &RefundBudgetArgs::parse(args, clock)?)?),
+        StateCall::Charge => json(&protocol::charge(store, &TakeArgs::parse(call, clock)?)?),
+        StateCall::ChargeBudget => json(&protocol::charge_budget(store, &RefundBudgetArgs::parse(call, clock)?)?),
         StateCall::PolicySet => {
-            let policy = args::name("name", &args::nth(args, 0))?;
-            let definition = match args::nth(args, 1) {
+            let policy = args::name("name", &call.get("name").arg)?;
+            let definition = match call.get("definition").arg {
                 Arg::Text(t) => t,
                 other => return Err(Error::invalid(format!("definition must be JSON, got {}", other.describe()))),
             };
             Answer::Json(protocol::policy_set(store, policy, definition)?.to_json())
         }
-        StateCall::PolicyDrop => Answer::Bool(protocol::policy_drop(store, args::name("name", &args::nth(args, 0))?)?),
-        StateCall::Check => Answer::Json(protocol::check(store, &CheckArgs::parse(args, clock)?)?),
-        StateCall::RefundCheck => Answer::Json(protocol::refund_check(store, &CheckArgs::parse(args, clock)?)?),
-        StateCall::Penalize => json(&protocol::penalize(store, &PenalizeArgs::parse(args, clock)?)?),
-        StateCall::Block => json(&protocol::block(store, &BlockArgs::parse(args, clock)?)?),
+        StateCall::PolicyDrop => {
+            Answer::Bool(protocol::policy_drop(store, args::name("name", &call.get("name").arg)?)?)
+        }
+        StateCall::Check => Answer::Json(protocol::check(store, &CheckArgs::parse(call, clock)?)?),
+        StateCall::RefundCheck => Answer::Json(protocol::refund_check(store, &CheckArgs::parse(call, clock)?)?),
+        StateCall::Penalize => json(&protocol::penalize(store, &PenalizeArgs::parse(call, clock)?)?),
+        StateCall::Block => json(&protocol::block(store, &BlockArgs::parse(call, clock)?)?),
         StateCall::Unblock => {
-            let (subject, now_ms) =
-                (args::name("subject", &args::nth(args, 0))?, args::now_ms(&args::nth(args, 1), clock)?);
+            let (subject, now_ms) = call_args::first_name_at(call, clock)?;
             Answer::Bool(protocol::unblock(store, subject, now_ms)?)
         }
     })

@@ -41,6 +41,8 @@ pub struct Param {
     pub default: Option<&'static str>,
     /// `VARIADIC name type[]`: any number of arguments, at least one.
     pub variadic: bool,
+    /// A cost that may be 0 (the peeks, where 0 reads what is left).
+    pub zero_allowed: bool,
 }
 
 impl Param {
@@ -55,11 +57,11 @@ impl Param {
 }
 
 const fn required(name: &'static str, sql_type: SqlType) -> Param {
-    Param { name, sql_type, default: None, variadic: false }
+    Param { name, sql_type, default: None, variadic: false, zero_allowed: false }
 }
 
 const fn optional(name: &'static str, sql_type: SqlType, default: &'static str) -> Param {
-    Param { name, sql_type, default: Some(default), variadic: false }
+    Param { name, sql_type, default: Some(default), variadic: false, zero_allowed: false }
 }
 
 /// How a function is run, which decides how each engine declares it.
@@ -160,15 +162,20 @@ const PERIOD: Param = required("period", SqlType::Text);
 const QUOTA: Param = required("quota", SqlType::Float8);
 const AMOUNT: Param = required("amount", SqlType::Float8);
 const COST: Param = optional("cost", SqlType::Float8, "1");
+const PEEK_COST: Param = Param { zero_allowed: true, ..COST };
 const NOW_MS: Param = optional("now_ms", SqlType::Float8, "NULL");
 const TAKE_ARGS: &[Param] = &[KEY, BURST, REFILL, COST, NOW_MS];
-const WINDOW_ARGS: &[Param] =
-    &[KEY, required("limit", SqlType::Float8), required("window_seconds", SqlType::Float8), COST, NOW_MS];
+const PEEK_ARGS: &[Param] = &[KEY, BURST, REFILL, PEEK_COST, NOW_MS];
+const WINDOW_LIMIT: Param = required("limit", SqlType::Float8);
+const WINDOW_SECONDS: Param = required("window_seconds", SqlType::Float8);
+const WINDOW_ARGS: &[Param] = &[KEY, WINDOW_LIMIT, WINDOW_SECONDS, COST, NOW_MS];
+const WINDOW_PEEK_ARGS: &[Param] = &[KEY, WINDOW_LIMIT, WINDOW_SECONDS, PEEK_COST, NOW_MS];
 const LEASE: Param = required("lease", SqlType::Text);
 const SUBJECT: Param = required("subject", SqlType::Text);
 const BLOCK_KEYS: &[&str] = &["strikes", "blocked", "blocked_until", "retry_after_seconds"];
 const LEASE_SECONDS: Param = required("lease_seconds", SqlType::Float8);
 const SPEND_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, COST, NOW_MS];
+const BUDGET_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, PEEK_COST, NOW_MS];
 
 const TAKE_KEYS: &[&str] = &[
     "admitted",
@@ -219,15 +226,15 @@ mod table {
         "token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb") };
     pub const RL_SPEND: Function = Function { result_keys: SPEND_KEYS, ..state("rl_spend", StateCall::Spend, SPEND_ARGS,
         "calendar budget (UTC day or month): spend cost (all or nothing) against quota; returns jsonb") };
-    pub const RL_BUDGET: Function = Function { result_keys: SPEND_KEYS, ..state("rl_budget", StateCall::Budget, SPEND_ARGS,
+    pub const RL_BUDGET: Function = Function { result_keys: SPEND_KEYS, ..state("rl_budget", StateCall::Budget, BUDGET_ARGS,
         "what rl_spend with the same arguments would return, spending nothing") };
     pub const RL_SWEEP: Function = Function { returns: Int8, ..state("rl_sweep", StateCall::Sweep,
         &[NOW_MS, optional("max_rows", Int8, "NULL")],
         "delete buckets that are full again and budgets whose period ended, at most max_rows per call; returns the number of rows removed") };
     pub const RL_KEY: Function = function("rl_key", Entry::Pure(calls::rl_key),
-        &[Param { name: "parts", sql_type: Text, default: None, variadic: true }], Text, NOT_AN_OBJECT,
+        &[Param { variadic: true, ..required("parts", Text) }], Text, NOT_AN_OBJECT,
         "composite key: the parts JSON-encoded as an array of strings, so different part lists never collide");
-    pub const RL_PEEK: Function = Function { result_keys: TAKE_KEYS, ..state("rl_peek", StateCall::Peek, TAKE_ARGS,
+    pub const RL_PEEK: Function = Function { result_keys: TAKE_KEYS, ..state("rl_peek", StateCall::Peek, PEEK_ARGS,
         "what rl_take with the same arguments would return, taking nothing") };
     pub const RL_REFUND: Function = Function { result_keys: &["remaining", "limit", "reset_after_seconds"],
         ..state("rl_refund", StateCall::Refund, &[KEY, BURST, REFILL, AMOUNT, NOW_MS],
@@ -242,7 +249,7 @@ mod table {
         "take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb") };
     pub const RL_WINDOW: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window", StateCall::Window, WINDOW_ARGS,
         "exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb") };
-    pub const RL_WINDOW_PEEK: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window_peek", StateCall::WindowPeek, WINDOW_ARGS,
+    pub const RL_WINDOW_PEEK: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window_peek", StateCall::WindowPeek, WINDOW_PEEK_ARGS,
         "what rl_window with the same arguments would return, recording nothing") };
     pub const RL_ACQUIRE: Function = Function {
         result_keys: &["admitted", "lease", "in_flight", "limit", "expires_at", "retry_after_ms", "retry_after_seconds"],

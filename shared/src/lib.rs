@@ -5,8 +5,10 @@
 //! - [`units`]: units, ranges and calendar periods.
 //! - [`bucket`], [`budget`], [`window`], [`lease`], [`multi`]: the arithmetic of each
 //!   kind of limit, pure.
-//! - [`args`]: engine values parsed into typed arguments, with every validation rule and
-//!   its error text; [`render`]: answers as JSON; [`headers`], [`key`]: pure functions.
+//! - [`args`]: engine values parsed into typed values, with every validation rule and its
+//!   error text; [`call_args`]: each function's arguments read through its descriptor;
+//!   [`limits`]: the one parser of limit objects (rl_take_all's items, policies' limits);
+//!   [`render`]: answers as JSON; [`headers`], [`key`]: pure functions.
 //! - [`store`]: the seam an engine implements; [`protocol`]: the flows that make each call
 //!   atomic over it; [`decision_slot`]: how one SQL statement reaches a call's decision.
 //! - [`memory`]: the memory store's table of buckets (PostgreSQL shared memory), pure;
@@ -19,6 +21,7 @@
 pub mod args;
 pub mod bucket;
 pub mod budget;
+pub mod call_args;
 pub mod calls;
 pub mod decision_slot;
 pub mod error;
@@ -26,6 +29,7 @@ pub mod functions;
 pub mod headers;
 pub mod key;
 pub mod lease;
+pub mod limits;
 pub mod memory;
 pub mod memory_store;
 pub mod multi;

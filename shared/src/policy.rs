@@ -6,46 +6,25 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::args::{self, json_arg, Arg};
+use crate::args::{self, json_arg};
 use crate::bucket::BucketLimits;
 use crate::error::{Error, Result};
+use crate::limits::{self, LimitShape};
 use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem};
 use crate::penalty::Strikes;
 use crate::render::Json;
 use crate::store::StoredPolicy;
-use crate::units::{Period, MAX_AMOUNT, MAX_TOKENS, MICROS_PER_UNIT};
+use crate::units::{MAX_AMOUNT, MAX_TOKENS, MICROS_PER_UNIT};
 use crate::window::WindowLimits;
 
 /// Most limits one policy holds.
 pub const MAX_LIMITS: usize = 16;
 
-/// The first character of every key a policy derives. Raw keys may not start with it,
-/// so no rl_take key can name a policy's state.
-pub const POLICY_KEY_MARK: char = '\u{1}';
+use crate::units::POLICY_KEY_MARK;
 
-/// One limit of a policy, without a key (the subject gives it one) and without a cost
-/// (each check gives it one).
-#[derive(Debug, Clone, PartialEq)]
-pub enum PolicyLimit {
-    Bucket {
-        burst: f64,
-        refill_per_minute: f64,
-    },
-    /// Millionths.
-    Budget {
-        period: Period,
-        quota: i64,
-    },
-    /// Millionths.
-    Window {
-        limit: i64,
-        window_ms: i64,
-    },
-}
-
-impl PolicyLimit {
+impl LimitShape {
     /// Whether the limit times `m` is still a valid limit.
     fn scales_by(&self, m: f64) -> bool {
         let amount = |micros: i64| {
@@ -54,16 +33,16 @@ impl PolicyLimit {
         };
         let rate = |v: f64| v * m > 0.0 && v * m <= MAX_TOKENS;
         match *self {
-            PolicyLimit::Bucket { burst, refill_per_minute } => rate(burst) && rate(refill_per_minute),
-            PolicyLimit::Budget { quota, .. } => amount(quota),
-            PolicyLimit::Window { limit, .. } => amount(limit),
+            LimitShape::Bucket { burst, refill_per_minute } => rate(burst) && rate(refill_per_minute),
+            LimitShape::Budget { quota, .. } => amount(quota),
+            LimitShape::Window { limit, .. } => amount(limit),
         }
     }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
-    pub limits: Vec<PolicyLimit>,
+    pub limits: Vec<LimitShape>,
     /// Tier name to multiplier (finite, > 0).
     pub tiers: BTreeMap<String, f64>,
     /// Never refuses; reports what enforcement would do.
@@ -137,15 +116,15 @@ impl Policy {
             .limits
             .iter()
             .map(|l| match *l {
-                PolicyLimit::Bucket { burst, refill_per_minute } => Json::Object(vec![
+                LimitShape::Bucket { burst, refill_per_minute } => Json::Object(vec![
                     ("burst", Json::Number(burst)),
                     ("refill_per_minute", Json::Number(refill_per_minute)),
                 ]),
-                PolicyLimit::Budget { period, quota } => Json::Object(vec![
+                LimitShape::Budget { period, quota } => Json::Object(vec![
                     ("period", Json::Str(period.as_str().to_owned())),
                     ("quota", Json::micros(quota)),
                 ]),
-                PolicyLimit::Window { limit, window_ms } => Json::Object(vec![
+                LimitShape::Window { limit, window_ms } => Json::Object(vec![
                     ("limit", Json::micros(limit)),
                     ("window_seconds", Json::Number(window_ms as f64 / 1000.0)),
                 ]),
@@ -194,7 +173,7 @@ impl Policy {
             .zip(keys)
             .enumerate()
             .map(|(position, (l, key))| match *l {
-                PolicyLimit::Bucket { burst, refill_per_minute } => Limit::Bucket(BucketItem {
+                LimitShape::Bucket { burst, refill_per_minute } => Limit::Bucket(BucketItem {
                     position,
                     key,
                     limits: BucketLimits {
@@ -203,10 +182,10 @@ impl Policy {
                     },
                     cost,
                 }),
-                PolicyLimit::Budget { period, quota } => {
+                LimitShape::Budget { period, quota } => {
                     Limit::Budget(BudgetItem { position, key, period, quota: micros(quota), cost: cost_micros })
                 }
-                PolicyLimit::Window { limit, window_ms } => Limit::Window(WindowItem {
+                LimitShape::Window { limit, window_ms } => Limit::Window(WindowItem {
                     position,
                     key,
                     limits: WindowLimits { limit: micros(limit), window_ms },
@@ -217,37 +196,9 @@ impl Policy {
     }
 }
 
-fn limit(v: &Value) -> Result<PolicyLimit> {
-    let o: &Map<String, Value> = v.as_object().ok_or_else(|| invalid("must be a JSON object".into()))?;
-    let field = |name: &str| o.get(name).map_or(Arg::Null, json_arg);
-    let (allowed, kind): (&[&str], u8) = if o.contains_key("period") {
-        (&["period", "quota"], 1)
-    } else if o.contains_key("window_seconds") {
-        (&["limit", "window_seconds"], 2)
-    } else {
-        (&["burst", "refill_per_minute"], 0)
-    };
-    if let Some(extra) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(invalid(
-            format!(
-                "unknown field \"{extra}\" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds)"
-            ),
-        ));
-    }
-    Ok(match kind {
-        1 => PolicyLimit::Budget {
-            period: args::period(&field("period"))?,
-            quota: args::amount_micros("quota", &field("quota"))?,
-        },
-        2 => PolicyLimit::Window {
-            limit: args::amount_micros("limit", &field("limit"))?,
-            window_ms: args::duration_ms("window_seconds", &field("window_seconds"))?,
-        },
-        _ => PolicyLimit::Bucket {
-            burst: args::token_number("burst", &field("burst"))?,
-            refill_per_minute: args::token_number("refill_per_minute", &field("refill_per_minute"))?,
-        },
-    })
+/// One limit of a definition, by the parser rl_take_all's items share.
+fn limit(v: &Value) -> Result<LimitShape> {
+    limits::shape(limits::object(v, &limits::POLICY)?)
 }
 
 /// A revision for a newly stored definition: random, so that a policy dropped and set

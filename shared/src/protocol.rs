@@ -3,18 +3,19 @@
 
 use std::rc::Rc;
 
-use crate::args::{
+use crate::bucket::{self, BucketState, RefundDecision, TakeDecision};
+use crate::budget::{self, BudgetCharge, BudgetRefund, BudgetState, SpendDecision};
+use crate::call_args::{
     AcquireArgs, BlockArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs,
     TakeArgs, WindowArgs,
 };
-use crate::bucket::{self, BucketState, RefundDecision, TakeDecision};
-use crate::budget::{self, BudgetCharge, BudgetRefund, BudgetState, SpendDecision};
 use crate::decision_slot::Decide;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
+use crate::limits::LimitShape;
 use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
 use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
-use crate::policy::{self, Policy, PolicyLimit};
+use crate::policy::{self, Policy};
 use crate::render::{self, Json, ToJson};
 use crate::stats::{self, Outcome};
 use crate::store::{Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreResult};
@@ -571,7 +572,7 @@ pub fn refund_check<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Jso
 fn check_one_bucket<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Option<Json>> {
     let Some(cached) = policy::cached(a.policy) else { return Ok(None) };
     let policy = cached.policy;
-    let ([PolicyLimit::Bucket { .. }], Ok(multiplier)) = (policy.limits.as_slice(), policy.multiplier(a.tier)) else {
+    let ([LimitShape::Bucket { .. }], Ok(multiplier)) = (policy.limits.as_slice(), policy.multiplier(a.tier)) else {
         return Ok(None);
     };
     let keys = [Policy::key(a.policy, a.subject, 0)];

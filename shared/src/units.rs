@@ -108,3 +108,7 @@ impl Period {
         }
     }
 }
+
+/// The first character of every key a policy derives. Raw keys may not start with it,
+/// so no rl_take key can name a policy's state.
+pub const POLICY_KEY_MARK: char = '\u{1}';

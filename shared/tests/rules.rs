@@ -2,7 +2,8 @@
 
 use chrono::{TimeZone, Utc};
 use proptest::prelude::*;
-use ratelimit_core::args::{Arg, Clock, SpendArgs};
+use ratelimit_core::args::{Arg, Clock};
+use ratelimit_core::call_args::{CallArgs, SpendArgs};
 use ratelimit_core::bucket::{self, BucketLimits, BucketState};
 use ratelimit_core::budget::{self, BudgetState};
 use ratelimit_core::decision_slot::Decide;
@@ -837,12 +838,8 @@ fn keys_are_json_arrays_of_strings() {
 
 #[test]
 fn spend_args_round_decimals_to_millionths() {
-    let a = SpendArgs::parse(
-        &[Arg::Text("k"), Arg::Text("day"), Arg::Text("12.345678"), Arg::Real(0.000001)],
-        false,
-        &TEST_CLOCK,
-    )
-    .unwrap();
+    let args = [Arg::Text("k"), Arg::Text("day"), Arg::Text("12.345678"), Arg::Real(0.000001)];
+    let a = SpendArgs::parse(&CallArgs::new(&ratelimit_core::functions::RL_SPEND, &args), &TEST_CLOCK).unwrap();
     assert_eq!(a.quota, 12_345_678);
     assert_eq!(a.cost, 1);
 }
