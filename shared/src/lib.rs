@@ -35,6 +35,7 @@ pub mod memory_store;
 pub mod multi;
 pub mod penalty;
 pub mod policy;
+pub mod policy_cache;
 pub mod protocol;
 pub mod render;
 pub mod sql;

@@ -3,9 +3,9 @@
 use chrono::{TimeZone, Utc};
 use proptest::prelude::*;
 use ratelimit_core::args::{Arg, Clock};
-use ratelimit_core::call_args::{CallArgs, SpendArgs};
 use ratelimit_core::bucket::{self, BucketLimits, BucketState};
 use ratelimit_core::budget::{self, BudgetState};
+use ratelimit_core::call_args::{CallArgs, SpendArgs};
 use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::memory;
 use ratelimit_core::memory_store::{MemoryStore, SharedTable};
@@ -1506,7 +1506,7 @@ fn new_blocks_move_the_checks_epoch() {
     assert_eq!(s.one_statement_checks, 5, "alice's refusal listed the blocks again: bob's checks are one statement");
     // more subjects under strikes than a thread lists: bob is checked by the statement's
     // own test (no strikes on him), alice still refused
-    for i in 0..=ratelimit_core::policy::KNOWN_STRIKE_ROWS {
+    for i in 0..=ratelimit_core::policy_cache::KNOWN_STRIKE_ROWS {
         penalize(&mut s, &format!("s{i}"), 3);
     }
     penalize(&mut s, "dave", 0);

@@ -1,0 +1,200 @@
+//! Policies (rl_policy_set, rl_check, rl_refund_check), strikes and blocks.
+
+use super::limits::read_rows;
+use super::rows::{change_entries, damaged, window_entries, window_row};
+use super::*;
+use crate::policy_cache;
+
+/// rl_policy_set: validates a whole definition, stores it in its canonical form and
+/// returns that.
+pub fn policy_set<S: RowStore>(store: &mut S, name: &str, definition: &str) -> Result<Policy> {
+    let policy = Policy::parse(definition)?;
+    writable(store, Rows::Policies)?;
+    let revision = policy::new_revision();
+    store.put_policy(name, &policy.to_json().to_text(), revision)?;
+    policy_cache::forget(name);
+    Ok(policy)
+}
+
+/// rl_policy_drop: whether the policy existed.
+pub fn policy_drop<S: RowStore>(store: &mut S, name: &str) -> Result<bool> {
+    writable(store, Rows::Policies)?;
+    let existed = store.delete_policy(name)?;
+    policy_cache::forget(name);
+    Ok(existed)
+}
+
+/// rl_check: every limit of a policy on a subject, all or nothing, as rl_take_all decides
+/// them. A shadow policy changes state exactly as enforcement would (charged when it would
+/// admit, untouched when it would refuse) and reports the refusal it would have made.
+pub fn check<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Json> {
+    if let Some(answer) = check_one_bucket(store, a)? {
+        return Ok(answer);
+    }
+    let policy = stored_policy(store, a.policy)?;
+    let multiplier = policy.multiplier(a.tier)?;
+    let keys = policy.keys(a.policy, a.subject);
+    let blocked = strikes_of(store, a.subject)?.block_at(a.now_ms);
+    // A blocked subject is refused, charging nothing: every limit as it is now (cost 0).
+    let cost = if blocked.is_some() { 0.0 } else { a.cost };
+    let mut limits = policy.items(&keys, multiplier, cost);
+    limits.sort_by(|x, y| x.row().cmp(&y.row()));
+    let args = TakeAllArgs { limits, now_ms: a.now_ms };
+    let decision = match blocked {
+        None => take_all(store, &args)?,
+        Some(_) => multi::decide(read_rows(store, &args)?, a.now_ms),
+    };
+    let outcome = match (policy.shadow, blocked.is_some() || !decision.admitted) {
+        (_, false) => Outcome::Admitted,
+        (true, true) => Outcome::WouldRefuse,
+        (false, true) if blocked.is_some() => Outcome::RefusedBlocked,
+        (false, true) => Outcome::Refused,
+    };
+    stats::sink().count(a.policy, outcome);
+    Ok(render::check(&decision, a.policy, a.tier, policy.shadow, blocked, a.now_ms))
+}
+
+/// A policy as stored now, parsed (or from the connection's cache when unchanged). At a
+/// checks epoch this thread has not listed the blocked subjects at, it lists them too, for
+/// rl_check's one-statement path.
+pub(super) fn stored_policy<S: RowStore>(store: &mut S, name: &str) -> Result<Rc<Policy>> {
+    let epoch = store.checks_epoch();
+    let stored = store.read_policy(name)?;
+    let Some(stored) = stored else {
+        return Err(Error::invalid(format!("there is no policy named '{name}'")));
+    };
+    let strike_rows = match epoch {
+        Some(e) if !policy_cache::blocks_known_at(e) => store.read_strike_rows(policy_cache::KNOWN_STRIKE_ROWS + 1)?,
+        _ => None,
+    };
+    let epoch = epoch.filter(|&e| store.checks_epoch() == Some(e));
+    if let (Some(e), Some(rows)) = (epoch, strike_rows) {
+        policy_cache::know_blocks(e, rows);
+    }
+    policy_cache::parsed(name, &stored, epoch)
+}
+
+/// rl_refund_check: gives `cost` back to every limit of a policy for a subject, at the
+/// tier's scale (a handler failed after rl_check admitted it), all in one unit: buckets
+/// never above their burst, budgets never below 0, windows by forgetting the newest
+/// admissions that still count. Each item answers as rl_refund, rl_refund_budget and
+/// rl_window_peek do.
+pub fn refund_check<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Json> {
+    let policy = stored_policy(store, a.policy)?;
+    let multiplier = policy.multiplier(a.tier)?;
+    let keys = policy.keys(a.policy, a.subject);
+    let limits = policy.items(&keys, multiplier, a.cost);
+    writable_for(store, &limits)?;
+    let now_ms = a.now_ms;
+    let items = in_one_unit(store, |store| {
+        let item = |store: &mut S, limit: &Limit| -> Result<Json> {
+            Ok(match limit {
+                Limit::Bucket(b) => {
+                    refund(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?.to_json()
+                }
+                Limit::Budget(b) => {
+                    let args = RefundBudgetArgs { key: b.key, period: b.period, amount: b.cost, now_ms };
+                    refund_budget(store, &args)?.to_json()
+                }
+                Limit::Window(w) => change_entries(store, EntryKind::Window, w.key, |row| {
+                    let given_back = window::refund(&window_entries(row)?, w.cost);
+                    // a peek (cost 0) answers the window as the refund left it, and keeps
+                    // only the entries that still count
+                    let d = window::take(&given_back, &w.limits, 0, now_ms);
+                    let new = window_row(&d, w.limits.window_ms)?;
+                    Ok((d, new))
+                })?
+                .to_json(),
+            })
+        };
+        limits.iter().map(|l| item(store, l)).collect::<Result<Vec<Json>>>()
+    })?;
+    Ok(render::refund_check(a.policy, a.tier, items))
+}
+
+/// rl_check of a cached one-bucket policy on an unblocked subject, as rl_take is: one
+/// guarded write. At the checks epoch the policy was read at, with the subject known to
+/// have no recorded block, the write needs only the epoch unmoved (rl_take's own write
+/// where the store keeps the epoch in memory); else its statement also finds the policy at
+/// its revision and no strikes or block on the subject. None when nothing was written (a
+/// refusal, a new key, a moved epoch, a changed policy, strikes, or a store that cannot):
+/// the general path decides then.
+pub(super) fn check_one_bucket<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Option<Json>> {
+    let Some(cached) = policy_cache::cached(a.policy) else { return Ok(None) };
+    let policy = cached.policy;
+    let ([LimitShape::Bucket { .. }], Ok(multiplier)) = (policy.limits.as_slice(), policy.multiplier(a.tier)) else {
+        return Ok(None);
+    };
+    let keys = [Policy::key(a.policy, a.subject, 0)];
+    let limits = policy.items(&keys, multiplier, a.cost);
+    let Limit::Bucket(item) = &limits[0] else { unreachable!("a bucket policy gives a bucket item") };
+    writable(store, Rows::Buckets)?;
+    let (bucket_limits, cost, now) = (item.limits, item.cost, a.now_ms);
+    let decide: Decide<BucketState> = Rc::new(move |row| bucket::take(Some(row), &bucket_limits, cost, now).new_row());
+    let epoch = cached.epoch.filter(|&e| policy_cache::known_unblocked(e, a.subject));
+    let guard =
+        PolicyGuard { policy: a.policy, revision: cached.revision, subject: a.subject, now_ms: a.now_ms, epoch };
+    let changed = store.change_bucket_for_policy(&keys[0], &guard, decide)?;
+    let Changed { decided_on: Some(row), written: true } = changed else { return Ok(None) };
+    let decision = multi::decide(vec![ItemRow::Bucket(item, Some(row))], a.now_ms);
+    stats::sink().count(a.policy, Outcome::Admitted);
+    Ok(Some(render::check(&decision, a.policy, a.tier, policy.shadow, None, a.now_ms)))
+}
+
+pub(super) fn strikes_of<S: RowStore>(store: &mut S, subject: &str) -> Result<Strikes> {
+    let row = store.read_entries(EntryKind::Block, subject)?;
+    row.map_or(Some(Strikes::default()), |r| Strikes::decode(&r.entries)).ok_or_else(|| damaged(EntryKind::Block))
+}
+
+/// A change to a subject's strikes: `decide` gets the stored state and when its row stops
+/// mattering, and gives the answer and the state to store with its row's `empty_at`. A
+/// write that gives the subject a recorded block moves the checks epoch.
+pub(super) fn change_strikes<S: LockingStore, R>(
+    store: &mut S,
+    subject: &str,
+    decide: impl Fn(Option<&Strikes>, i64) -> (R, Option<(Strikes, i64)>),
+) -> Result<R> {
+    let (answer, new_block) = change_entries(store, EntryKind::Block, subject, |row| {
+        let state = row.map(|r| Strikes::decode(&r.entries).ok_or_else(|| damaged(EntryKind::Block)));
+        let state = state.transpose()?;
+        let (answer, new) = decide(state.as_ref(), row.map_or(0, |r| r.empty_at));
+        let new_block = new.as_ref().is_some_and(|(n, _)| penalty::records_new_block(state.as_ref(), n));
+        let new = new.map(|(n, empty_at)| EntriesRow { entries: n.encode(), empty_at });
+        Ok(((answer, new_block), new))
+    })?;
+    if new_block {
+        store.checks_changed()?;
+        // this thread's own list is stale at once (the epoch may only move at the end of
+        // the statement)
+        policy_cache::forget_blocks();
+    }
+    Ok(answer)
+}
+
+/// rl_penalize: one strike; past the free ones, a block that doubles with each.
+pub fn penalize<S: LockingStore>(store: &mut S, a: &PenalizeArgs) -> Result<BlockAnswer> {
+    let e: Escalation = a.escalation;
+    change_strikes(store, a.subject, |state, _| {
+        // strikes are remembered window_ms after the last
+        let (answer, new) = penalty::penalize(state, &e, a.now_ms);
+        (answer, Some((new, new.empty_at())))
+    })
+}
+
+/// rl_block: a block for `seconds`, or until rl_unblock.
+pub fn block<S: LockingStore>(store: &mut S, a: &BlockArgs) -> Result<BlockAnswer> {
+    change_strikes(store, a.subject, |state, kept_until| {
+        let (answer, new) = penalty::block(state, a.length_ms, a.now_ms);
+        // a row from before forgotten_at was recorded keeps the end its rl_penalize gave it
+        (answer, Some((new, new.empty_at().max(kept_until))))
+    })
+}
+
+/// rl_unblock: lifts a block and forgets strikes; whether a block was in force.
+pub fn unblock<S: LockingStore>(store: &mut S, subject: &str, now_ms: i64) -> Result<bool> {
+    change_strikes(store, subject, |state, _| match state {
+        None => (false, None),
+        // the empty state's row stops mattering at once: the sweep removes it
+        Some(s) => (s.block_at(now_ms).is_some(), Some((Strikes::default(), 0))),
+    })
+}

@@ -1,0 +1,116 @@
+//! rl_take_all: several limits, all or nothing.
+
+use super::rows::{empty_row, window_entries, window_row};
+use super::*;
+
+/// rl_take_all: every item is charged, or none. An unlocked read answers most refusals
+/// without writing; otherwise every budget row is held (in a fixed order, so concurrent
+/// calls never deadlock), then the bucket rows are held, everything is decided again from
+/// the held rows and the buckets are written; the budgets are written last.
+pub fn take_all<'i, 'a, S: LockingStore>(store: &mut S, a: &'i TakeAllArgs<'a>) -> Result<TakeAllDecision<'i, 'a>> {
+    writable_for(store, &a.limits)?;
+    let first = multi::decide(read_rows(store, a)?, a.now_ms);
+    if !first.admitted {
+        return Ok(first);
+    }
+    in_one_unit(store, |store| take_all_held(store, a))
+}
+
+pub(super) fn take_all_held<'i, 'a, S: LockingStore>(
+    store: &mut S,
+    a: &'i TakeAllArgs<'a>,
+) -> Result<TakeAllDecision<'i, 'a>> {
+    let mut budgets = Vec::new();
+    let mut windows = Vec::new();
+    let mut buckets = Vec::new();
+    // Limits are sorted buckets, budgets, windows: hold budgets, then windows, then buckets.
+    for limit in &a.limits {
+        match limit {
+            Limit::Bucket(b) => buckets.push(b),
+            Limit::Budget(b) => {
+                if S::LOCKS_ROWS {
+                    // A missing row cannot be locked: first insert the row that means the same as none.
+                    store.insert_budget(b.key, b.period, &budget::untouched(b.period, a.now_ms))?;
+                }
+                budgets.push(store.hold_budget(b.key, b.period)?);
+            }
+            Limit::Window(w) => {
+                if S::LOCKS_ROWS {
+                    store.insert_entries(EntryKind::Window, w.key, &empty_row(EntryKind::Window))?;
+                }
+                let row = store.hold_entries(EntryKind::Window, w.key)?;
+                let entries = window_entries(row.as_ref())?;
+                windows.push((row, entries));
+            }
+        }
+    }
+    let decision = store.decide_buckets(&buckets, |bucket_rows| {
+        let (mut bucket_rows, mut budget_rows) = (bucket_rows.iter(), budgets.iter());
+        let mut window_rows = windows.iter();
+        let rows = a
+            .limits
+            .iter()
+            .map(|limit| match limit {
+                Limit::Bucket(b) => ItemRow::Bucket(b, bucket_rows.next().copied().flatten()),
+                Limit::Budget(b) => ItemRow::Budget(b, budget_rows.next().copied().flatten()),
+                Limit::Window(w) => ItemRow::Window(w, window_rows.next().map(|(_, e)| e.clone()).unwrap_or_default()),
+            })
+            .collect();
+        let decision = multi::decide(rows, a.now_ms);
+        let writes = decision
+            .items
+            .iter()
+            .filter_map(|item| match item {
+                ItemAnswer::Bucket { answer, .. } => Some(answer.new_state.filter(|_| decision.admitted)),
+                ItemAnswer::Budget { .. } | ItemAnswer::Window { .. } => None,
+            })
+            .collect();
+        (writes, decision)
+    })?;
+    if decision.admitted {
+        let mut held_windows = windows.iter();
+        for item in &decision.items {
+            let written = match item {
+                ItemAnswer::Bucket { .. } => true,
+                ItemAnswer::Budget { item, row, answer } => match (row, &answer.new_state) {
+                    (_, None) => true,
+                    (None, Some(new)) => store.insert_budget(item.key, item.period, new)?,
+                    (Some(old), Some(new)) => store.replace_budget(item.key, item.period, old, new)?,
+                },
+                ItemAnswer::Window { item, answer, .. } => {
+                    let (old, _) = held_windows.next().expect("one held row per window");
+                    let new = window_row(answer, item.limits.window_ms)?;
+                    match (old, new) {
+                        (_, None) => true,
+                        (None, Some(new)) => store.insert_entries(EntryKind::Window, item.key, &new)?,
+                        (Some(old), Some(new)) => store.replace_entries(EntryKind::Window, item.key, old, &new)?,
+                    }
+                }
+            };
+            if !written {
+                return Err(Error::storage("a row changed while this call held it; nothing was charged"));
+            }
+        }
+    }
+    Ok(decision)
+}
+
+/// Every limit with its row as it stands, in the order of `a.limits`.
+pub(super) fn read_rows<'i, 'a, S: LockingStore>(
+    store: &mut S,
+    a: &'i TakeAllArgs<'a>,
+) -> Result<Vec<ItemRow<'i, 'a>>> {
+    a.limits
+        .iter()
+        .map(|limit| {
+            Ok(match limit {
+                Limit::Bucket(b) => ItemRow::Bucket(b, store.read_bucket(b.key)?),
+                Limit::Budget(b) => ItemRow::Budget(b, store.read_budget(b.key, b.period)?),
+                Limit::Window(w) => {
+                    let row = store.read_entries(EntryKind::Window, w.key)?;
+                    ItemRow::Window(w, window_entries(row.as_ref())?)
+                }
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,148 @@
+//! The flows that make each call one atomic read-modify-write over a store
+//! ([`crate::store`]): typed arguments in, decisions out. By job: [`rows`], the calls on
+//! one row (buckets, budgets, windows, leases, sweeps, resets); [`limits`], rl_take_all's
+//! several limits as one; [`checks`], policies, strikes and blocks. Here: the paths they
+//! share.
+
+mod checks;
+mod limits;
+mod rows;
+
+pub use checks::{block, check, penalize, policy_drop, policy_set, refund_check, unblock};
+pub use limits::take_all;
+pub use rows::{
+    acquire, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew, reset, spend,
+    sweep, take, window, window_peek,
+};
+
+use std::rc::Rc;
+
+use crate::bucket::{self, BucketState, RefundDecision, TakeDecision};
+use crate::budget::{self, BudgetCharge, BudgetRefund, BudgetState, SpendDecision};
+use crate::call_args::{
+    AcquireArgs, BlockArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs,
+    TakeArgs, WindowArgs,
+};
+use crate::decision_slot::Decide;
+use crate::error::{Error, ErrorKind, Result};
+use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
+use crate::limits::LimitShape;
+use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
+use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
+use crate::policy::{self, Policy};
+use crate::render::{self, Json, ToJson};
+use crate::stats::{self, Outcome};
+use crate::store::{Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreResult};
+use crate::window::{self, WindowDecision};
+
+/// Attempts before a call gives up on a row that keeps appearing and disappearing under it
+/// (a first insert racing another, a sweep deleting the row between decision and write).
+pub const MAX_ATTEMPTS: u32 = 1000;
+
+pub(super) fn writable<S: RowStore>(store: &mut S, rows: Rows) -> Result<()> {
+    if store.read_only(rows)? {
+        return Err(Error::read_only());
+    }
+    Ok(())
+}
+
+/// A decision on one row: the answer, and the row it wants written (None: write nothing).
+pub trait RowDecision<T>: Sized {
+    fn new_row(&self) -> Option<T>;
+}
+
+macro_rules! row_decisions {
+    ($($decision:ty => $row:ty),*) => {$(
+        impl RowDecision<$row> for $decision {
+            fn new_row(&self) -> Option<$row> {
+                self.new_state
+            }
+        }
+    )*};
+}
+
+row_decisions!(TakeDecision => BucketState, RefundDecision => BucketState, SpendDecision => BudgetState,
+               BudgetRefund => BudgetState, BudgetCharge => BudgetState);
+
+/// The one path every single-row change takes: a guarded write that decides on the row
+/// the engine is about to change; without a row, decide on none and insert. `decide` is
+/// pure, so the answer is read off the row the write last decided on.
+pub(super) fn change_row<S, T, R>(
+    store: &mut S,
+    rows: Rows,
+    mut change: impl FnMut(&mut S, Decide<T>) -> StoreResult<Changed<T>>,
+    mut insert: impl FnMut(&mut S, &T) -> StoreResult<bool>,
+    decide: impl Fn(Option<&T>) -> R + 'static,
+) -> Result<R>
+where
+    S: RowStore,
+    T: Copy + 'static,
+    R: RowDecision<T>,
+{
+    writable(store, rows)?;
+    let decide = Rc::new(decide);
+    let on_row: Decide<T> = {
+        let decide = decide.clone();
+        Rc::new(move |row: &T| decide(Some(row)).new_row())
+    };
+    for _ in 0..MAX_ATTEMPTS {
+        let changed = change(store, on_row.clone())?;
+        let answer = decide(changed.decided_on.as_ref());
+        let new_row = answer.new_row();
+        match changed.decided_on {
+            Some(_) if new_row.is_some() == changed.written => return Ok(answer),
+            // Decided to write, but the row went away before the write (a sweep): again.
+            Some(_) => continue,
+            None => match new_row {
+                None => return Ok(answer),
+                Some(new) if insert(store, &new)? => return Ok(answer),
+                // Another call inserted the row first: decide on that row.
+                Some(_) => continue,
+            },
+        }
+    }
+    Err(Error::storage(format!("the row kept changing under {MAX_ATTEMPTS} attempts; try again")))
+}
+
+pub(super) fn change_bucket<S: RowStore, R: RowDecision<BucketState>>(
+    store: &mut S,
+    key: &str,
+    decide: impl Fn(Option<&BucketState>) -> R + 'static,
+) -> Result<R> {
+    change_row(store, Rows::Buckets, |s, d| s.change_bucket(key, d), |s, new| s.insert_bucket(key, new), decide)
+}
+
+pub(super) fn change_budget<S: RowStore, R: RowDecision<BudgetState>>(
+    store: &mut S,
+    key: &str,
+    period: crate::units::Period,
+    decide: impl Fn(Option<&BudgetState>) -> R + 'static,
+) -> Result<R> {
+    change_row(
+        store,
+        Rows::Budgets,
+        |s, d| s.change_budget(key, period, d),
+        |s, new| s.insert_budget(key, period, new),
+        decide,
+    )
+}
+
+/// Runs `work` as one unit (see [`LockingStore::begin_unit`]); a failure rolls it back.
+pub(super) fn in_one_unit<S: LockingStore, R>(store: &mut S, work: impl FnOnce(&mut S) -> Result<R>) -> Result<R> {
+    let owned = store.begin_unit()?;
+    let outcome = work(store);
+    let finished = store.end_unit(owned, outcome.is_ok()).map_err(Error::from);
+    let answer = outcome?;
+    finished?;
+    Ok(answer)
+}
+
+/// Fails (read only) unless every kind of row these limits change can be written.
+pub(super) fn writable_for<S: RowStore>(store: &mut S, limits: &[Limit]) -> Result<()> {
+    for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
+        if limits.iter().any(|l| l.rows() == rows) {
+            writable(store, rows)?;
+        }
+    }
+    Ok(())
+}

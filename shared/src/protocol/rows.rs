@@ -1,0 +1,219 @@
+//! The calls on one row: buckets, budgets, windows and leases, and the sweeps and resets.
+
+use super::*;
+
+/// rl_take: one atomic take.
+pub fn take<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
+    let (limits, cost, now) = (a.limits, a.cost, a.now_ms);
+    change_bucket(store, a.key, move |row| bucket::take(row, &limits, cost, now))
+}
+
+/// rl_refund: give tokens back, never above the burst.
+pub fn refund<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<RefundDecision> {
+    let (limits, amount, now) = (a.limits, a.cost, a.now_ms);
+    change_bucket(store, a.key, move |row| bucket::refund(row, &limits, amount, now))
+}
+
+/// rl_spend: one atomic spend.
+pub fn spend<S: RowStore>(store: &mut S, a: &SpendArgs) -> Result<SpendDecision> {
+    let (period, quota, cost, now) = (a.period, a.quota, a.cost, a.now_ms);
+    change_budget(store, a.key, period, move |row| budget::spend(row, period, quota, cost, now))
+}
+
+/// rl_refund_budget: lower what a period used, never below 0.
+pub fn refund_budget<S: RowStore>(store: &mut S, a: &RefundBudgetArgs) -> Result<BudgetRefund> {
+    let (period, amount, now) = (a.period, a.amount, a.now_ms);
+    change_budget(store, a.key, period, move |row| budget::refund(row, period, amount, now))
+}
+
+/// rl_charge: take tokens whatever the level, into debt if need be (never deeper than
+/// [`crate::units::MAX_TOKENS`]: a range error, nothing charged).
+pub fn charge<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
+    let (limits, amount, now) = (a.limits, a.cost, a.now_ms);
+    let d = change_bucket(store, a.key, move |row| bucket::charge(row, &limits, amount, now))?;
+    if bucket::debt_too_deep(&d) {
+        return Err(Error::out_of_range("the bucket's debt would pass 1000000000000000 tokens; nothing was charged"));
+    }
+    Ok(d)
+}
+
+/// rl_charge_budget: add to the period's use, past its quota if need be (never past
+/// [`budget::MAX_USED`]: a range error, nothing charged).
+pub fn charge_budget<S: RowStore>(store: &mut S, a: &RefundBudgetArgs) -> Result<BudgetCharge> {
+    let (period, amount, now) = (a.period, a.amount, a.now_ms);
+    let d = change_budget(store, a.key, period, move |row| budget::charge(row, period, amount, now))?;
+    if d.too_much {
+        return Err(Error::out_of_range(format!(
+            "the period's use would pass {} units; nothing was charged",
+            budget::MAX_USED / 1_000_000
+        )));
+    }
+    Ok(d)
+}
+
+/// rl_peek: what rl_take would answer, changing nothing (so it answers read-only too,
+/// from the stored state: on a standby, the replicated one).
+pub fn peek<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
+    let row = store.read_bucket(a.key)?;
+    Ok(bucket::take(row.as_ref(), &a.limits, a.cost, a.now_ms))
+}
+
+/// rl_budget: what rl_spend would answer, spending nothing (read-only too, like rl_peek).
+pub fn peek_budget<S: RowStore>(store: &mut S, a: &SpendArgs) -> Result<SpendDecision> {
+    let row = store.read_budget(a.key, a.period)?;
+    Ok(budget::spend(row.as_ref(), a.period, a.quota, a.cost, a.now_ms))
+}
+
+/// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
+pub fn sweep<S: RowStore>(store: &mut S, a: &SweepArgs) -> Result<i64> {
+    writable_everywhere(store)?;
+    let mut removed = store.sweep_buckets(a.cutoff_ms, a.max_rows)?;
+    if removed < a.max_rows {
+        removed += store.sweep_budgets(a.cutoff_ms, a.max_rows - removed)?;
+    }
+    if removed < a.max_rows {
+        removed += store.sweep_entries(a.cutoff_ms, a.max_rows - removed)?;
+    }
+    Ok(removed)
+}
+
+pub(super) fn writable_everywhere<S: RowStore>(store: &mut S) -> Result<()> {
+    for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
+        writable(store, rows)?;
+    }
+    Ok(())
+}
+
+/// rl_reset: forget every bucket, budget, window and lease under a key.
+pub fn reset<S: LockingStore>(store: &mut S, key: &str) -> Result<i64> {
+    writable_everywhere(store)?;
+    in_one_unit(store, |store| store.delete_key(key).map_err(Error::from))
+}
+
+pub(super) fn damaged(kind: EntryKind) -> Error {
+    Error::storage(format!("a stored {} row is damaged; rl_reset its key", kind.as_str()))
+}
+
+/// The entries of a window row (none without a row).
+pub(super) fn window_entries(row: Option<&EntriesRow>) -> Result<Vec<window::Entry>> {
+    row.map_or(Some(Vec::new()), |r| window::decode(&r.entries)).ok_or_else(|| damaged(EntryKind::Window))
+}
+
+/// The leases of a lease row (none without a row).
+pub(super) fn leases_of(row: Option<&EntriesRow>) -> Result<Leases> {
+    row.map_or(Some(Leases::default()), |r| Leases::decode(&r.entries)).ok_or_else(|| damaged(EntryKind::Lease))
+}
+
+/// The row an admitted window decision stores, within the bound on entries per key.
+pub(super) fn window_row(d: &WindowDecision, window_ms: i64) -> Result<Option<EntriesRow>> {
+    let Some(entries) = &d.new_entries else { return Ok(None) };
+    if entries.len() > window::MAX_ENTRIES {
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "the window would hold more than {} entries (one per millisecond with admissions); \
+                 nothing was recorded: use a larger cost per call or a bucket for this limit",
+                window::MAX_ENTRIES
+            ),
+        ));
+    }
+    Ok(Some(EntriesRow { entries: window::encode(entries), empty_at: window::empty_at(entries, window_ms) }))
+}
+
+pub(super) fn lease_row(leases: Leases) -> EntriesRow {
+    EntriesRow { entries: leases.encode(), empty_at: leases.empty_at() }
+}
+
+/// The one path of every change to a row of entries: decide on the row as it stands and,
+/// if that writes, decide again on the row held in one unit and write that. `decide` is
+/// pure and gives the answer and the row to write (None: nothing).
+pub(super) fn change_entries<S: LockingStore, R>(
+    store: &mut S,
+    kind: EntryKind,
+    key: &str,
+    decide: impl Fn(Option<&EntriesRow>) -> Result<(R, Option<EntriesRow>)>,
+) -> Result<R> {
+    writable(store, Rows::Entries)?;
+    let seen = store.read_entries(kind, key)?;
+    let (answer, new) = decide(seen.as_ref())?;
+    if new.is_none() {
+        return Ok(answer);
+    }
+    in_one_unit(store, |store| {
+        for _ in 0..MAX_ATTEMPTS {
+            if S::LOCKS_ROWS && seen.is_none() {
+                // A missing row cannot be locked: first insert the row that means the same as none.
+                store.insert_entries(kind, key, &empty_row(kind))?;
+            }
+            let held = store.hold_entries(kind, key)?;
+            let (answer, new) = decide(held.as_ref())?;
+            let written = match (&held, &new) {
+                (_, None) => true,
+                (None, Some(new)) => store.insert_entries(kind, key, new)?,
+                (Some(old), Some(new)) => store.replace_entries(kind, key, old, new)?,
+            };
+            if written {
+                return Ok(answer);
+            }
+        }
+        Err(Error::storage(format!("the row kept changing under {MAX_ATTEMPTS} attempts; try again")))
+    })
+}
+
+/// The row that answers exactly as no row does: an empty list, removable by the sweep.
+pub(super) fn empty_row(kind: EntryKind) -> EntriesRow {
+    let entries = match kind {
+        EntryKind::Window => window::encode(&[]),
+        EntryKind::Lease => Leases::default().encode(),
+        EntryKind::Block => Strikes::default().encode(),
+    };
+    EntriesRow { entries, empty_at: 0 }
+}
+
+/// rl_window: one atomic admission to a sliding window.
+pub fn window<S: LockingStore>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
+    change_entries(store, EntryKind::Window, a.key, |row| {
+        let d = window::take(&window_entries(row)?, &a.limits, a.cost, a.now_ms);
+        let new = window_row(&d, a.limits.window_ms)?;
+        Ok((d, new))
+    })
+}
+
+/// rl_window_peek: what rl_window would answer, recording nothing (read-only too).
+pub fn window_peek<S: RowStore>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
+    let row = store.read_entries(EntryKind::Window, a.key)?;
+    Ok(window::take(&window_entries(row.as_ref())?, &a.limits, a.cost, a.now_ms))
+}
+
+/// rl_acquire: hold one more lease if fewer than the cap are held.
+pub fn acquire<S: LockingStore>(store: &mut S, a: &AcquireArgs) -> Result<AcquireDecision> {
+    change_entries(store, EntryKind::Lease, a.key, |row| {
+        let mut d = lease::acquire(&leases_of(row)?, a.max_in_flight, a.lease_ms, a.now_ms);
+        let new = d.new_state.take().map(lease_row);
+        Ok((d, new))
+    })
+}
+
+/// rl_release: give a lease back; whether it was held.
+pub fn release<S: LockingStore>(store: &mut S, a: &LeaseArgs) -> Result<bool> {
+    change_entries(store, EntryKind::Lease, a.key, |row| {
+        let (released, new) = lease::release(&leases_of(row)?, a.lease, a.now_ms);
+        Ok((released, new.map(lease_row)))
+    })
+}
+
+/// rl_renew: a held lease expires lease_seconds from now.
+pub fn renew<S: LockingStore>(store: &mut S, a: &LeaseArgs) -> Result<RenewDecision> {
+    let lease_ms = a.lease_ms.expect("rl_renew parses lease_seconds");
+    change_entries(store, EntryKind::Lease, a.key, |row| {
+        let mut d = lease::renew(&leases_of(row)?, a.lease, lease_ms, a.now_ms);
+        let new = d.new_state.take().map(lease_row);
+        Ok((d, new))
+    })
+}
+
+/// rl_in_flight: the leases held on a key now (read-only too).
+pub fn in_flight<S: RowStore>(store: &mut S, key: &str, now_ms: i64) -> Result<i64> {
+    let row = store.read_entries(EntryKind::Lease, key)?;
+    Ok(leases_of(row.as_ref())?.in_flight(now_ms))
+}
