@@ -10,7 +10,7 @@ use crate::call_args::{
 };
 use crate::decision_slot::{self, NotInStatement};
 use crate::error::{Error, Result};
-use crate::functions::{Entry, Function};
+use crate::functions::{Entry, Function, InternalCall, ProcessCall, PureCall, StateCall};
 use crate::render::{Json, ToJson};
 use crate::store::LockingStore;
 use crate::{headers, key, protocol};
@@ -26,72 +26,38 @@ pub enum Answer {
     Bool(bool),
 }
 
-/// The functions that read or write state, each run over a store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateCall {
-    Take,
-    Spend,
-    Budget,
-    Sweep,
-    Peek,
-    Refund,
-    RefundBudget,
-    Reset,
-    TakeAll,
-    Window,
-    WindowPeek,
-    Acquire,
-    Release,
-    Renew,
-    InFlight,
-    Charge,
-    ChargeBudget,
-    PolicySet,
-    PolicyDrop,
-    Check,
-    RefundCheck,
-    Penalize,
-    Block,
-    Unblock,
-}
-
-impl StateCall {
-    /// Whether the call reads or writes buckets (and so needs the memory store when
-    /// buckets live there).
-    pub fn touches_buckets(self) -> bool {
-        matches!(
-            self,
-            StateCall::Take
-                | StateCall::Peek
-                | StateCall::Refund
-                | StateCall::Charge
-                | StateCall::Sweep
-                | StateCall::Reset
-                | StateCall::TakeAll
-                | StateCall::Check
-                | StateCall::RefundCheck
-        )
-    }
-}
-
 /// Runs `f` with the engine's arguments. The one entry point of every engine.
 pub fn call<S: LockingStore>(f: &Function, store: &mut S, args: &[Arg], clock: &Clock) -> Result<Answer> {
     let answer = f.check_arity(args.len()).and_then(|()| match f.entry {
         Entry::State(which) => state(which, &CallArgs::new(f, args), store, clock),
-        Entry::Pure(run) | Entry::Internal(run) | Entry::Process(run) => run(args),
-        Entry::Server => Err(Error::storage("is answered by the PostgreSQL server")),
+        entry => without_store(entry, args),
     });
     answer.map_err(|e| e.in_function(f.name))
 }
 
 /// Runs a function that needs no store (pure or internal); a state function is an error.
 pub fn call_without_store(f: &Function, args: &[Arg]) -> Result<Answer> {
-    let answer = f.check_arity(args.len()).and_then(|()| match f.entry {
-        Entry::Pure(run) | Entry::Internal(run) | Entry::Process(run) => run(args),
+    let answer = f.check_arity(args.len()).and_then(|()| without_store(f.entry, args));
+    answer.map_err(|e| e.in_function(f.name))
+}
+
+fn without_store(entry: Entry, args: &[Arg]) -> Result<Answer> {
+    match entry {
+        Entry::Pure(PureCall::Key) => key::encode_key(args).map(Answer::Text),
+        Entry::Pure(PureCall::Version) => Ok(Answer::Text(env!("CARGO_PKG_VERSION").to_owned())),
+        Entry::Pure(PureCall::Headers) => rl_headers(args),
+        Entry::Process(ProcessCall::PolicyStats) => Ok(Answer::Json(crate::stats::to_json(crate::stats::sink()))),
+        Entry::Process(ProcessCall::StatsReset) => Ok(Answer::Int(crate::stats::sink().reset() as i64)),
+        Entry::Internal(InternalCall::BucketGuard) => bucket_guard(args),
+        Entry::Internal(InternalCall::BudgetGuard) => budget_guard(args),
+        Entry::Internal(InternalCall::BucketNewLevel) => decided_bucket().map(|r| Answer::Real(r.level)),
+        Entry::Internal(InternalCall::BucketNewRefilledAt) => decided_bucket().map(|r| Answer::Int(r.refilled_at)),
+        Entry::Internal(InternalCall::BucketNewFullAt) => decided_bucket().map(|r| Answer::Int(r.full_at)),
+        Entry::Internal(InternalCall::BudgetNewUsed) => decided_budget().map(|r| Answer::Int(r.used)),
+        Entry::Internal(InternalCall::BudgetNewResetsAt) => decided_budget().map(|r| Answer::Int(r.resets_at)),
         Entry::State(_) => Err(Error::storage("needs the database it is called in")),
         Entry::Server => Err(Error::storage("is answered by the PostgreSQL server")),
-    });
-    answer.map_err(|e| e.in_function(f.name))
+    }
 }
 
 fn state<S: LockingStore>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clock) -> Result<Answer> {
@@ -142,28 +108,8 @@ fn state<S: LockingStore>(which: StateCall, call: &CallArgs, store: &mut S, cloc
     })
 }
 
-/// `rl_key(part, ...)`.
-pub fn rl_key(parts: &[Arg]) -> Result<Answer> {
-    key::encode_key(parts).map(Answer::Text)
-}
-
-/// `rl_policy_stats()`.
-pub fn rl_policy_stats(_args: &[Arg]) -> Result<Answer> {
-    Ok(Answer::Json(crate::stats::to_json(crate::stats::sink())))
-}
-
-/// `rl_stats_reset()`.
-pub fn rl_stats_reset(_args: &[Arg]) -> Result<Answer> {
-    Ok(Answer::Int(crate::stats::sink().reset() as i64))
-}
-
-/// `rl_version()`.
-pub fn rl_version(_args: &[Arg]) -> Result<Answer> {
-    Ok(Answer::Text(env!("CARGO_PKG_VERSION").to_owned()))
-}
-
 /// `rl_headers(result)`.
-pub fn rl_headers(args: &[Arg]) -> Result<Answer> {
+fn rl_headers(args: &[Arg]) -> Result<Answer> {
     match args::nth(args, 0) {
         Arg::Text(t) => headers::headers(t).map(|h| Answer::Json(Json::Text(h))),
         other => Err(Error::invalid(format!("result must be JSON text, got {}", other.describe()))),
@@ -175,7 +121,7 @@ fn internal<T>(r: std::result::Result<T, NotInStatement>) -> Result<T> {
 }
 
 /// `rl_bucket_guard(level, refilled_at, full_at)`: the WHERE clause of sql/bucket_change.sql.
-pub fn bucket_guard(args: &[Arg]) -> Result<Answer> {
+fn bucket_guard(args: &[Arg]) -> Result<Answer> {
     let row = BucketState {
         level: args::stored_real(&args::nth(args, 0)),
         refilled_at: args::stored_integer(&args::nth(args, 1)),
@@ -185,7 +131,7 @@ pub fn bucket_guard(args: &[Arg]) -> Result<Answer> {
 }
 
 /// `rl_budget_guard(used, resets_at)`: the WHERE clause of sql/budget_change.sql.
-pub fn budget_guard(args: &[Arg]) -> Result<Answer> {
+fn budget_guard(args: &[Arg]) -> Result<Answer> {
     let row = BudgetState {
         used: args::stored_integer(&args::nth(args, 0)),
         resets_at: args::stored_integer(&args::nth(args, 1)),
@@ -194,11 +140,11 @@ pub fn budget_guard(args: &[Arg]) -> Result<Answer> {
 }
 
 /// The bucket row the guarded UPDATE in progress writes (its SET clause).
-pub fn decided_bucket() -> Result<BucketState> {
+fn decided_bucket() -> Result<BucketState> {
     internal(decision_slot::decided_row(&decision_slot::BUCKET))
 }
 
 /// The budget row the guarded UPDATE in progress writes (its SET clause).
-pub fn decided_budget() -> Result<BudgetState> {
+fn decided_budget() -> Result<BudgetState> {
     internal(decision_slot::decided_row(&decision_slot::BUDGET))
 }

@@ -7,8 +7,6 @@
 //! one pgrx wrapper, tests; then `RL_BLESS=1 cargo test -p ratelimit_core --test generated`
 //! rewrites the generated files.
 
-use crate::args::Arg;
-use crate::calls::{self, Answer, StateCall};
 use crate::error::Result;
 
 /// A SQL type as PostgreSQL names it (SQLite takes any value).
@@ -72,19 +70,94 @@ pub enum Entry {
     State(StateCall),
     /// Depends on its arguments only. PostgreSQL: IMMUTABLE, PARALLEL SAFE. SQLite:
     /// DETERMINISTIC, INNOCUOUS.
-    Pure(fn(&[Arg]) -> Result<Answer>),
+    Pure(PureCall),
     /// Called by the extension's own statements only, and failing anywhere else.
     /// PostgreSQL: in schema `ratelimit`, VOLATILE, no EXECUTE for PUBLIC. SQLite:
     /// DIRECTONLY, not deterministic (evaluated for each row, in order).
-    Internal(fn(&[Arg]) -> Result<Answer>),
+    Internal(InternalCall),
     /// About this process's (PostgreSQL preloaded: the server's) counters, not the
     /// database. PostgreSQL: VOLATILE, PARALLEL SAFE. SQLite: not deterministic;
     /// INNOCUOUS when it only reads (views may call it), DIRECTONLY when it changes them.
-    Process(fn(&[Arg]) -> Result<Answer>),
+    Process(ProcessCall),
     /// About the PostgreSQL server itself (its shared memory), answered by its glue.
     /// PostgreSQL: VOLATILE, PARALLEL SAFE, EXECUTE for PUBLIC. SQLite has no server and
     /// does not register it.
     Server,
+}
+
+/// The functions that read or write state, each run over a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateCall {
+    Take,
+    Spend,
+    Budget,
+    Sweep,
+    Peek,
+    Refund,
+    RefundBudget,
+    Reset,
+    TakeAll,
+    Window,
+    WindowPeek,
+    Acquire,
+    Release,
+    Renew,
+    InFlight,
+    Charge,
+    ChargeBudget,
+    PolicySet,
+    PolicyDrop,
+    Check,
+    RefundCheck,
+    Penalize,
+    Block,
+    Unblock,
+}
+
+impl StateCall {
+    /// Whether the call reads or writes buckets (and so needs the memory store when
+    /// buckets live there).
+    pub fn touches_buckets(self) -> bool {
+        matches!(
+            self,
+            StateCall::Take
+                | StateCall::Peek
+                | StateCall::Refund
+                | StateCall::Charge
+                | StateCall::Sweep
+                | StateCall::Reset
+                | StateCall::TakeAll
+                | StateCall::Check
+                | StateCall::RefundCheck
+        )
+    }
+}
+
+/// The functions of their arguments alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PureCall {
+    Key,
+    Version,
+    Headers,
+}
+
+/// The internal functions of the guarded UPDATEs: their WHERE guards and SET values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InternalCall {
+    BucketGuard,
+    BucketNewLevel,
+    BucketNewRefilledAt,
+    BucketNewFullAt,
+    BudgetGuard,
+    BudgetNewUsed,
+    BudgetNewResetsAt,
+}
+
+/// The functions about this process's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessCall {
+    PolicyStats,
+    StatsReset,
 }
 
 #[derive(Clone, Copy)]
@@ -231,7 +304,7 @@ mod table {
     pub const RL_SWEEP: Function = Function { returns: Int8, ..state("rl_sweep", StateCall::Sweep,
         &[NOW_MS, optional("max_rows", Int8, "NULL")],
         "delete buckets that are full again and budgets whose period ended, at most max_rows per call; returns the number of rows removed") };
-    pub const RL_KEY: Function = function("rl_key", Entry::Pure(calls::rl_key),
+    pub const RL_KEY: Function = function("rl_key", Entry::Pure(PureCall::Key),
         &[Param { variadic: true, ..required("parts", Text) }], Text, NOT_AN_OBJECT,
         "composite key: the parts JSON-encoded as an array of strings, so different part lists never collide");
     pub const RL_PEEK: Function = Function { result_keys: TAKE_KEYS, ..state("rl_peek", StateCall::Peek, PEEK_ARGS,
@@ -295,43 +368,43 @@ mod table {
         ..state("rl_unblock", StateCall::Unblock, &[SUBJECT, NOW_MS],
         "lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)") };
     pub const RL_POLICY_STATS: Function = Function { admin_only: true,
-        ..function("rl_policy_stats", Entry::Process(calls::rl_policy_stats), &[], Jsonb, NOT_AN_OBJECT,
+        ..function("rl_policy_stats", Entry::Process(ProcessCall::PolicyStats), &[], Jsonb, NOT_AN_OBJECT,
         "counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked) since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)") };
     pub const RL_STATS_RESET: Function = Function { admin_only: true,
-        ..function("rl_stats_reset", Entry::Process(calls::rl_stats_reset), &[], Int8, NOT_AN_OBJECT,
+        ..function("rl_stats_reset", Entry::Process(ProcessCall::StatsReset), &[], Int8, NOT_AN_OBJECT,
         "forget the counts of rl_policy_stats; returns how many policies had some (rl_admin only)") };
-    pub const RL_VERSION: Function = function("rl_version", Entry::Pure(calls::rl_version), &[], Text, NOT_AN_OBJECT,
+    pub const RL_VERSION: Function = function("rl_version", Entry::Pure(PureCall::Version), &[], Text, NOT_AN_OBJECT,
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
         result_keys: &["capacity", "in_use", "evicted_full", "evicted_early", "saved", "loaded", "bytes_per_bucket"],
         ..function("rl_memory_stats", Entry::Server, &[], Jsonb, NOT_AN_OBJECT,
         "the memory store (pg_ratelimit.buckets = memory): buckets it can hold and holds, new keys that replaced a bucket full again or early, buckets saved at the last clean shutdown and loaded at start; returns jsonb") };
-    pub const RL_HEADERS: Function = function("rl_headers", Entry::Pure(calls::rl_headers),
+    pub const RL_HEADERS: Function = function("rl_headers", Entry::Pure(PureCall::Headers),
         &[required("result", Jsonb)], Jsonb, NOT_AN_OBJECT,
         "HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result");
 
     // The internal functions of the guarded UPDATEs (sql/bucket_change.sql,
     // sql/budget_change.sql; see crate::decision_slot).
-    pub const RL_BUCKET_GUARD: Function = function("rl_bucket_guard", Entry::Internal(calls::bucket_guard),
+    pub const RL_BUCKET_GUARD: Function = function("rl_bucket_guard", Entry::Internal(InternalCall::BucketGuard),
         &[required("level", Float8), required("refilled_at", Int8), required("full_at", Int8)], Bool, NOT_AN_OBJECT,
         "internal: hands a bucket row to the decision of the rl_* call in progress; true when it writes");
     pub const RL_BUCKET_NEW_LEVEL: Function = function("rl_bucket_new_level",
-        Entry::Internal(|_| calls::decided_bucket().map(|r| Answer::Real(r.level))), &[], Float8, NOT_AN_OBJECT,
+        Entry::Internal(InternalCall::BucketNewLevel), &[], Float8, NOT_AN_OBJECT,
         "internal: the level the call in progress writes");
     pub const RL_BUCKET_NEW_REFILLED_AT: Function = function("rl_bucket_new_refilled_at",
-        Entry::Internal(|_| calls::decided_bucket().map(|r| Answer::Int(r.refilled_at))), &[], Int8, NOT_AN_OBJECT,
+        Entry::Internal(InternalCall::BucketNewRefilledAt), &[], Int8, NOT_AN_OBJECT,
         "internal: the refilled_at the call in progress writes");
     pub const RL_BUCKET_NEW_FULL_AT: Function = function("rl_bucket_new_full_at",
-        Entry::Internal(|_| calls::decided_bucket().map(|r| Answer::Int(r.full_at))), &[], Int8, NOT_AN_OBJECT,
+        Entry::Internal(InternalCall::BucketNewFullAt), &[], Int8, NOT_AN_OBJECT,
         "internal: the full_at the call in progress writes");
-    pub const RL_BUDGET_GUARD: Function = function("rl_budget_guard", Entry::Internal(calls::budget_guard),
+    pub const RL_BUDGET_GUARD: Function = function("rl_budget_guard", Entry::Internal(InternalCall::BudgetGuard),
         &[required("used", Int8), required("resets_at", Int8)], Bool, NOT_AN_OBJECT,
         "internal: hands a budget row to the decision of the rl_* call in progress; true when it writes");
     pub const RL_BUDGET_NEW_USED: Function = function("rl_budget_new_used",
-        Entry::Internal(|_| calls::decided_budget().map(|r| Answer::Int(r.used))), &[], Int8, NOT_AN_OBJECT,
+        Entry::Internal(InternalCall::BudgetNewUsed), &[], Int8, NOT_AN_OBJECT,
         "internal: the used the call in progress writes");
     pub const RL_BUDGET_NEW_RESETS_AT: Function = function("rl_budget_new_resets_at",
-        Entry::Internal(|_| calls::decided_budget().map(|r| Answer::Int(r.resets_at))), &[], Int8, NOT_AN_OBJECT,
+        Entry::Internal(InternalCall::BudgetNewResetsAt), &[], Int8, NOT_AN_OBJECT,
         "internal: the resets_at the call in progress writes");
 }
 

@@ -54,15 +54,6 @@ impl<'a> Limit<'a> {
         }
     }
 
-    /// Which kind of row the limit changes.
-    pub fn rows(&self) -> crate::store::Rows {
-        match self {
-            Limit::Bucket(_) => crate::store::Rows::Buckets,
-            Limit::Budget(_) => crate::store::Rows::Budgets,
-            Limit::Window(_) => crate::store::Rows::Entries,
-        }
-    }
-
     /// Which state row the limit touches. Limits are kept in this order (buckets, then
     /// budgets, then windows, each by key and period) and rows locked in it, budgets
     /// first, then windows, then buckets, the same for every call, so that concurrent

@@ -137,10 +137,19 @@ pub(super) fn in_one_unit<S: LockingStore, R>(store: &mut S, work: impl FnOnce(&
     Ok(answer)
 }
 
+/// Which kind of row a limit changes.
+pub(super) fn rows_of(limit: &Limit) -> Rows {
+    match limit {
+        Limit::Bucket(_) => Rows::Buckets,
+        Limit::Budget(_) => Rows::Budgets,
+        Limit::Window(_) => Rows::Entries,
+    }
+}
+
 /// Fails (read only) unless every kind of row these limits change can be written.
 pub(super) fn writable_for<S: RowStore>(store: &mut S, limits: &[Limit]) -> Result<()> {
     for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
-        if limits.iter().any(|l| l.rows() == rows) {
+        if limits.iter().any(|l| rows_of(l) == rows) {
             writable(store, rows)?;
         }
     }
