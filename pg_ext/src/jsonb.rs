@@ -20,9 +20,6 @@ pub struct JsonbResult(pub Json);
 
 impl IntoDatum for JsonbResult {
     fn into_datum(self) -> Option<pg_sys::Datum> {
-        if let Json::Text(text) = &self.0 {
-            return jsonb_from_text(text);
-        }
         let mut state: *mut pg_sys::JsonbParseState = null_mut();
         // SAFETY: push hands pushJsonbValue a well-formed sequence of tokens (objects and
         // arrays opened and closed in order, keys before values) whose strings live until
@@ -36,12 +33,6 @@ impl IntoDatum for JsonbResult {
     fn type_oid() -> pg_sys::Oid {
         pg_sys::JSONBOID
     }
-}
-
-fn jsonb_from_text(text: &str) -> Option<pg_sys::Datum> {
-    let text = CString::new(text).expect("the core writes no NUL into JSON");
-    // SAFETY: jsonb_in reads a NUL-terminated string and returns a palloc'd jsonb.
-    unsafe { pgrx::direct_function_call_as_datum(pg_sys::jsonb_in, &[Some(text.as_ptr().into())]) }
 }
 
 fn scalar(type_: pg_sys::jbvType::Type) -> pg_sys::JsonbValue {
@@ -128,9 +119,7 @@ unsafe fn push(state: &mut *mut pg_sys::JsonbParseState, value: &Json, key: Opti
                     push(state, v, Some(k));
                 }
                 return pg_sys::pushJsonbValue(state, WJB_END_OBJECT, null_mut());
-            }
-            // Only rl_headers answers with text, and only at the top: parse it there.
-            Json::Text(_) => scalar(pg_sys::jbvType::jbvNull),
+            } // Only rl_headers answers with text, and only at the top: parse it there.
         };
         pg_sys::pushJsonbValue(state, if in_object { WJB_VALUE } else { WJB_ELEM }, &mut item)
     }

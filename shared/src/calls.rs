@@ -111,7 +111,7 @@ fn state<S: LockingStore>(which: StateCall, call: &CallArgs, store: &mut S, cloc
 /// `rl_headers(result)`.
 fn rl_headers(args: &[Arg]) -> Result<Answer> {
     match args::nth(args, 0) {
-        Arg::Text(t) => headers::headers(t).map(|h| Answer::Json(Json::Text(h))),
+        Arg::Text(t) => headers::headers(t).map(Answer::Json),
         other => Err(Error::invalid(format!("result must be JSON text, got {}", other.describe()))),
     }
 }

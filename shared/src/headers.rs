@@ -7,6 +7,7 @@
 //! up, so it is never 0 while the caller is limited (and absent for a cost above the limit).
 
 use crate::error::{Error, Result};
+use crate::render::Json;
 use crate::units::MAX_WAIT_MS;
 use serde_json::{Map, Value};
 
@@ -119,7 +120,7 @@ fn shown(v: f64) -> String {
 }
 
 /// `rl_headers(result)`: a JSON object of header names to values, as text.
-pub fn headers(result: &str) -> Result<String> {
+pub fn headers(result: &str) -> Result<Json> {
     let bad = || {
         Error::invalid(
             "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all",
@@ -181,16 +182,17 @@ pub fn headers(result: &str) -> Result<String> {
             None => format!("\"{}\";r={}", l.name, whole(l.remaining)),
         })
         .collect();
-    let mut out = Map::new();
-    out.insert("RateLimit-Policy".into(), Value::String(policy.join(", ")));
-    out.insert("RateLimit".into(), Value::String(state.join(", ")));
-    out.insert("X-RateLimit-Limit".into(), Value::String(shown(binding.limit)));
-    out.insert("X-RateLimit-Remaining".into(), Value::String(shown(binding.remaining)));
+    let mut out = vec![
+        ("RateLimit-Policy", Json::Str(policy.join(", "))),
+        ("RateLimit", Json::Str(state.join(", "))),
+        ("X-RateLimit-Limit", Json::Str(shown(binding.limit))),
+        ("X-RateLimit-Remaining", Json::Str(shown(binding.remaining))),
+    ];
     if let Some(reset) = binding.x_reset {
-        out.insert("X-RateLimit-Reset".into(), Value::String(reset.to_string()));
+        out.push(("X-RateLimit-Reset", Json::Str(reset.to_string())));
     }
     if let Some(retry) = retry {
-        out.insert("Retry-After".into(), Value::String(retry.max(1).to_string()));
+        out.push(("Retry-After", Json::Str(retry.max(1).to_string())));
     }
-    Ok(Value::Object(out).to_string())
+    Ok(Json::Object(out))
 }

@@ -219,8 +219,6 @@ pub enum Json {
     Map(Vec<(String, Json)>),
     /// A string value (written with JSON escapes).
     Str(String),
-    /// Already JSON text (rl_headers builds its object as text).
-    Text(String),
 }
 
 /// How a number is written: whole numbers as integers (3.0 as 3), others in their shortest
@@ -309,7 +307,6 @@ impl Json {
                 }
                 out.push('}');
             }
-            Json::Text(t) => out.push_str(t),
         }
     }
 }

@@ -327,7 +327,7 @@ fn encode_key(parts: &[Arg]) -> ratelimit_core::Result<String> {
 }
 
 fn headers_of(result: &str) -> ratelimit_core::Result<String> {
-    ratelimit_core::headers::headers(result).map_err(|e| e.in_function("rl_headers"))
+    ratelimit_core::headers::headers(result).map(|h| h.to_text()).map_err(|e| e.in_function("rl_headers"))
 }
 
 const TEST_CLOCK: Clock = Clock { wall_ms: 4_000_000_000_000, explicit_allowed: true };
