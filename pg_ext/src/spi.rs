@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::PgOid;
 use ratelimit_core::functions::SqlType;
-use ratelimit_core::sql::{Statement, Value};
+use ratelimit_core::sql::{self, Statement, Value};
 use ratelimit_core::sql_store::{SqlEngine, SqlStore};
 use ratelimit_core::{StoreError, StoreResult};
 
@@ -76,6 +76,26 @@ pub(crate) fn with_store<T>(
         check_objects_once(client);
         call(&mut SqlStore(PgEngine { client: Some(client) }))
     })
+}
+
+/// A result row read by the core's column types (SPI numbers columns from 1; the
+/// statements' columns are NOT NULL).
+struct Columns<'r>(&'r pgrx::spi::SpiHeapTupleData<'r>);
+
+impl sql::RowColumns for Columns<'_> {
+    type Error = pgrx::spi::SpiError;
+
+    fn real(&self, i: usize) -> pgrx::spi::Result<f64> {
+        self.0.get::<f64>(i + 1).map(|v| v.unwrap_or(0.0))
+    }
+
+    fn text(&self, i: usize) -> pgrx::spi::Result<String> {
+        self.0.get::<String>(i + 1).map(Option::unwrap_or_default)
+    }
+
+    fn integer(&self, i: usize) -> pgrx::spi::Result<i64> {
+        self.0.get::<i64>(i + 1).map(|v| v.unwrap_or(0))
+    }
 }
 
 /// Runs statements through `client`, or, without one, each through an SPI connection of
@@ -160,20 +180,7 @@ impl SqlEngine for PgEngine<'_, '_> {
     }
 
     fn query_rows(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Vec<Vec<Value<'static>>>> {
-        let columns = statement.columns();
-        self.run(statement, params, |table| {
-            table
-                .map(|row| {
-                    (0..columns.len())
-                        .map(|i| match columns[i] {
-                            SqlType::Float8 => row.get::<f64>(i + 1).map(|v| Value::Float(v.unwrap_or(0.0))),
-                            SqlType::Text => row.get::<String>(i + 1).map(|v| Value::String(v.unwrap_or_default())),
-                            _ => row.get::<i64>(i + 1).map(|v| Value::Int(v.unwrap_or(0))),
-                        })
-                        .collect::<pgrx::spi::Result<Vec<_>>>()
-                })
-                .collect()
-        })
+        self.run(statement, params, |table| table.map(|row| sql::decode_row(statement, &Columns(&row))).collect())
     }
 
     const CHECKS_EPOCH_IN_MEMORY: bool = true;

@@ -133,6 +133,26 @@ impl Statement {
     }
 }
 
+/// A result row as an engine reads it, one column at a time (`i` from 0), by the type
+/// the statement's column has.
+pub trait RowColumns {
+    type Error;
+    fn real(&self, i: usize) -> Result<f64, Self::Error>;
+    fn text(&self, i: usize) -> Result<String, Self::Error>;
+    fn integer(&self, i: usize) -> Result<i64, Self::Error>;
+}
+
+/// A result row of `statement` as values, each column read by its type.
+pub fn decode_row<R: RowColumns>(statement: Statement, row: &R) -> Result<Vec<Value<'static>>, R::Error> {
+    (statement.columns().iter().enumerate())
+        .map(|(i, t)| match t {
+            SqlType::Float8 => row.real(i).map(Value::Float),
+            SqlType::Text => row.text(i).map(Value::String),
+            _ => row.integer(i).map(Value::Int),
+        })
+        .collect()
+}
+
 const SCHEMA: &str = "ratelimit.";
 const OPERATOR: &str = "OPERATOR(pg_catalog.";
 

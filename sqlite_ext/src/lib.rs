@@ -129,6 +129,25 @@ impl ToSql for Bind<'_> {
     }
 }
 
+/// A result row read by the core's column types.
+struct Columns<'r, 's>(&'r rusqlite::Row<'s>);
+
+impl sql::RowColumns for Columns<'_, '_> {
+    type Error = rusqlite::Error;
+
+    fn real(&self, i: usize) -> rusqlite::Result<f64> {
+        self.0.get(i)
+    }
+
+    fn text(&self, i: usize) -> rusqlite::Result<String> {
+        self.0.get(i)
+    }
+
+    fn integer(&self, i: usize) -> rusqlite::Result<i64> {
+        self.0.get(i)
+    }
+}
+
 struct SqliteEngine<'c> {
     conn: &'c Connection,
 }
@@ -215,18 +234,8 @@ impl SqlEngine for SqliteEngine<'_> {
     }
 
     fn query_rows(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Vec<Vec<Value<'static>>>> {
-        let columns = statement.columns();
         self.run(&SQLITE_TEXT[statement as usize], Some(Vec::new()), |stmt| {
-            stmt.query_map(bound(params), |r| {
-                (0..columns.len())
-                    .map(|i| match columns[i] {
-                        functions::SqlType::Float8 => r.get(i).map(Value::Float),
-                        functions::SqlType::Text => r.get(i).map(Value::String),
-                        _ => r.get(i).map(Value::Int),
-                    })
-                    .collect()
-            })?
-            .collect()
+            stmt.query_map(bound(params), |r| sql::decode_row(statement, &Columns(r)))?.collect()
         })
     }
 
