@@ -77,6 +77,16 @@ impl<'c, 'a> CallArgs<'c, 'a> {
         now_ms(&self.get("now_ms").arg, clock)
     }
 
+    /// A budget's or a window's cost in millionths: 1 when left out, 0 too where the
+    /// parameter allows it (the peeks).
+    fn cost_micros(&self) -> Result<i64> {
+        let cost = self.get("cost");
+        match cost.passed() {
+            None => Ok(MICROS_PER_UNIT),
+            Some(a) => cost_micros(cost.param.name, &a, cost.param.zero_allowed),
+        }
+    }
+
     /// A name-like argument (a policy, a subject, a tier) under its parameter's name.
     fn name(&self, param: &str) -> Result<&'a str> {
         name(param, &self.get(param).arg)
@@ -127,15 +137,11 @@ pub struct SpendArgs<'a> {
 
 impl<'a> SpendArgs<'a> {
     pub fn parse(call: &CallArgs<'_, 'a>, clock: &Clock) -> Result<Self> {
-        let cost = call.get("cost");
         Ok(SpendArgs {
             key: call.key()?,
             period: period(&call.get("period").arg)?,
             quota: amount_micros("quota", &call.get("quota").arg)?,
-            cost: match cost.passed() {
-                None => MICROS_PER_UNIT,
-                Some(a) => cost_micros("cost", &a, cost.param.zero_allowed)?,
-            },
+            cost: call.cost_micros()?,
             now_ms: call.now_ms(clock)?,
         })
     }
@@ -174,17 +180,13 @@ pub struct WindowArgs<'a> {
 
 impl<'a> WindowArgs<'a> {
     pub fn parse(call: &CallArgs<'_, 'a>, clock: &Clock) -> Result<Self> {
-        let cost = call.get("cost");
         Ok(WindowArgs {
             key: call.key()?,
             limits: WindowLimits {
                 limit: amount_micros("limit", &call.get("limit").arg)?,
                 window_ms: duration_ms("window_seconds", &call.get("window_seconds").arg)?,
             },
-            cost: match cost.passed() {
-                None => MICROS_PER_UNIT,
-                Some(a) => cost_micros("cost", &a, cost.param.zero_allowed)?,
-            },
+            cost: call.cost_micros()?,
             now_ms: call.now_ms(clock)?,
         })
     }
