@@ -13,7 +13,8 @@
 //!   atomic over it; [`decision_slot`]: how one SQL statement reaches a call's decision.
 //! - [`memory`]: the memory store's table of buckets (PostgreSQL shared memory), pure;
 //!   [`memory_store`]: the store that keeps buckets there and budgets in SQL.
-//! - [`functions`]: every SQL function described once; [`calls`]: what each one runs.
+//! - [`functions`]: every SQL function described once; [`calls`]: what each one runs;
+//!   [`generated`]: the files written from the table.
 //! - [`sql`]: the statement texts in `sql/`; [`sql_store`]: the store of both SQL engines.
 //! - [`sql_edition`]: the install script of the SQL edition (PL/pgSQL, for managed PostgreSQL).
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ pub mod calls;
 pub mod decision_slot;
 pub mod error;
 pub mod functions;
+pub mod generated;
 pub mod headers;
 pub mod key;
 pub mod lease;

@@ -2,7 +2,7 @@
 //! that the SQL and the client tests read them as plain files. This test fails when one is
 //! stale; `RL_BLESS=1 cargo test -p ratelimit_core --test generated` rewrites them.
 
-use ratelimit_core::functions;
+use ratelimit_core::generated;
 use std::path::Path;
 
 fn check(relative: &str, generated: String) {
@@ -20,10 +20,10 @@ fn check(relative: &str, generated: String) {
 
 #[test]
 fn pg_finalize_sql_is_generated_from_the_table() {
-    check("sql/pg_finalize.sql", functions::pg_finalize_sql());
+    check("sql/pg_finalize.sql", generated::pg_finalize_sql());
 }
 
 #[test]
 fn tests_functions_json_is_generated_from_the_table() {
-    check("tests/functions.json", functions::tests_json());
+    check("tests/functions.json", generated::tests_json());
 }
