@@ -12,7 +12,7 @@ use crate::decision_slot::{self, NotInStatement};
 use crate::error::{Error, Result};
 use crate::functions::{Entry, Function, InternalCall, ProcessCall, PureCall, StateCall};
 use crate::render::{Json, ToJson};
-use crate::store::LockingStore;
+use crate::store::Store;
 use crate::{headers, key, protocol};
 
 /// A function's result, typed as its descriptor's `returns`.
@@ -27,7 +27,7 @@ pub enum Answer {
 }
 
 /// Runs `f` with the engine's arguments. The one entry point of every engine.
-pub fn call<S: LockingStore>(f: &Function, store: &mut S, args: &[Arg], clock: &Clock) -> Result<Answer> {
+pub fn call<S: Store>(f: &Function, store: &mut S, args: &[Arg], clock: &Clock) -> Result<Answer> {
     let answer = f.check_arity(args.len()).and_then(|()| match f.entry {
         Entry::State(which) => state(which, &CallArgs::new(f, args), store, clock),
         entry => without_store(entry, args),
@@ -60,7 +60,7 @@ fn without_store(entry: Entry, args: &[Arg]) -> Result<Answer> {
     }
 }
 
-fn state<S: LockingStore>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clock) -> Result<Answer> {
+fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clock) -> Result<Answer> {
     let json = |r: &dyn ToJson| Answer::Json(r.to_json());
     Ok(match which {
         StateCall::Take => json(&protocol::take(store, &TakeArgs::parse(call, clock)?)?),

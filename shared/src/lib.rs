@@ -51,4 +51,4 @@ pub mod window;
 pub use args::{Arg, Clock};
 pub use calls::Answer;
 pub use error::{Error, ErrorKind, Result};
-pub use store::{Changed, LockingStore, RowStore, StoreError, StoreResult};
+pub use store::{BucketRows, Changed, Store, StoreError, StoreResult, TableRows};

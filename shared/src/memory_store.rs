@@ -3,14 +3,10 @@
 //! answers; bucket calls need no statement and no writable transaction.
 
 use crate::bucket::BucketState;
-use crate::budget::BudgetState;
 use crate::decision_slot::Decide;
 use crate::memory::{part_of, Hash, Part, PartRef, PARTS};
 use crate::multi::BucketItem;
-use crate::store::{
-    ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreResult, StoredPolicy,
-};
-use crate::units::Period;
+use crate::store::{BucketRows, ChangeResult, Changed, PolicyGuard, StoreResult, TableRows, TablesElsewhere};
 
 /// What the engine provides: the table's parts under its locks. Work done under a lock is
 /// pure arithmetic on the part; it never fails and never waits for anything else.
@@ -39,21 +35,26 @@ impl<M: SharedTable, T> MemoryStore<M, T> {
     }
 }
 
-impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
-    fn read_only(&mut self, rows: Rows) -> StoreResult<bool> {
-        match rows {
-            Rows::Buckets => Ok(false),
-            Rows::Budgets | Rows::Entries | Rows::Policies => self.table.read_only(rows),
-        }
+/// The tables are the SQL store's, as they always are.
+impl<M, T: TableRows> TablesElsewhere for MemoryStore<M, T> {
+    type Tables = T;
+
+    fn tables(&mut self) -> &mut T {
+        &mut self.table
+    }
+}
+
+/// Buckets in the shared table; a sweep or reset also clears buckets the table store kept
+/// before the switch.
+impl<M: SharedTable, T: BucketRows + TableRows> BucketRows for MemoryStore<M, T> {
+    /// Shared memory takes writes even on a standby or in a read-only transaction.
+    fn buckets_read_only(&mut self) -> StoreResult<bool> {
+        Ok(false)
     }
 
     fn read_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
         let hash = self.buckets.hash(key);
         Ok(self.buckets.read(part_of(&hash), |part| part.get(&hash)))
-    }
-
-    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        self.table.read_budget(key, period)
     }
 
     /// A new row's `refilled_at` is the time of the call that makes it (what a full part
@@ -63,16 +64,8 @@ impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
         Ok(self.with_bucket(key, |part, hash| part.insert(hash, database, row, row.refilled_at)))
     }
 
-    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
-        self.table.insert_budget(key, period, row)
-    }
-
     fn change_bucket(&mut self, key: &str, decide: Decide<BucketState>) -> ChangeResult<BucketState> {
         Ok(self.with_bucket(key, |part, hash| part.change(hash, |row| decide(row))))
-    }
-
-    fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
-        self.table.change_budget(key, period, decide)
     }
 
     /// The memory's buckets of this database first, then any the table still holds from
@@ -87,78 +80,6 @@ impl<M: SharedTable, T: RowStore> RowStore for MemoryStore<M, T> {
             removed += self.buckets.write(&[part], |parts| parts[0].sweep(database, cutoff_ms, limit - removed));
         }
         Ok(removed + self.table.sweep_buckets(cutoff_ms, limit - removed)?)
-    }
-
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.table.sweep_budgets(cutoff_ms, limit)
-    }
-
-    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        self.table.read_entries(kind, key)
-    }
-
-    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
-        self.table.insert_entries(kind, key, row)
-    }
-
-    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.table.sweep_entries(cutoff_ms, limit)
-    }
-
-    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
-        self.table.read_policy(name)
-    }
-
-    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
-        self.table.put_policy(name, definition, revision)
-    }
-
-    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
-        self.table.delete_policy(name)
-    }
-
-    const CHECKS_EPOCH_IN_MEMORY: bool = T::CHECKS_EPOCH_IN_MEMORY;
-
-    fn checks_epoch(&mut self) -> Option<u64> {
-        self.table.checks_epoch()
-    }
-
-    fn checks_changed(&mut self) -> StoreResult<()> {
-        self.table.checks_changed()
-    }
-
-    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
-        self.table.read_strike_rows(limit)
-    }
-
-    /// Only at an epoch kept in memory and found unmoved: the guard's rows live in tables
-    /// and the bucket here, so no one statement can test one and change the other.
-    fn change_bucket_for_policy(
-        &mut self,
-        key: &str,
-        guard: &PolicyGuard,
-        decide: Decide<BucketState>,
-    ) -> ChangeResult<BucketState> {
-        match self.epoch_unmoved_in_memory(guard) {
-            Some(true) => self.change_bucket(key, decide),
-            _ => Ok(Changed { decided_on: None, written: false }),
-        }
-    }
-}
-
-impl<M: SharedTable, T: LockingStore> LockingStore for MemoryStore<M, T> {
-    const LOCKS_ROWS: bool = T::LOCKS_ROWS;
-
-    fn begin_unit(&mut self) -> StoreResult<bool> {
-        self.table.begin_unit()
-    }
-
-    fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()> {
-        self.table.end_unit(owned, commit)
-    }
-
-    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        self.table.hold_budget(key, period)
     }
 
     /// Holds every part the keys fall in, in ascending order, for the decision and the writes.
@@ -185,21 +106,23 @@ impl<M: SharedTable, T: LockingStore> LockingStore for MemoryStore<M, T> {
         }))
     }
 
-    fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
-        self.table.replace_budget(key, period, old, new)
-    }
-
-    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        self.table.hold_entries(kind, key)
-    }
-
-    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool> {
-        self.table.replace_entries(kind, key, old, new)
-    }
-
-    /// The key's bucket in memory, and whatever the table holds under it.
-    fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
+    /// The key's bucket in memory, and one the table holds under it.
+    fn delete_bucket(&mut self, key: &str) -> StoreResult<i64> {
         let in_memory = self.with_bucket(key, |part, hash| part.remove(hash)) as i64;
-        Ok(in_memory + self.table.delete_key(key)?)
+        Ok(in_memory + self.table.delete_bucket(key)?)
+    }
+
+    /// Only at an epoch kept in memory and found unmoved: the guard's rows live in tables
+    /// and the bucket here, so no one statement can test one and change the other.
+    fn change_bucket_for_policy(
+        &mut self,
+        key: &str,
+        guard: &PolicyGuard,
+        decide: Decide<BucketState>,
+    ) -> ChangeResult<BucketState> {
+        match self.epoch_unmoved_in_memory(guard) {
+            Some(true) => self.change_bucket(key, decide),
+            _ => Ok(Changed { decided_on: None, written: false }),
+        }
     }
 }

@@ -9,14 +9,14 @@ use crate::decision_slot::{self, Decide};
 use crate::multi::BucketItem;
 use crate::sql::{Statement, Value};
 use crate::store::{
-    ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreError, StoreResult,
-    StoredPolicy,
+    BucketRows, ChangeResult, Changed, EntriesRow, EntryKind, PolicyGuard, StoreError, StoreResult, StoredPolicy,
+    TableRows,
 };
 use crate::units::Period;
 
 /// What an SQL engine provides.
 pub trait SqlEngine {
-    /// See [`LockingStore::LOCKS_ROWS`].
+    /// See [`TableRows::LOCKS_ROWS`].
     const LOCKS_ROWS: bool;
     /// Whether the database or transaction refuses writes.
     fn read_only(&mut self) -> StoreResult<bool>;
@@ -24,9 +24,9 @@ pub trait SqlEngine {
     fn execute(&mut self, statement: Statement, params: &[Value]) -> StoreResult<u64>;
     /// Runs a statement that returns at most one row, of the types in `statement.columns()`.
     fn query_row(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Option<Vec<Value<'static>>>>;
-    /// See [`LockingStore::begin_unit`].
+    /// See [`TableRows::begin_unit`].
     fn begin_unit(&mut self) -> StoreResult<bool>;
-    /// See [`LockingStore::end_unit`].
+    /// See [`TableRows::end_unit`].
     fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()>;
     /// Whether the engine runs the guarded UPDATEs, whose WHERE and SET clauses call back
     /// into the call in progress. Citus refuses them on distributed tables (their functions
@@ -36,11 +36,11 @@ pub trait SqlEngine {
     }
     /// Runs a statement that returns rows, of the types in `statement.columns()`.
     fn query_rows(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Vec<Vec<Value<'static>>>>;
-    /// See [`RowStore::CHECKS_EPOCH_IN_MEMORY`].
+    /// See [`TableRows::CHECKS_EPOCH_IN_MEMORY`].
     const CHECKS_EPOCH_IN_MEMORY: bool;
-    /// See [`RowStore::checks_epoch`].
+    /// See [`TableRows::checks_epoch`].
     fn checks_epoch(&mut self) -> Option<u64>;
-    /// See [`RowStore::checks_changed`].
+    /// See [`TableRows::checks_changed`].
     fn checks_changed(&mut self) -> StoreResult<()>;
 }
 
@@ -100,8 +100,8 @@ impl<E: SqlEngine> SqlStore<E> {
     }
 }
 
-impl<E: SqlEngine> RowStore for SqlStore<E> {
-    fn read_only(&mut self, _rows: Rows) -> StoreResult<bool> {
+impl<E: SqlEngine> BucketRows for SqlStore<E> {
+    fn buckets_read_only(&mut self) -> StoreResult<bool> {
         self.0.read_only()
     }
 
@@ -109,18 +109,9 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
         self.bucket(Statement::BucketRead, key)
     }
 
-    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        self.budget(Statement::BudgetRead, key, period)
-    }
-
     fn insert_bucket(&mut self, key: &str, row: &BucketState) -> StoreResult<bool> {
         let params = [Value::Text(key), Value::Float(row.level), Value::Int(row.refilled_at), Value::Int(row.full_at)];
         Ok(self.0.execute(Statement::BucketInsert, &params)? == 1)
-    }
-
-    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
-        let params = [Value::Text(key), Value::Text(period.as_str()), Value::Int(row.used), Value::Int(row.resets_at)];
-        Ok(self.0.execute(Statement::BudgetInsert, &params)? == 1)
     }
 
     fn change_bucket(&mut self, key: &str, decide: Decide<BucketState>) -> ChangeResult<BucketState> {
@@ -134,71 +125,40 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
         Ok(Changed { decided_on, written: written? == 1 })
     }
 
-    fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
-        if !self.0.runs_guarded_updates()? {
-            let row = self.budget(Statement::BudgetLock, key, period)?;
-            return change_held(row, decide, |new, old| self.replace_budget(key, period, old, new));
-        }
-        let (written, decided_on) = decision_slot::with_decision(&decision_slot::BUDGET, decide, || {
-            self.0.execute(Statement::BudgetChange, &[Value::Text(key), Value::Text(period.as_str())])
-        });
-        Ok(Changed { decided_on, written: written? == 1 })
-    }
-
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         Ok(self.0.execute(Statement::SweepBuckets, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
     }
 
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        Ok(self.0.execute(Statement::SweepBudgets, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
-    }
-
-    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        self.entries(Statement::EntriesRead, kind, key)
-    }
-
-    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
-        let params =
-            [Value::Text(key), Value::Text(kind.as_str()), Value::Text(&row.entries), Value::Int(row.empty_at)];
-        Ok(self.0.execute(Statement::EntriesInsert, &params)? == 1)
-    }
-
-    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        Ok(self.0.execute(Statement::SweepEntries, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
-    }
-
-    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
-        Ok(self
-            .0
-            .query_row(Statement::PolicyRead, &[Value::Text(name)])?
-            .map(|row| StoredPolicy { definition: row[0].as_text().to_owned(), revision: row[1].as_i64() }))
-    }
-
-    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
-        let params = [Value::Text(name), Value::Text(definition), Value::Int(revision)];
-        self.0.execute(Statement::PolicyPut, &params)?;
-        self.0.checks_changed()
-    }
-
-    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
-        let existed = self.0.execute(Statement::PolicyDelete, &[Value::Text(name)])? == 1;
-        self.0.checks_changed()?;
-        Ok(existed)
-    }
-
-    const CHECKS_EPOCH_IN_MEMORY: bool = E::CHECKS_EPOCH_IN_MEMORY;
-
-    fn checks_epoch(&mut self) -> Option<u64> {
-        self.0.checks_epoch()
-    }
-
-    fn checks_changed(&mut self) -> StoreResult<()> {
-        self.0.checks_changed()
-    }
-
-    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
-        let rows = self.0.query_rows(Statement::StrikeRowsRead, &[Value::Int(limit)])?;
-        Ok(Some(rows.into_iter().map(|r| (r[0].as_text().to_owned(), r[1].as_text().to_owned())).collect()))
+    /// Each row held by FOR UPDATE where rows are locked one by one (a missing row is first
+    /// inserted as the row that answers like none, since it cannot be locked); elsewhere
+    /// the unit's lock holds them. Writes compare and set, which fails only if a row
+    /// changed while held.
+    fn decide_buckets<R>(
+        &mut self,
+        items: &[&BucketItem],
+        decide: impl FnOnce(&[Option<BucketState>]) -> (Vec<Option<BucketState>>, R),
+    ) -> StoreResult<R> {
+        let mut rows = Vec::with_capacity(items.len());
+        for item in items {
+            if E::LOCKS_ROWS {
+                self.insert_bucket(item.key, &bucket::untouched(&item.limits))?;
+            }
+            rows.push(
+                self.bucket(if E::LOCKS_ROWS { Statement::BucketLock } else { Statement::BucketRead }, item.key)?,
+            );
+        }
+        let (writes, answer) = decide(&rows);
+        for ((item, old), new) in items.iter().zip(&rows).zip(&writes) {
+            let written = match (old, new) {
+                (_, None) => true,
+                (None, Some(new)) => self.insert_bucket(item.key, new)?,
+                (Some(old), Some(new)) => self.replace_bucket(item.key, old, new)?,
+            };
+            if !written {
+                return Err(StoreError { message: "a row changed while this call held it".into(), engine_code: None });
+            }
+        }
+        Ok(answer)
     }
 
     /// At an epoch: where the engine keeps it in memory, rl_take's own guarded write once
@@ -238,10 +198,18 @@ impl<E: SqlEngine> RowStore for SqlStore<E> {
             decision_slot::with_decision(&decision_slot::BUCKET, decide, || self.0.execute(statement, &params));
         Ok(Changed { decided_on, written: written? == 1 })
     }
+
+    fn delete_bucket(&mut self, key: &str) -> StoreResult<i64> {
+        Ok(self.0.execute(Statement::ResetBuckets, &[Value::Text(key)])? as i64)
+    }
 }
 
-impl<E: SqlEngine> LockingStore for SqlStore<E> {
+impl<E: SqlEngine> TableRows for SqlStore<E> {
     const LOCKS_ROWS: bool = E::LOCKS_ROWS;
+
+    fn read_only(&mut self) -> StoreResult<bool> {
+        self.0.read_only()
+    }
 
     fn begin_unit(&mut self) -> StoreResult<bool> {
         self.0.begin_unit()
@@ -251,36 +219,24 @@ impl<E: SqlEngine> LockingStore for SqlStore<E> {
         self.0.end_unit(owned, commit)
     }
 
-    /// Each row held by FOR UPDATE where rows are locked one by one (a missing row is first
-    /// inserted as the row that answers like none, since it cannot be locked); elsewhere
-    /// the unit's lock holds them. Writes compare and set, which fails only if a row
-    /// changed while held.
-    fn decide_buckets<R>(
-        &mut self,
-        items: &[&BucketItem],
-        decide: impl FnOnce(&[Option<BucketState>]) -> (Vec<Option<BucketState>>, R),
-    ) -> StoreResult<R> {
-        let mut rows = Vec::with_capacity(items.len());
-        for item in items {
-            if E::LOCKS_ROWS {
-                self.insert_bucket(item.key, &bucket::untouched(&item.limits))?;
-            }
-            rows.push(
-                self.bucket(if E::LOCKS_ROWS { Statement::BucketLock } else { Statement::BucketRead }, item.key)?,
-            );
+    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        self.budget(Statement::BudgetRead, key, period)
+    }
+
+    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
+        let params = [Value::Text(key), Value::Text(period.as_str()), Value::Int(row.used), Value::Int(row.resets_at)];
+        Ok(self.0.execute(Statement::BudgetInsert, &params)? == 1)
+    }
+
+    fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
+        if !self.0.runs_guarded_updates()? {
+            let row = self.budget(Statement::BudgetLock, key, period)?;
+            return change_held(row, decide, |new, old| self.replace_budget(key, period, old, new));
         }
-        let (writes, answer) = decide(&rows);
-        for ((item, old), new) in items.iter().zip(&rows).zip(&writes) {
-            let written = match (old, new) {
-                (_, None) => true,
-                (None, Some(new)) => self.insert_bucket(item.key, new)?,
-                (Some(old), Some(new)) => self.replace_bucket(item.key, old, new)?,
-            };
-            if !written {
-                return Err(StoreError { message: "a row changed while this call held it".into(), engine_code: None });
-            }
-        }
-        Ok(answer)
+        let (written, decided_on) = decision_slot::with_decision(&decision_slot::BUDGET, decide, || {
+            self.0.execute(Statement::BudgetChange, &[Value::Text(key), Value::Text(period.as_str())])
+        });
+        Ok(Changed { decided_on, written: written? == 1 })
     }
 
     fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
@@ -299,6 +255,20 @@ impl<E: SqlEngine> LockingStore for SqlStore<E> {
         Ok(self.0.execute(Statement::BudgetUpdate, &params)? == 1)
     }
 
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(self.0.execute(Statement::SweepBudgets, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
+    }
+
+    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        self.entries(Statement::EntriesRead, kind, key)
+    }
+
+    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
+        let params =
+            [Value::Text(key), Value::Text(kind.as_str()), Value::Text(&row.entries), Value::Int(row.empty_at)];
+        Ok(self.0.execute(Statement::EntriesInsert, &params)? == 1)
+    }
+
     fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
         self.entries(if E::LOCKS_ROWS { Statement::EntriesLock } else { Statement::EntriesRead }, kind, key)
     }
@@ -315,11 +285,49 @@ impl<E: SqlEngine> LockingStore for SqlStore<E> {
         Ok(self.0.execute(Statement::EntriesUpdate, &params)? == 1)
     }
 
+    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(self.0.execute(Statement::SweepEntries, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
+    }
+
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
         let mut removed = 0;
-        for statement in [Statement::ResetBuckets, Statement::ResetBudgets, Statement::ResetEntries] {
+        for statement in [Statement::ResetBudgets, Statement::ResetEntries] {
             removed += self.0.execute(statement, &[Value::Text(key)])?;
         }
         Ok(removed as i64)
+    }
+
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
+        Ok(self
+            .0
+            .query_row(Statement::PolicyRead, &[Value::Text(name)])?
+            .map(|row| StoredPolicy { definition: row[0].as_text().to_owned(), revision: row[1].as_i64() }))
+    }
+
+    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
+        let params = [Value::Text(name), Value::Text(definition), Value::Int(revision)];
+        self.0.execute(Statement::PolicyPut, &params)?;
+        self.0.checks_changed()
+    }
+
+    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
+        let existed = self.0.execute(Statement::PolicyDelete, &[Value::Text(name)])? == 1;
+        self.0.checks_changed()?;
+        Ok(existed)
+    }
+
+    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
+        let rows = self.0.query_rows(Statement::StrikeRowsRead, &[Value::Int(limit)])?;
+        Ok(Some(rows.into_iter().map(|r| (r[0].as_text().to_owned(), r[1].as_text().to_owned())).collect()))
+    }
+
+    const CHECKS_EPOCH_IN_MEMORY: bool = E::CHECKS_EPOCH_IN_MEMORY;
+
+    fn checks_epoch(&mut self) -> Option<u64> {
+        self.0.checks_epoch()
+    }
+
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        self.0.checks_changed()
     }
 }

@@ -1,16 +1,19 @@
 //! The seam between the rules and an engine: what an engine must do with state rows, split
-//! by the two protocols that use it ([`crate::protocol`]).
+//! by where the rows live ([`crate::protocol`] runs every call over a [`Store`]).
 //!
-//! - [`RowStore`]: single-row calls (rl_take, rl_spend, the refunds, the peeks, rl_sweep).
-//!   A change is one guarded write: the engine hands the row it is about to change to the
-//!   call's decision and writes what that decision wants, in one step. A refusal writes
-//!   nothing. Only a missing row takes a second step, an insert that may lose to a
-//!   concurrent one.
-//! - [`LockingStore`]: calls on several rows (rl_take_all, rl_reset), and on rows of
-//!   entries (sliding windows, leases), whose decisions are too large for a guarded write.
-//!   One unit that reads each row holding it (PostgreSQL: FOR UPDATE; SQLite: the write
-//!   lock of BEGIN IMMEDIATE), decides, and writes each row only if it still holds what
-//!   was read.
+//! - [`BucketRows`]: buckets, the only rows the memory store keeps elsewhere.
+//! - [`TableRows`]: budgets, rows of entries (windows, leases, strikes), policies and the
+//!   checks epoch, always in the engine's tables; and the units that make several changes
+//!   one.
+//!
+//! Two ways to change a row. A single-row change (rl_take, rl_spend, the refunds) is one
+//! guarded write: the engine hands the row it is about to change to the call's decision
+//! and writes what that decision wants, in one step; a refusal writes nothing, and only a
+//! missing row takes a second step, an insert that may lose to a concurrent one. Calls on
+//! several rows (rl_take_all, rl_reset) and on rows of entries, whose decisions are too
+//! large for a guarded write, run as one unit that reads each row holding it (PostgreSQL:
+//! FOR UPDATE; SQLite: the write lock of BEGIN IMMEDIATE), decides, and writes each row
+//! only if it still holds what was read.
 
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
@@ -45,7 +48,7 @@ pub struct Changed<T> {
     pub written: bool,
 }
 
-/// What [`RowStore::change_bucket`] and [`RowStore::change_budget`] return.
+/// What [`BucketRows::change_bucket`] and [`TableRows::change_budget`] return.
 pub type ChangeResult<T> = StoreResult<Changed<T>>;
 
 /// Which kind of row a call changes: the two may live in different homes (PostgreSQL's
@@ -88,85 +91,6 @@ pub struct EntriesRow {
     pub empty_at: i64,
 }
 
-/// Single-row reads and guarded writes.
-pub trait RowStore {
-    /// Whether the home of `rows` refuses writes (a read-only database or transaction).
-    fn read_only(&mut self, rows: Rows) -> StoreResult<bool>;
-    /// The bucket row of `key`, as it stands (no lock).
-    fn read_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>>;
-    /// The budget row of `key` and `period`, as it stands (no lock).
-    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>>;
-    /// Inserts the bucket row of `key` unless one exists; returns whether it did.
-    fn insert_bucket(&mut self, key: &str, row: &BucketState) -> StoreResult<bool>;
-    /// Inserts the budget row of `key` and `period` unless one exists; returns whether it did.
-    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool>;
-    /// One guarded write of the bucket row of `key`: calls `decide` with the row as it
-    /// stands when the write reaches it (again, if a concurrent write makes it re-check a
-    /// newer version) and stores what the last call returned, if anything. `decide` is
-    /// never called when there is no row.
-    fn change_bucket(&mut self, key: &str, decide: Decide<BucketState>) -> ChangeResult<BucketState>;
-    /// [`RowStore::change_bucket`] for the budget row of `key` and `period`.
-    fn change_budget(&mut self, key: &str, period: Period, d: Decide<BudgetState>)
-        -> StoreResult<Changed<BudgetState>>;
-    /// Deletes at most `limit` buckets that are full by `cutoff_ms`, re-checking `full_at`
-    /// on the row it deletes, so a row a concurrent take just refilled stays.
-    fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
-    /// Deletes at most `limit` budgets whose period ended by `cutoff_ms`.
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
-    /// The row of entries of `kind` under `key`, as it stands (no lock).
-    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>>;
-    /// Inserts the row of entries of `kind` under `key` unless one exists; returns whether it did.
-    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool>;
-    /// Deletes at most `limit` rows of entries empty by `cutoff_ms`.
-    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
-    /// The stored definition of policy `name`.
-    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>>;
-    /// Stores `definition` as policy `name` under a new `revision`, replacing any.
-    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()>;
-    /// Deletes policy `name`; returns whether it existed.
-    fn delete_policy(&mut self, name: &str) -> StoreResult<bool>;
-    /// The checks epoch: a number that moves whenever a policy is set or dropped, or a
-    /// subject comes to have a recorded block ([`crate::penalty::records_new_block`]), as
-    /// this connection sees the database. What rl_check read at one epoch (policies, the
-    /// subjects with blocks) holds while the epoch stands. None where the store cannot tell.
-    fn checks_epoch(&mut self) -> Option<u64> {
-        None
-    }
-    /// Whether [`RowStore::checks_epoch`] is a number in this session's own memory, free
-    /// to read and exact right before a write (PostgreSQL: moved by the invalidations
-    /// other sessions send at commit). Else a write that depends on it tests the epoch in
-    /// its own statement.
-    const CHECKS_EPOCH_IN_MEMORY: bool = false;
-    /// Where the store keeps the checks epoch in memory and `guard` carries one, whether it
-    /// is unmoved (then [`RowStore::change_bucket_for_policy`] is rl_take's own write);
-    /// None otherwise.
-    fn epoch_unmoved_in_memory(&mut self, guard: &PolicyGuard) -> Option<bool> {
-        let epoch = guard.epoch.filter(|_| Self::CHECKS_EPOCH_IN_MEMORY)?;
-        Some(self.checks_epoch() == Some(epoch))
-    }
-    /// Has the checks epoch move for every session once this transaction commits (a
-    /// store whose epoch moves by itself, as SQLite's triggers move it, does nothing).
-    fn checks_changed(&mut self) -> StoreResult<()> {
-        Ok(())
-    }
-    /// Every subject's row of strikes and blocks (subject, entries), at most `limit`
-    /// (no lock); None where the store cannot list them.
-    fn read_strike_rows(&mut self, _limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
-        Ok(None)
-    }
-    /// [`RowStore::change_bucket`], only while `guard` holds; otherwise, or where the store
-    /// cannot test it, it writes nothing and reports no row (this default), and rl_check
-    /// takes its general path.
-    fn change_bucket_for_policy(
-        &mut self,
-        _key: &str,
-        _guard: &PolicyGuard,
-        _decide: Decide<BucketState>,
-    ) -> ChangeResult<BucketState> {
-        Ok(Changed { decided_on: None, written: false })
-    }
-}
-
 /// A policy as stored: its definition and the revision every rl_policy_set gives it anew.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredPolicy {
@@ -175,7 +99,7 @@ pub struct StoredPolicy {
 }
 
 /// What rl_check's one-statement path must still find true when it writes
-/// ([`RowStore::change_bucket_for_policy`]).
+/// ([`BucketRows::change_bucket_for_policy`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyGuard<'a> {
     pub policy: &'a str,
@@ -189,18 +113,23 @@ pub struct PolicyGuard<'a> {
     pub epoch: Option<u64>,
 }
 
-/// Several rows changed as one unit.
-pub trait LockingStore: RowStore {
-    /// Whether a held row is locked by itself (PostgreSQL), which a missing row cannot be,
-    /// rather than by a lock on the whole database (SQLite).
-    const LOCKS_ROWS: bool;
-    /// Makes the following statements one unit that holds the write lock from its start,
-    /// unless the caller's own transaction already is one. Returns whether it began one.
-    fn begin_unit(&mut self) -> StoreResult<bool>;
-    /// Ends what [`LockingStore::begin_unit`] began (`owned`): commit, or roll back.
-    fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()>;
-    /// The budget row of `key` and `period`, held until the unit ends.
-    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>>;
+/// What buckets need, wherever they live: the one part of the store the memory store
+/// replaces (PostgreSQL's shared memory). A change is one guarded write.
+pub trait BucketRows {
+    /// Whether buckets cannot be written here (a read-only database or transaction).
+    fn buckets_read_only(&mut self) -> StoreResult<bool>;
+    /// The bucket row of `key`, as it stands (no lock).
+    fn read_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>>;
+    /// Inserts the bucket row of `key` unless one exists; returns whether it did.
+    fn insert_bucket(&mut self, key: &str, row: &BucketState) -> StoreResult<bool>;
+    /// One guarded write of the bucket row of `key`: calls `decide` with the row as it
+    /// stands when the write reaches it (again, if a concurrent write makes it re-check a
+    /// newer version) and stores what the last call returned, if anything. `decide` is
+    /// never called when there is no row.
+    fn change_bucket(&mut self, key: &str, decide: Decide<BucketState>) -> ChangeResult<BucketState>;
+    /// Deletes at most `limit` buckets that are full by `cutoff_ms`, re-checking `full_at`
+    /// on the row it deletes, so a row a concurrent take just refilled stays.
+    fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
     /// Holds the bucket rows of `items` (in this order, keys all different), hands them to
     /// `decide` and, still holding them, stores each row it returns (Some) in the same
     /// order. Returns what `decide` answered alongside.
@@ -209,12 +138,178 @@ pub trait LockingStore: RowStore {
         items: &[&BucketItem],
         decide: impl FnOnce(&[Option<BucketState>]) -> (Vec<Option<BucketState>>, R),
     ) -> StoreResult<R>;
-    /// Writes `new` over the budget row of `key` and `period` if it still holds `expected`.
+    /// Deletes the bucket of `key`; returns how many rows went.
+    fn delete_bucket(&mut self, key: &str) -> StoreResult<i64>;
+    /// [`BucketRows::change_bucket`], only while `guard` holds; otherwise, or where the
+    /// store cannot test it, it writes nothing and reports no row (this default), and
+    /// rl_check takes its general path.
+    fn change_bucket_for_policy(
+        &mut self,
+        _key: &str,
+        _guard: &PolicyGuard,
+        _decide: Decide<BucketState>,
+    ) -> ChangeResult<BucketState> {
+        Ok(Changed { decided_on: None, written: false })
+    }
+}
+
+/// What the tables hold: budgets (one guarded write per change, like buckets), rows of
+/// entries (windows, leases, strikes: read, held and replaced in one unit), policies and
+/// the checks epoch; and the units that make several changes one.
+pub trait TableRows {
+    /// Whether a held row is locked by itself (PostgreSQL), which a missing row cannot be,
+    /// rather than by a lock on the whole database (SQLite).
+    const LOCKS_ROWS: bool;
+    /// Whether the tables refuse writes (a read-only database or transaction).
+    fn read_only(&mut self) -> StoreResult<bool>;
+    /// Makes the following statements one unit that holds the write lock from its start,
+    /// unless the caller's own transaction already is one. Returns whether it began one.
+    fn begin_unit(&mut self) -> StoreResult<bool>;
+    /// Ends what [`TableRows::begin_unit`] began (`owned`): commit, or roll back.
+    fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()>;
+
+    /// The budget row of `key` and `period`, as it stands (no lock).
+    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>>;
+    /// Inserts the budget row of `key` and `period` unless one exists; returns whether it did.
+    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool>;
+    /// [`BucketRows::change_bucket`] for the budget row of `key` and `period`.
+    fn change_budget(&mut self, key: &str, period: Period, d: Decide<BudgetState>) -> ChangeResult<BudgetState>;
+    /// The budget row of `key` and `period`, held until the unit ends.
+    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>>;
+    /// Writes `new` over the budget row of `key` and `period` if it still holds `old`.
     fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool>;
+    /// Deletes at most `limit` budgets whose period ended by `cutoff_ms`.
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+
+    /// The row of entries of `kind` under `key`, as it stands (no lock).
+    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>>;
+    /// Inserts the row of entries of `kind` under `key` unless one exists; returns whether it did.
+    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool>;
     /// The row of entries of `kind` under `key`, held until the unit ends.
     fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>>;
     /// Writes `new` over the row of entries of `kind` under `key` if it still holds `old`.
     fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool>;
-    /// Deletes every row of `key`: bucket, budgets, windows and leases.
+    /// Deletes at most `limit` rows of entries empty by `cutoff_ms`.
+    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+
+    /// Deletes every budget and row of entries of `key`; returns how many rows went.
     fn delete_key(&mut self, key: &str) -> StoreResult<i64>;
+
+    /// The stored definition of policy `name`.
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>>;
+    /// Stores `definition` as policy `name` under a new `revision`, replacing any.
+    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()>;
+    /// Deletes policy `name`; returns whether it existed.
+    fn delete_policy(&mut self, name: &str) -> StoreResult<bool>;
+    /// Every subject's row of strikes and blocks (subject, entries), at most `limit`
+    /// (no lock); None where the store cannot list them.
+    fn read_strike_rows(&mut self, _limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
+        Ok(None)
+    }
+
+    /// The checks epoch: a number that moves whenever a policy is set or dropped, or a
+    /// subject comes to have a recorded block ([`crate::penalty::records_new_block`]), as
+    /// this connection sees the database. What rl_check read at one epoch (policies, the
+    /// subjects with blocks) holds while the epoch stands. None where the store cannot tell.
+    fn checks_epoch(&mut self) -> Option<u64> {
+        None
+    }
+    /// Whether [`TableRows::checks_epoch`] is a number in this session's own memory, free
+    /// to read and exact right before a write (PostgreSQL: moved by the invalidations
+    /// other sessions send at commit). Else a write that depends on it tests the epoch in
+    /// its own statement.
+    const CHECKS_EPOCH_IN_MEMORY: bool = false;
+    /// Where the store keeps the checks epoch in memory and `guard` carries one, whether it
+    /// is unmoved (then [`BucketRows::change_bucket_for_policy`] is rl_take's own write);
+    /// None otherwise.
+    fn epoch_unmoved_in_memory(&mut self, guard: &PolicyGuard) -> Option<bool> {
+        let epoch = guard.epoch.filter(|_| Self::CHECKS_EPOCH_IN_MEMORY)?;
+        Some(self.checks_epoch() == Some(epoch))
+    }
+    /// Has the checks epoch move for every session once this transaction commits (a
+    /// store whose epoch moves by itself, as SQLite's triggers move it, does nothing).
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
+/// The store a call runs over: buckets and tables, which may live apart.
+pub trait Store: BucketRows + TableRows {}
+
+impl<S: BucketRows + TableRows> Store for S {}
+
+/// A store whose tables are another store's (the memory store keeps buckets itself and
+/// everything else where the SQL store keeps it): [`TableRows`] comes from here, written
+/// once for every such store.
+pub trait TablesElsewhere {
+    type Tables: TableRows;
+    fn tables(&mut self) -> &mut Self::Tables;
+}
+
+impl<S: TablesElsewhere> TableRows for S {
+    const LOCKS_ROWS: bool = S::Tables::LOCKS_ROWS;
+    const CHECKS_EPOCH_IN_MEMORY: bool = S::Tables::CHECKS_EPOCH_IN_MEMORY;
+    fn read_only(&mut self) -> StoreResult<bool> {
+        self.tables().read_only()
+    }
+    fn begin_unit(&mut self) -> StoreResult<bool> {
+        self.tables().begin_unit()
+    }
+    fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()> {
+        self.tables().end_unit(owned, commit)
+    }
+    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        self.tables().read_budget(key, period)
+    }
+    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
+        self.tables().insert_budget(key, period, row)
+    }
+    fn change_budget(&mut self, key: &str, period: Period, d: Decide<BudgetState>) -> ChangeResult<BudgetState> {
+        self.tables().change_budget(key, period, d)
+    }
+    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        self.tables().hold_budget(key, period)
+    }
+    fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
+        self.tables().replace_budget(key, period, old, new)
+    }
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        self.tables().sweep_budgets(cutoff_ms, limit)
+    }
+    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        self.tables().read_entries(kind, key)
+    }
+    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
+        self.tables().insert_entries(kind, key, row)
+    }
+    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        self.tables().hold_entries(kind, key)
+    }
+    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool> {
+        self.tables().replace_entries(kind, key, old, new)
+    }
+    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        self.tables().sweep_entries(cutoff_ms, limit)
+    }
+    fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
+        self.tables().delete_key(key)
+    }
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
+        self.tables().read_policy(name)
+    }
+    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
+        self.tables().put_policy(name, definition, revision)
+    }
+    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
+        self.tables().delete_policy(name)
+    }
+    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
+        self.tables().read_strike_rows(limit)
+    }
+    fn checks_epoch(&mut self) -> Option<u64> {
+        self.tables().checks_epoch()
+    }
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        self.tables().checks_changed()
+    }
 }

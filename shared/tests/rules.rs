@@ -11,7 +11,7 @@ use ratelimit_core::memory;
 use ratelimit_core::memory_store::{MemoryStore, SharedTable};
 use ratelimit_core::multi::BucketItem;
 use ratelimit_core::store::{
-    ChangeResult, Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreResult, StoredPolicy,
+    BucketRows, ChangeResult, Changed, EntriesRow, EntryKind, PolicyGuard, StoreResult, StoredPolicy, TableRows,
 };
 use ratelimit_core::units::{Period, MAX_WAIT_MS};
 use ratelimit_core::ErrorKind;
@@ -92,15 +92,12 @@ impl MapStore {
     }
 }
 
-impl RowStore for MapStore {
-    fn read_only(&mut self, _rows: Rows) -> StoreResult<bool> {
+impl BucketRows for MapStore {
+    fn buckets_read_only(&mut self) -> StoreResult<bool> {
         Ok(self.read_only)
     }
     fn read_bucket(&mut self, key: &str) -> StoreResult<Option<BucketState>> {
         Ok(self.buckets.get(key).copied())
-    }
-    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        Ok(self.budgets.get(&(key.to_owned(), period)).copied())
     }
     fn insert_bucket(&mut self, key: &str, row: &BucketState) -> StoreResult<bool> {
         if self.lost_races > 0 {
@@ -112,55 +109,31 @@ impl RowStore for MapStore {
         }
         Ok(Self::compare_and_set(&mut self.buckets, key.to_owned(), None, row, &mut self.writes))
     }
-    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
-        Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), None, row, &mut self.writes))
-    }
     fn change_bucket(&mut self, key: &str, decide: Decide<BucketState>) -> ChangeResult<BucketState> {
         Self::change(&mut self.buckets, key.to_owned(), decide, &mut self.swept_mid_write, &mut self.writes)
-    }
-    fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
-        Self::change(&mut self.budgets, (key.to_owned(), period), decide, &mut self.swept_mid_write, &mut self.writes)
     }
     fn sweep_buckets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         Ok(Self::sweep(&mut self.buckets, |b| b.full_at <= cutoff_ms, limit))
     }
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        Ok(Self::sweep(&mut self.budgets, |b| b.resets_at <= cutoff_ms, limit))
-    }
-    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        Ok(self.entries.get(&(key.to_owned(), kind)).cloned())
-    }
-    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
-        if self.entries.contains_key(&(key.to_owned(), kind)) {
-            return Ok(false);
+    fn decide_buckets<R>(
+        &mut self,
+        items: &[&BucketItem],
+        decide: impl FnOnce(&[Option<BucketState>]) -> (Vec<Option<BucketState>>, R),
+    ) -> StoreResult<R> {
+        let rows: Vec<Option<BucketState>> = items.iter().map(|i| self.buckets.get(i.key).copied()).collect();
+        let (writes, answer) = decide(&rows);
+        for ((item, old), new) in items.iter().zip(&rows).zip(&writes) {
+            if let Some(new) = new {
+                assert!(Self::compare_and_set(
+                    &mut self.buckets,
+                    item.key.to_owned(),
+                    old.as_ref(),
+                    new,
+                    &mut self.writes
+                ));
+            }
         }
-        self.writes += 1;
-        self.entries.insert((key.to_owned(), kind), row.clone());
-        Ok(true)
-    }
-    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        Ok(Self::sweep(&mut self.entries, |e| e.empty_at <= cutoff_ms, limit))
-    }
-    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
-        Ok(self.policies.get(name).cloned())
-    }
-    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
-        self.writes += 1;
-        self.policies.insert(name.to_owned(), StoredPolicy { definition: definition.to_owned(), revision });
-        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
-        Ok(())
-    }
-    const CHECKS_EPOCH_IN_MEMORY: bool = true;
-    fn checks_epoch(&mut self) -> Option<u64> {
-        self.checks_epoch
-    }
-    fn checks_changed(&mut self) -> StoreResult<()> {
-        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
-        Ok(())
-    }
-    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
-        let rows = self.entries.iter().filter(|((_, kind), _)| *kind == EntryKind::Block);
-        Ok(Some(rows.take(limit as usize).map(|((subject, _), row)| (subject.clone(), row.entries.clone())).collect()))
+        Ok(answer)
     }
     fn change_bucket_for_policy(
         &mut self,
@@ -185,14 +158,16 @@ impl RowStore for MapStore {
         self.one_statement_checks += changed.written as usize;
         Ok(changed)
     }
-    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
-        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
-        Ok(self.policies.remove(name).is_some())
+    fn delete_bucket(&mut self, key: &str) -> StoreResult<i64> {
+        Ok(self.buckets.remove(key).is_some() as i64)
     }
 }
 
-impl LockingStore for MapStore {
+impl TableRows for MapStore {
     const LOCKS_ROWS: bool = false;
+    fn read_only(&mut self) -> StoreResult<bool> {
+        Ok(self.read_only)
+    }
     fn begin_unit(&mut self) -> StoreResult<bool> {
         self.atomic_depth += 1;
         Ok(true)
@@ -201,31 +176,34 @@ impl LockingStore for MapStore {
         self.atomic_depth -= 1;
         Ok(())
     }
-    fn decide_buckets<R>(
-        &mut self,
-        items: &[&BucketItem],
-        decide: impl FnOnce(&[Option<BucketState>]) -> (Vec<Option<BucketState>>, R),
-    ) -> StoreResult<R> {
-        let rows: Vec<Option<BucketState>> = items.iter().map(|i| self.buckets.get(i.key).copied()).collect();
-        let (writes, answer) = decide(&rows);
-        for ((item, old), new) in items.iter().zip(&rows).zip(&writes) {
-            if let Some(new) = new {
-                assert!(Self::compare_and_set(
-                    &mut self.buckets,
-                    item.key.to_owned(),
-                    old.as_ref(),
-                    new,
-                    &mut self.writes
-                ));
-            }
-        }
-        Ok(answer)
+    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
+        Ok(self.budgets.get(&(key.to_owned(), period)).copied())
+    }
+    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
+        Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), None, row, &mut self.writes))
+    }
+    fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
+        Self::change(&mut self.budgets, (key.to_owned(), period), decide, &mut self.swept_mid_write, &mut self.writes)
     }
     fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
         self.read_budget(key, period)
     }
     fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
         Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), Some(old), new, &mut self.writes))
+    }
+    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(Self::sweep(&mut self.budgets, |b| b.resets_at <= cutoff_ms, limit))
+    }
+    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
+        Ok(self.entries.get(&(key.to_owned(), kind)).cloned())
+    }
+    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
+        if self.entries.contains_key(&(key.to_owned(), kind)) {
+            return Ok(false);
+        }
+        self.writes += 1;
+        self.entries.insert((key.to_owned(), kind), row.clone());
+        Ok(true)
     }
     fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
         self.read_entries(kind, key)
@@ -239,13 +217,40 @@ impl LockingStore for MapStore {
         self.entries.insert(row, new.clone());
         Ok(true)
     }
+    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(Self::sweep(&mut self.entries, |e| e.empty_at <= cutoff_ms, limit))
+    }
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
-        let count = |s: &Self| s.buckets.len() + s.budgets.len() + s.entries.len();
+        let count = |s: &Self| s.budgets.len() + s.entries.len();
         let before = count(self);
-        self.buckets.remove(key);
         self.budgets.retain(|(k, _), _| k != key);
         self.entries.retain(|(k, _), _| k != key);
         Ok((before - count(self)) as i64)
+    }
+    fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
+        Ok(self.policies.get(name).cloned())
+    }
+    fn put_policy(&mut self, name: &str, definition: &str, revision: i64) -> StoreResult<()> {
+        self.writes += 1;
+        self.policies.insert(name.to_owned(), StoredPolicy { definition: definition.to_owned(), revision });
+        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
+        Ok(())
+    }
+    fn delete_policy(&mut self, name: &str) -> StoreResult<bool> {
+        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
+        Ok(self.policies.remove(name).is_some())
+    }
+    fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
+        let rows = self.entries.iter().filter(|((_, kind), _)| *kind == EntryKind::Block);
+        Ok(Some(rows.take(limit as usize).map(|((subject, _), row)| (subject.clone(), row.entries.clone())).collect()))
+    }
+    const CHECKS_EPOCH_IN_MEMORY: bool = true;
+    fn checks_epoch(&mut self) -> Option<u64> {
+        self.checks_epoch
+    }
+    fn checks_changed(&mut self) -> StoreResult<()> {
+        self.checks_epoch = self.checks_epoch.map(|e| e + 1);
+        Ok(())
     }
 }
 

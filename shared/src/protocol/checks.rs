@@ -7,7 +7,7 @@ use crate::policy_cache;
 
 /// rl_policy_set: validates a whole definition, stores it in its canonical form and
 /// returns that.
-pub fn policy_set<S: RowStore>(store: &mut S, name: &str, definition: &str) -> Result<Policy> {
+pub fn policy_set<S: Store>(store: &mut S, name: &str, definition: &str) -> Result<Policy> {
     let policy = Policy::parse(definition)?;
     writable(store, Rows::Policies)?;
     let revision = policy::new_revision();
@@ -17,7 +17,7 @@ pub fn policy_set<S: RowStore>(store: &mut S, name: &str, definition: &str) -> R
 }
 
 /// rl_policy_drop: whether the policy existed.
-pub fn policy_drop<S: RowStore>(store: &mut S, name: &str) -> Result<bool> {
+pub fn policy_drop<S: Store>(store: &mut S, name: &str) -> Result<bool> {
     writable(store, Rows::Policies)?;
     let existed = store.delete_policy(name)?;
     policy_cache::forget(name);
@@ -27,7 +27,7 @@ pub fn policy_drop<S: RowStore>(store: &mut S, name: &str) -> Result<bool> {
 /// rl_check: every limit of a policy on a subject, all or nothing, as rl_take_all decides
 /// them. A shadow policy changes state exactly as enforcement would (charged when it would
 /// admit, untouched when it would refuse) and reports the refusal it would have made.
-pub fn check<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Json> {
+pub fn check<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Json> {
     if let Some(answer) = check_one_bucket(store, a)? {
         return Ok(answer);
     }
@@ -57,7 +57,7 @@ pub fn check<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Json> {
 /// A policy as stored now, parsed (or from the connection's cache when unchanged). At a
 /// checks epoch this thread has not listed the blocked subjects at, it lists them too, for
 /// rl_check's one-statement path.
-pub(super) fn stored_policy<S: RowStore>(store: &mut S, name: &str) -> Result<Rc<Policy>> {
+pub(super) fn stored_policy<S: Store>(store: &mut S, name: &str) -> Result<Rc<Policy>> {
     let epoch = store.checks_epoch();
     let stored = store.read_policy(name)?;
     let Some(stored) = stored else {
@@ -79,7 +79,7 @@ pub(super) fn stored_policy<S: RowStore>(store: &mut S, name: &str) -> Result<Rc
 /// never above their burst, budgets never below 0, windows by forgetting the newest
 /// admissions that still count. Each item answers as rl_refund, rl_refund_budget and
 /// rl_window_peek do.
-pub fn refund_check<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Json> {
+pub fn refund_check<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Json> {
     let policy = stored_policy(store, a.policy)?;
     let multiplier = policy.multiplier(a.tier)?;
     let keys = policy.keys(a.policy, a.subject);
@@ -119,7 +119,7 @@ pub fn refund_check<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Jso
 /// its revision and no strikes or block on the subject. None when nothing was written (a
 /// refusal, a new key, a moved epoch, a changed policy, strikes, or a store that cannot):
 /// the general path decides then.
-pub(super) fn check_one_bucket<S: LockingStore>(store: &mut S, a: &CheckArgs) -> Result<Option<Json>> {
+pub(super) fn check_one_bucket<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Option<Json>> {
     let Some(cached) = policy_cache::cached(a.policy) else { return Ok(None) };
     let policy = cached.policy;
     let ([LimitShape::Bucket { .. }], Ok(multiplier)) = (policy.limits.as_slice(), policy.multiplier(a.tier)) else {
@@ -141,7 +141,7 @@ pub(super) fn check_one_bucket<S: LockingStore>(store: &mut S, a: &CheckArgs) ->
     Ok(Some(render::check(&decision, a.policy, a.tier, policy.shadow, None, a.now_ms)))
 }
 
-pub(super) fn strikes_of<S: RowStore>(store: &mut S, subject: &str) -> Result<Strikes> {
+pub(super) fn strikes_of<S: Store>(store: &mut S, subject: &str) -> Result<Strikes> {
     let row = store.read_entries(EntryKind::Block, subject)?;
     row.map_or(Some(Strikes::default()), |r| Strikes::decode(&r.entries)).ok_or_else(|| damaged(EntryKind::Block))
 }
@@ -149,7 +149,7 @@ pub(super) fn strikes_of<S: RowStore>(store: &mut S, subject: &str) -> Result<St
 /// A change to a subject's strikes: `decide` gets the stored state and when its row stops
 /// mattering, and gives the answer and the state to store with its row's `empty_at`. A
 /// write that gives the subject a recorded block moves the checks epoch.
-pub(super) fn change_strikes<S: LockingStore, R>(
+pub(super) fn change_strikes<S: Store, R>(
     store: &mut S,
     subject: &str,
     decide: impl Fn(Option<&Strikes>, i64) -> (R, Option<(Strikes, i64)>),
@@ -172,7 +172,7 @@ pub(super) fn change_strikes<S: LockingStore, R>(
 }
 
 /// rl_penalize: one strike; past the free ones, a block that doubles with each.
-pub fn penalize<S: LockingStore>(store: &mut S, a: &PenalizeArgs) -> Result<BlockAnswer> {
+pub fn penalize<S: Store>(store: &mut S, a: &PenalizeArgs) -> Result<BlockAnswer> {
     let e: Escalation = a.escalation;
     change_strikes(store, a.subject, |state, _| {
         // strikes are remembered window_ms after the last
@@ -182,7 +182,7 @@ pub fn penalize<S: LockingStore>(store: &mut S, a: &PenalizeArgs) -> Result<Bloc
 }
 
 /// rl_block: a block for `seconds`, or until rl_unblock.
-pub fn block<S: LockingStore>(store: &mut S, a: &BlockArgs) -> Result<BlockAnswer> {
+pub fn block<S: Store>(store: &mut S, a: &BlockArgs) -> Result<BlockAnswer> {
     change_strikes(store, a.subject, |state, kept_until| {
         let (answer, new) = penalty::block(state, a.length_ms, a.now_ms);
         // a row from before forgotten_at was recorded keeps the end its rl_penalize gave it
@@ -191,7 +191,7 @@ pub fn block<S: LockingStore>(store: &mut S, a: &BlockArgs) -> Result<BlockAnswe
 }
 
 /// rl_unblock: lifts a block and forgets strikes; whether a block was in force.
-pub fn unblock<S: LockingStore>(store: &mut S, subject: &str, now_ms: i64) -> Result<bool> {
+pub fn unblock<S: Store>(store: &mut S, subject: &str, now_ms: i64) -> Result<bool> {
     change_strikes(store, subject, |state, _| match state {
         None => (false, None),
         // the empty state's row stops mattering at once: the sweep removes it

@@ -7,7 +7,7 @@ use super::*;
 /// without writing; otherwise every budget row is held (in a fixed order, so concurrent
 /// calls never deadlock), then the bucket rows are held, everything is decided again from
 /// the held rows and the buckets are written; the budgets are written last.
-pub fn take_all<'i, 'a, S: LockingStore>(store: &mut S, a: &'i TakeAllArgs<'a>) -> Result<TakeAllDecision<'i, 'a>> {
+pub fn take_all<'i, 'a, S: Store>(store: &mut S, a: &'i TakeAllArgs<'a>) -> Result<TakeAllDecision<'i, 'a>> {
     writable_for(store, &a.limits)?;
     let first = multi::decide(read_rows(store, a)?, a.now_ms);
     if !first.admitted {
@@ -16,7 +16,7 @@ pub fn take_all<'i, 'a, S: LockingStore>(store: &mut S, a: &'i TakeAllArgs<'a>) 
     in_one_unit(store, |store| take_all_held(store, a))
 }
 
-pub(super) fn take_all_held<'i, 'a, S: LockingStore>(
+pub(super) fn take_all_held<'i, 'a, S: Store>(
     store: &mut S,
     a: &'i TakeAllArgs<'a>,
 ) -> Result<TakeAllDecision<'i, 'a>> {
@@ -96,10 +96,7 @@ pub(super) fn take_all_held<'i, 'a, S: LockingStore>(
 }
 
 /// Every limit with its row as it stands, in the order of `a.limits`.
-pub(super) fn read_rows<'i, 'a, S: LockingStore>(
-    store: &mut S,
-    a: &'i TakeAllArgs<'a>,
-) -> Result<Vec<ItemRow<'i, 'a>>> {
+pub(super) fn read_rows<'i, 'a, S: Store>(store: &mut S, a: &'i TakeAllArgs<'a>) -> Result<Vec<ItemRow<'i, 'a>>> {
     a.limits
         .iter()
         .map(|limit| {

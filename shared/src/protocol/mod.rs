@@ -32,15 +32,19 @@ use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
 use crate::policy::{self, Policy};
 use crate::render::{self, Json, ToJson};
 use crate::stats::{self, Outcome};
-use crate::store::{Changed, EntriesRow, EntryKind, LockingStore, PolicyGuard, RowStore, Rows, StoreResult};
+use crate::store::{Changed, EntriesRow, EntryKind, PolicyGuard, Rows, Store, StoreResult};
 use crate::window::{self, WindowDecision};
 
 /// Attempts before a call gives up on a row that keeps appearing and disappearing under it
 /// (a first insert racing another, a sweep deleting the row between decision and write).
 pub const MAX_ATTEMPTS: u32 = 1000;
 
-pub(super) fn writable<S: RowStore>(store: &mut S, rows: Rows) -> Result<()> {
-    if store.read_only(rows)? {
+pub(super) fn writable<S: Store>(store: &mut S, rows: Rows) -> Result<()> {
+    let read_only = match rows {
+        Rows::Buckets => store.buckets_read_only()?,
+        Rows::Budgets | Rows::Entries | Rows::Policies => store.read_only()?,
+    };
+    if read_only {
         return Err(Error::read_only());
     }
     Ok(())
@@ -75,7 +79,7 @@ pub(super) fn change_row<S, T, R>(
     decide: impl Fn(Option<&T>) -> R + 'static,
 ) -> Result<R>
 where
-    S: RowStore,
+    S: Store,
     T: Copy + 'static,
     R: RowDecision<T>,
 {
@@ -104,7 +108,7 @@ where
     Err(Error::storage(format!("the row kept changing under {MAX_ATTEMPTS} attempts; try again")))
 }
 
-pub(super) fn change_bucket<S: RowStore, R: RowDecision<BucketState>>(
+pub(super) fn change_bucket<S: Store, R: RowDecision<BucketState>>(
     store: &mut S,
     key: &str,
     decide: impl Fn(Option<&BucketState>) -> R + 'static,
@@ -112,7 +116,7 @@ pub(super) fn change_bucket<S: RowStore, R: RowDecision<BucketState>>(
     change_row(store, Rows::Buckets, |s, d| s.change_bucket(key, d), |s, new| s.insert_bucket(key, new), decide)
 }
 
-pub(super) fn change_budget<S: RowStore, R: RowDecision<BudgetState>>(
+pub(super) fn change_budget<S: Store, R: RowDecision<BudgetState>>(
     store: &mut S,
     key: &str,
     period: crate::units::Period,
@@ -127,8 +131,8 @@ pub(super) fn change_budget<S: RowStore, R: RowDecision<BudgetState>>(
     )
 }
 
-/// Runs `work` as one unit (see [`LockingStore::begin_unit`]); a failure rolls it back.
-pub(super) fn in_one_unit<S: LockingStore, R>(store: &mut S, work: impl FnOnce(&mut S) -> Result<R>) -> Result<R> {
+/// Runs `work` as one unit (see [`TableRows::begin_unit`]); a failure rolls it back.
+pub(super) fn in_one_unit<S: Store, R>(store: &mut S, work: impl FnOnce(&mut S) -> Result<R>) -> Result<R> {
     let owned = store.begin_unit()?;
     let outcome = work(store);
     let finished = store.end_unit(owned, outcome.is_ok()).map_err(Error::from);
@@ -147,7 +151,7 @@ pub(super) fn rows_of(limit: &Limit) -> Rows {
 }
 
 /// Fails (read only) unless every kind of row these limits change can be written.
-pub(super) fn writable_for<S: RowStore>(store: &mut S, limits: &[Limit]) -> Result<()> {
+pub(super) fn writable_for<S: Store>(store: &mut S, limits: &[Limit]) -> Result<()> {
     for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
         if limits.iter().any(|l| rows_of(l) == rows) {
             writable(store, rows)?;

@@ -3,32 +3,32 @@
 use super::*;
 
 /// rl_take: one atomic take.
-pub fn take<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
+pub fn take<S: Store>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
     let (limits, cost, now) = (a.limits, a.cost, a.now_ms);
     change_bucket(store, a.key, move |row| bucket::take(row, &limits, cost, now))
 }
 
 /// rl_refund: give tokens back, never above the burst.
-pub fn refund<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<RefundDecision> {
+pub fn refund<S: Store>(store: &mut S, a: &TakeArgs) -> Result<RefundDecision> {
     let (limits, amount, now) = (a.limits, a.cost, a.now_ms);
     change_bucket(store, a.key, move |row| bucket::refund(row, &limits, amount, now))
 }
 
 /// rl_spend: one atomic spend.
-pub fn spend<S: RowStore>(store: &mut S, a: &SpendArgs) -> Result<SpendDecision> {
+pub fn spend<S: Store>(store: &mut S, a: &SpendArgs) -> Result<SpendDecision> {
     let (period, quota, cost, now) = (a.period, a.quota, a.cost, a.now_ms);
     change_budget(store, a.key, period, move |row| budget::spend(row, period, quota, cost, now))
 }
 
 /// rl_refund_budget: lower what a period used, never below 0.
-pub fn refund_budget<S: RowStore>(store: &mut S, a: &RefundBudgetArgs) -> Result<BudgetRefund> {
+pub fn refund_budget<S: Store>(store: &mut S, a: &RefundBudgetArgs) -> Result<BudgetRefund> {
     let (period, amount, now) = (a.period, a.amount, a.now_ms);
     change_budget(store, a.key, period, move |row| budget::refund(row, period, amount, now))
 }
 
 /// rl_charge: take tokens whatever the level, into debt if need be (never deeper than
 /// [`crate::units::MAX_TOKENS`]: a range error, nothing charged).
-pub fn charge<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
+pub fn charge<S: Store>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
     let (limits, amount, now) = (a.limits, a.cost, a.now_ms);
     let d = change_bucket(store, a.key, move |row| bucket::charge(row, &limits, amount, now))?;
     if bucket::debt_too_deep(&d) {
@@ -39,7 +39,7 @@ pub fn charge<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> 
 
 /// rl_charge_budget: add to the period's use, past its quota if need be (never past
 /// [`budget::MAX_USED`]: a range error, nothing charged).
-pub fn charge_budget<S: RowStore>(store: &mut S, a: &RefundBudgetArgs) -> Result<BudgetCharge> {
+pub fn charge_budget<S: Store>(store: &mut S, a: &RefundBudgetArgs) -> Result<BudgetCharge> {
     let (period, amount, now) = (a.period, a.amount, a.now_ms);
     let d = change_budget(store, a.key, period, move |row| budget::charge(row, period, amount, now))?;
     if d.too_much {
@@ -53,19 +53,19 @@ pub fn charge_budget<S: RowStore>(store: &mut S, a: &RefundBudgetArgs) -> Result
 
 /// rl_peek: what rl_take would answer, changing nothing (so it answers read-only too,
 /// from the stored state: on a standby, the replicated one).
-pub fn peek<S: RowStore>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
+pub fn peek<S: Store>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
     let row = store.read_bucket(a.key)?;
     Ok(bucket::take(row.as_ref(), &a.limits, a.cost, a.now_ms))
 }
 
 /// rl_budget: what rl_spend would answer, spending nothing (read-only too, like rl_peek).
-pub fn peek_budget<S: RowStore>(store: &mut S, a: &SpendArgs) -> Result<SpendDecision> {
+pub fn peek_budget<S: Store>(store: &mut S, a: &SpendArgs) -> Result<SpendDecision> {
     let row = store.read_budget(a.key, a.period)?;
     Ok(budget::spend(row.as_ref(), a.period, a.quota, a.cost, a.now_ms))
 }
 
 /// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
-pub fn sweep<S: RowStore>(store: &mut S, a: &SweepArgs) -> Result<i64> {
+pub fn sweep<S: Store>(store: &mut S, a: &SweepArgs) -> Result<i64> {
     writable_everywhere(store)?;
     let mut removed = store.sweep_buckets(a.cutoff_ms, a.max_rows)?;
     if removed < a.max_rows {
@@ -77,7 +77,7 @@ pub fn sweep<S: RowStore>(store: &mut S, a: &SweepArgs) -> Result<i64> {
     Ok(removed)
 }
 
-pub(super) fn writable_everywhere<S: RowStore>(store: &mut S) -> Result<()> {
+pub(super) fn writable_everywhere<S: Store>(store: &mut S) -> Result<()> {
     for rows in [Rows::Buckets, Rows::Budgets, Rows::Entries] {
         writable(store, rows)?;
     }
@@ -85,9 +85,9 @@ pub(super) fn writable_everywhere<S: RowStore>(store: &mut S) -> Result<()> {
 }
 
 /// rl_reset: forget every bucket, budget, window and lease under a key.
-pub fn reset<S: LockingStore>(store: &mut S, key: &str) -> Result<i64> {
+pub fn reset<S: Store>(store: &mut S, key: &str) -> Result<i64> {
     writable_everywhere(store)?;
-    in_one_unit(store, |store| store.delete_key(key).map_err(Error::from))
+    in_one_unit(store, |store| Ok(store.delete_bucket(key)? + store.delete_key(key)?))
 }
 
 pub(super) fn damaged(kind: EntryKind) -> Error {
@@ -127,7 +127,7 @@ pub(super) fn lease_row(leases: Leases) -> EntriesRow {
 /// The one path of every change to a row of entries: decide on the row as it stands and,
 /// if that writes, decide again on the row held in one unit and write that. `decide` is
 /// pure and gives the answer and the row to write (None: nothing).
-pub(super) fn change_entries<S: LockingStore, R>(
+pub(super) fn change_entries<S: Store, R>(
     store: &mut S,
     kind: EntryKind,
     key: &str,
@@ -171,7 +171,7 @@ pub(super) fn empty_row(kind: EntryKind) -> EntriesRow {
 }
 
 /// rl_window: one atomic admission to a sliding window.
-pub fn window<S: LockingStore>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
+pub fn window<S: Store>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
     change_entries(store, EntryKind::Window, a.key, |row| {
         let d = window::take(&window_entries(row)?, &a.limits, a.cost, a.now_ms);
         let new = window_row(&d, a.limits.window_ms)?;
@@ -180,13 +180,13 @@ pub fn window<S: LockingStore>(store: &mut S, a: &WindowArgs) -> Result<WindowDe
 }
 
 /// rl_window_peek: what rl_window would answer, recording nothing (read-only too).
-pub fn window_peek<S: RowStore>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
+pub fn window_peek<S: Store>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
     let row = store.read_entries(EntryKind::Window, a.key)?;
     Ok(window::take(&window_entries(row.as_ref())?, &a.limits, a.cost, a.now_ms))
 }
 
 /// rl_acquire: hold one more lease if fewer than the cap are held.
-pub fn acquire<S: LockingStore>(store: &mut S, a: &AcquireArgs) -> Result<AcquireDecision> {
+pub fn acquire<S: Store>(store: &mut S, a: &AcquireArgs) -> Result<AcquireDecision> {
     change_entries(store, EntryKind::Lease, a.key, |row| {
         let mut d = lease::acquire(&leases_of(row)?, a.max_in_flight, a.lease_ms, a.now_ms);
         let new = d.new_state.take().map(lease_row);
@@ -195,7 +195,7 @@ pub fn acquire<S: LockingStore>(store: &mut S, a: &AcquireArgs) -> Result<Acquir
 }
 
 /// rl_release: give a lease back; whether it was held.
-pub fn release<S: LockingStore>(store: &mut S, a: &LeaseArgs) -> Result<bool> {
+pub fn release<S: Store>(store: &mut S, a: &LeaseArgs) -> Result<bool> {
     change_entries(store, EntryKind::Lease, a.key, |row| {
         let (released, new) = lease::release(&leases_of(row)?, a.lease, a.now_ms);
         Ok((released, new.map(lease_row)))
@@ -203,7 +203,7 @@ pub fn release<S: LockingStore>(store: &mut S, a: &LeaseArgs) -> Result<bool> {
 }
 
 /// rl_renew: a held lease expires lease_seconds from now.
-pub fn renew<S: LockingStore>(store: &mut S, a: &LeaseArgs) -> Result<RenewDecision> {
+pub fn renew<S: Store>(store: &mut S, a: &LeaseArgs) -> Result<RenewDecision> {
     let lease_ms = a.lease_ms.expect("rl_renew parses lease_seconds");
     change_entries(store, EntryKind::Lease, a.key, |row| {
         let mut d = lease::renew(&leases_of(row)?, a.lease, lease_ms, a.now_ms);
@@ -213,7 +213,7 @@ pub fn renew<S: LockingStore>(store: &mut S, a: &LeaseArgs) -> Result<RenewDecis
 }
 
 /// rl_in_flight: the leases held on a key now (read-only too).
-pub fn in_flight<S: RowStore>(store: &mut S, key: &str, now_ms: i64) -> Result<i64> {
+pub fn in_flight<S: Store>(store: &mut S, key: &str, now_ms: i64) -> Result<i64> {
     let row = store.read_entries(EntryKind::Lease, key)?;
     Ok(leases_of(row.as_ref())?.in_flight(now_ms))
 }
