@@ -1,5 +1,5 @@
 //! rl_take_all: several buckets, budgets and sliding windows decided together, all or
-//! nothing. Pure: the limits arrive parsed ([`crate::args::TakeAllArgs`]), the rows
+//! nothing. Pure: the limits arrive parsed ([`crate::call_args::TakeAllArgs`]), the rows
 //! arrive read.
 
 use crate::bucket::{self, BucketLimits, BucketState, TakeDecision};

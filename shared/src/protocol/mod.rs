@@ -1,7 +1,7 @@
 //! The flows that make each call one atomic read-modify-write over a store
-//! ([`crate::store`]): typed arguments in, decisions out. By job: [`rows`], the calls on
-//! one row (buckets, budgets, windows, leases, sweeps, resets); [`limits`], rl_take_all's
-//! several limits as one; [`checks`], policies, strikes and blocks. Here: the paths they
+//! ([`crate::store`]): typed arguments in, decisions out. By job: `rows`, the calls on
+//! one row (buckets, budgets, windows, leases, sweeps, resets); `limits`, rl_take_all's
+//! several limits as one; `checks`, policies, strikes and blocks. Here: the paths they
 //! share.
 
 mod checks;
