@@ -97,8 +97,8 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
         StateCall::PolicyDrop => {
             Answer::Bool(protocol::policy_drop(store, args::name("name", &call.get("name").arg)?)?)
         }
-        StateCall::Check => Answer::Json(protocol::check(store, &CheckArgs::parse(call, clock)?)?),
-        StateCall::RefundCheck => Answer::Json(protocol::refund_check(store, &CheckArgs::parse(call, clock)?)?),
+        StateCall::Check => json(&protocol::check(store, &CheckArgs::parse(call, clock)?)?),
+        StateCall::RefundCheck => json(&protocol::refund_check(store, &CheckArgs::parse(call, clock)?)?),
         StateCall::Penalize => json(&protocol::penalize(store, &PenalizeArgs::parse(call, clock)?)?),
         StateCall::Block => json(&protocol::block(store, &BlockArgs::parse(call, clock)?)?),
         StateCall::Unblock => {

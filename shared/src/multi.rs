@@ -141,6 +141,44 @@ pub struct TakeAllDecision<'i, 'a> {
     pub items: Vec<ItemAnswer<'i, 'a>>,
 }
 
+/// What one limit answers, apart from the item and the row it was decided on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LimitAnswer {
+    Bucket(TakeDecision),
+    Budget(SpendDecision),
+    Window(WindowDecision),
+}
+
+/// A [`TakeAllDecision`] as the caller is answered: owned (free of the items and keys a
+/// flow made), the limits in the order given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TakeAllAnswer {
+    pub admitted: bool,
+    pub retry_after_ms: i64,
+    pub items: Vec<LimitAnswer>,
+}
+
+impl TakeAllDecision<'_, '_> {
+    /// Each item's answer in the order the caller gave the limits.
+    pub fn answers_in_given_order(&self) -> impl Iterator<Item = LimitAnswer> + '_ {
+        let mut in_given_order: Vec<&ItemAnswer> = self.items.iter().collect();
+        in_given_order.sort_by_key(|i| i.position());
+        in_given_order.into_iter().map(|i| match i {
+            ItemAnswer::Bucket { answer, .. } => LimitAnswer::Bucket(answer.clone()),
+            ItemAnswer::Budget { answer, .. } => LimitAnswer::Budget(answer.clone()),
+            ItemAnswer::Window { answer, .. } => LimitAnswer::Window(answer.clone()),
+        })
+    }
+
+    pub fn answer(&self) -> TakeAllAnswer {
+        TakeAllAnswer {
+            admitted: self.admitted,
+            retry_after_ms: self.retry_after_ms,
+            items: self.answers_in_given_order().collect(),
+        }
+    }
+}
+
 /// Decides every item from its row. Admitted only if every item admits; otherwise nothing
 /// is to be written, the items that refuse say so (with their waits) and the others show
 /// what they have left now.

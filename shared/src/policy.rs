@@ -7,13 +7,51 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::args::{self, json_arg};
-use crate::bucket::BucketLimits;
+use crate::bucket::{BucketLimits, RefundDecision};
+use crate::budget::BudgetRefund;
 use crate::error::{Error, Result};
 use crate::limits::{self, LimitShape};
-use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem};
+use crate::multi::{BucketItem, BudgetItem, Limit, TakeAllAnswer, WindowItem};
+use crate::penalty::Block;
 use crate::render::Json;
 use crate::units::{MAX_AMOUNT, MAX_TOKENS, MICROS_PER_UNIT};
-use crate::window::WindowLimits;
+use crate::window::{WindowDecision, WindowLimits};
+
+/// rl_check's decision: rl_take_all's over the policy's limits, and what the policy makes
+/// of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckDecision<'a> {
+    pub policy: &'a str,
+    pub tier: Option<&'a str>,
+    pub shadow: bool,
+    /// The subject's block in force (then nothing was charged).
+    pub blocked: Option<Block>,
+    pub now_ms: i64,
+    pub limits: TakeAllAnswer,
+}
+
+impl CheckDecision<'_> {
+    /// Whether enforcement refuses (a shadow policy admits and reports this).
+    pub fn would_refuse(&self) -> bool {
+        !self.limits.admitted || self.blocked.is_some()
+    }
+}
+
+/// rl_refund_check's decision: each limit's state after its refund, in the policy's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefundCheckDecision<'a> {
+    pub policy: &'a str,
+    pub tier: Option<&'a str>,
+    pub items: Vec<LimitRefund>,
+}
+
+/// One limit's refund, answered as rl_refund, rl_refund_budget and rl_window_peek answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LimitRefund {
+    Bucket(RefundDecision),
+    Budget(BudgetRefund),
+    Window(WindowDecision),
+}
 
 /// Most limits one policy holds.
 pub const MAX_LIMITS: usize = 16;

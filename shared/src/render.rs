@@ -8,8 +8,9 @@ use crate::bucket::{RefundDecision, TakeDecision};
 use crate::budget::{BudgetCharge, BudgetRefund, SpendDecision};
 use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
-use crate::multi::{ItemAnswer, TakeAllDecision};
+use crate::multi::{LimitAnswer, TakeAllDecision};
 use crate::penalty::{Block, BlockAnswer};
+use crate::policy::{CheckDecision, LimitRefund, RefundCheckDecision};
 use crate::units::{ceil_seconds, MICROS_PER_UNIT};
 use crate::window::WindowDecision;
 
@@ -126,47 +127,67 @@ impl ToJson for BudgetRefund {
     }
 }
 
-/// rl_check's answer: rl_take_all's, with the policy and tier. A shadow policy admits,
-/// and says whether enforcing it would have refused. A blocked subject is refused until
-/// the block ends (no retry time for a block until rl_unblock).
-pub fn check(
-    d: &TakeAllDecision,
-    policy: &str,
-    tier: Option<&str>,
-    shadow: bool,
-    blocked: Option<Block>,
-    now_ms: i64,
-) -> Json {
-    let Json::Object(mut fields) = d.to_json() else { unreachable!("rl_take_all answers an object") };
-    let would_refuse = !d.admitted || blocked.is_some();
-    let (admitted, retry) = match (shadow, blocked) {
-        (true, _) => (true, Json::Int(0)),
-        (false, None) => (d.admitted, Json::Int(d.retry_after_ms)),
-        (false, Some(Block::Until(t))) => (false, Json::Int(t - now_ms)),
-        (false, Some(Block::Indefinite)) => (false, Json::Null),
-    };
-    let retry_seconds = match retry {
-        Json::Int(ms) => Json::Int(ceil_seconds(ms)),
-        _ => Json::Null,
-    };
-    fields[0].1 = Json::Bool(admitted);
-    fields[1].1 = retry;
-    fields[2].1 = retry_seconds;
-    fields.push(("policy", Json::Str(policy.to_owned())));
-    fields.push(("tier", tier.map_or(Json::Null, |t| Json::Str(t.to_owned()))));
-    fields.push(("shadow", Json::Bool(shadow)));
-    fields.push(("would_refuse", Json::Bool(would_refuse)));
-    fields.push(("blocked", Json::Bool(blocked.is_some())));
-    Json::Object(fields)
+impl ToJson for CheckDecision<'_> {
+    /// rl_take_all's answer, with the policy's say in `admitted` and the waits: a shadow
+    /// policy admits, a block refuses for as long as it lasts.
+    fn to_json(&self) -> Json {
+        let (admitted, retry) = match (self.shadow, self.blocked) {
+            (true, _) => (true, Json::Int(0)),
+            (false, None) => (self.limits.admitted, Json::Int(self.limits.retry_after_ms)),
+            (false, Some(Block::Until(t))) => (false, Json::Int(t - self.now_ms)),
+            (false, Some(Block::Indefinite)) => (false, Json::Null),
+        };
+        let retry_seconds = match retry {
+            Json::Int(ms) => Json::Int(ceil_seconds(ms)),
+            _ => Json::Null,
+        };
+        let items = self.limits.items.iter().map(ToJson::to_json).collect();
+        JsonObject::new()
+            .bool("admitted", admitted)
+            .field("retry_after_ms", retry)
+            .field("retry_after_seconds", retry_seconds)
+            .field("items", Json::Array(items))
+            .field("policy", Json::Str(self.policy.to_owned()))
+            .field("tier", optional_text(self.tier))
+            .bool("shadow", self.shadow)
+            .bool("would_refuse", self.would_refuse())
+            .bool("blocked", self.blocked.is_some())
+            .finish()
+    }
 }
 
-/// rl_refund_check's answer: each limit's state after the refund, in the policy's order.
-pub fn refund_check(policy: &str, tier: Option<&str>, items: Vec<Json>) -> Json {
-    Json::Object(vec![
-        ("policy", Json::Str(policy.to_owned())),
-        ("tier", tier.map_or(Json::Null, |t| Json::Str(t.to_owned()))),
-        ("items", Json::Array(items)),
-    ])
+impl ToJson for RefundCheckDecision<'_> {
+    fn to_json(&self) -> Json {
+        JsonObject::new()
+            .field("policy", Json::Str(self.policy.to_owned()))
+            .field("tier", optional_text(self.tier))
+            .field("items", Json::Array(self.items.iter().map(ToJson::to_json).collect()))
+            .finish()
+    }
+}
+
+impl ToJson for LimitRefund {
+    fn to_json(&self) -> Json {
+        match self {
+            LimitRefund::Bucket(d) => d.to_json(),
+            LimitRefund::Budget(d) => d.to_json(),
+            LimitRefund::Window(d) => d.to_json(),
+        }
+    }
+}
+
+impl ToJson for LimitAnswer {
+    fn to_json(&self) -> Json {
+        match self {
+            LimitAnswer::Bucket(d) => d.to_json(),
+            LimitAnswer::Budget(d) => d.to_json(),
+            LimitAnswer::Window(d) => d.to_json(),
+        }
+    }
+}
+
+fn optional_text(text: Option<&str>) -> Json {
+    text.map_or(Json::Null, |t| Json::Str(t.to_owned()))
 }
 
 impl ToJson for BlockAnswer {
@@ -183,21 +204,11 @@ impl ToJson for BlockAnswer {
 
 impl ToJson for TakeAllDecision<'_, '_> {
     fn to_json(&self) -> Json {
-        let mut in_given_order: Vec<&ItemAnswer> = self.items.iter().collect();
-        in_given_order.sort_by_key(|i| i.position());
-        let items: Vec<Json> = in_given_order
-            .iter()
-            .map(|i| match i {
-                ItemAnswer::Bucket { answer, .. } => answer.to_json(),
-                ItemAnswer::Budget { answer, .. } => answer.to_json(),
-                ItemAnswer::Window { answer, .. } => answer.to_json(),
-            })
-            .collect();
         JsonObject::new()
             .bool("admitted", self.admitted)
             .int("retry_after_ms", self.retry_after_ms)
             .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
-            .field("items", Json::Array(items))
+            .field("items", Json::Array(self.answers_in_given_order().map(|a| a.to_json()).collect()))
             .finish()
     }
 }
@@ -219,6 +230,27 @@ pub enum Json {
     Map(Vec<(String, Json)>),
     /// A string value (written with JSON escapes).
     Str(String),
+}
+
+/// `{"key":value,...}`, the keys written with JSON escapes if `escape_keys`.
+fn write_object<'j>(out: &mut String, fields: impl Iterator<Item = (&'j str, &'j Json)>, escape_keys: bool) {
+    out.push('{');
+    for (i, (key, value)) in fields.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match escape_keys {
+            true => out.push_str(&serde_json::Value::String(key.to_owned()).to_string()),
+            false => {
+                out.push('"');
+                out.push_str(key);
+                out.push('"');
+            }
+        }
+        out.push(':');
+        value.write(out);
+    }
+    out.push('}');
 }
 
 /// How a number is written: whole numbers as integers (3.0 as 3), others in their shortest
@@ -282,31 +314,9 @@ impl Json {
                 }
                 out.push(']');
             }
-            Json::Object(fields) => {
-                out.push('{');
-                for (i, (key, value)) in fields.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push('"');
-                    out.push_str(key);
-                    out.push_str("\":");
-                    value.write(out);
-                }
-                out.push('}');
-            }
-            Json::Map(fields) => {
-                out.push('{');
-                for (i, (key, value)) in fields.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&serde_json::Value::String(key.clone()).to_string());
-                    out.push(':');
-                    value.write(out);
-                }
-                out.push('}');
-            }
+            // the contract's keys need no escaping; a map's keys are data
+            Json::Object(fields) => write_object(out, fields.iter().map(|(k, v)| (*k, v)), false),
+            Json::Map(fields) => write_object(out, fields.iter().map(|(k, v)| (k.as_str(), v)), true),
         }
     }
 }

@@ -60,6 +60,20 @@ impl Value<'_> {
     }
 }
 
+/// The statements that read and write one kind of table row ([`crate::store::TableRow`]):
+/// each binds the key and the row's second key part, in that order, and the row's columns
+/// as [`crate::store::TableRow::columns`] gives them (the update: the new columns, the
+/// address, the old columns; the sweep: the cutoff and the limit).
+#[derive(Debug)]
+pub struct RowStatements {
+    pub read: Statement,
+    /// The read that holds the row until the unit ends (FOR UPDATE).
+    pub lock: Statement,
+    pub insert: Statement,
+    pub update: Statement,
+    pub sweep: Statement,
+}
+
 /// Declares [`Statement`], its [`Statement::ALL`] and its texts from one list: each
 /// statement with the file of `sql/` it is read from.
 macro_rules! statements {

@@ -9,7 +9,7 @@ use crate::decision_slot::{self, Decide};
 use crate::multi::BucketItem;
 use crate::sql::{Statement, Value};
 use crate::store::{
-    BucketRows, ChangeResult, Changed, EntriesRow, EntryKind, PolicyGuard, StoreError, StoreResult, StoredPolicy,
+    BucketRows, BudgetAt, ChangeResult, Changed, PolicyGuard, RowAt, StoreError, StoreResult, StoredPolicy, TableRow,
     TableRows,
 };
 use crate::units::Period;
@@ -51,14 +51,6 @@ fn bucket_of(row: Vec<Value>) -> BucketState {
     BucketState { level: row[0].as_f64(), refilled_at: row[1].as_i64(), full_at: row[2].as_i64() }
 }
 
-fn budget_of(row: Vec<Value>) -> BudgetState {
-    BudgetState { used: row[0].as_i64(), resets_at: row[1].as_i64() }
-}
-
-fn entries_of(row: Vec<Value>) -> EntriesRow {
-    EntriesRow { entries: row[0].as_text().to_owned(), empty_at: row[1].as_i64() }
-}
-
 /// A guarded change done by hand on a row held FOR UPDATE: decide, then compare and set.
 fn change_held<T: Copy>(
     row: Option<T>,
@@ -74,8 +66,10 @@ fn change_held<T: Copy>(
 }
 
 impl<E: SqlEngine> SqlStore<E> {
-    fn entries(&mut self, statement: Statement, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        Ok(self.0.query_row(statement, &[Value::Text(key), Value::Text(kind.as_str())])?.map(entries_of))
+    /// The row at `at` read by `statement` (its kind's read or lock).
+    fn row<A: RowAt>(&mut self, statement: Statement, at: A) -> StoreResult<Option<A::Row>> {
+        let row = self.0.query_row(statement, &[Value::Text(at.key()), Value::Text(at.part())])?;
+        Ok(row.map(|columns| A::Row::from_columns(&columns)))
     }
 
     /// Writes `new` over the bucket row of `key` if it still holds `old`.
@@ -93,10 +87,6 @@ impl<E: SqlEngine> SqlStore<E> {
 
     fn bucket(&mut self, statement: Statement, key: &str) -> StoreResult<Option<BucketState>> {
         Ok(self.0.query_row(statement, &[Value::Text(key)])?.map(bucket_of))
-    }
-
-    fn budget(&mut self, statement: Statement, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        Ok(self.0.query_row(statement, &[Value::Text(key), Value::Text(period.as_str())])?.map(budget_of))
     }
 }
 
@@ -219,19 +209,11 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
         self.0.end_unit(owned, commit)
     }
 
-    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        self.budget(Statement::BudgetRead, key, period)
-    }
-
-    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
-        let params = [Value::Text(key), Value::Text(period.as_str()), Value::Int(row.used), Value::Int(row.resets_at)];
-        Ok(self.0.execute(Statement::BudgetInsert, &params)? == 1)
-    }
-
     fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
+        let at = BudgetAt { key, period };
         if !self.0.runs_guarded_updates()? {
-            let row = self.budget(Statement::BudgetLock, key, period)?;
-            return change_held(row, decide, |new, old| self.replace_budget(key, period, old, new));
+            let row = self.row(BudgetState::STATEMENTS.lock, at)?;
+            return change_held(row, decide, |new, old| self.replace_row(at, old, new));
         }
         let (written, decided_on) = decision_slot::with_decision(&decision_slot::BUDGET, decide, || {
             self.0.execute(Statement::BudgetChange, &[Value::Text(key), Value::Text(period.as_str())])
@@ -239,54 +221,29 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
         Ok(Changed { decided_on, written: written? == 1 })
     }
 
-    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        self.budget(if E::LOCKS_ROWS { Statement::BudgetLock } else { Statement::BudgetRead }, key, period)
+    fn read_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>> {
+        self.row(A::Row::STATEMENTS.read, at)
     }
 
-    fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
-        let params = [
-            Value::Int(new.used),
-            Value::Int(new.resets_at),
-            Value::Text(key),
-            Value::Text(period.as_str()),
-            Value::Int(old.used),
-            Value::Int(old.resets_at),
-        ];
-        Ok(self.0.execute(Statement::BudgetUpdate, &params)? == 1)
+    fn insert_row<A: RowAt>(&mut self, at: A, row: &A::Row) -> StoreResult<bool> {
+        let [first, second] = row.columns();
+        let params = [Value::Text(at.key()), Value::Text(at.part()), first, second];
+        Ok(self.0.execute(A::Row::STATEMENTS.insert, &params)? == 1)
     }
 
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        Ok(self.0.execute(Statement::SweepBudgets, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
+    fn hold_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>> {
+        let statements = A::Row::STATEMENTS;
+        self.row(if E::LOCKS_ROWS { statements.lock } else { statements.read }, at)
     }
 
-    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        self.entries(Statement::EntriesRead, kind, key)
+    fn replace_row<A: RowAt>(&mut self, at: A, old: &A::Row, new: &A::Row) -> StoreResult<bool> {
+        let ([new_first, new_second], [old_first, old_second]) = (new.columns(), old.columns());
+        let params = [new_first, new_second, Value::Text(at.key()), Value::Text(at.part()), old_first, old_second];
+        Ok(self.0.execute(A::Row::STATEMENTS.update, &params)? == 1)
     }
 
-    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
-        let params =
-            [Value::Text(key), Value::Text(kind.as_str()), Value::Text(&row.entries), Value::Int(row.empty_at)];
-        Ok(self.0.execute(Statement::EntriesInsert, &params)? == 1)
-    }
-
-    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        self.entries(if E::LOCKS_ROWS { Statement::EntriesLock } else { Statement::EntriesRead }, kind, key)
-    }
-
-    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool> {
-        let params = [
-            Value::Text(&new.entries),
-            Value::Int(new.empty_at),
-            Value::Text(key),
-            Value::Text(kind.as_str()),
-            Value::Text(&old.entries),
-            Value::Int(old.empty_at),
-        ];
-        Ok(self.0.execute(Statement::EntriesUpdate, &params)? == 1)
-    }
-
-    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        Ok(self.0.execute(Statement::SweepEntries, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
+    fn sweep_rows<R: TableRow>(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(self.0.execute(R::STATEMENTS.sweep, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
     }
 
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {

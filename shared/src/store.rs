@@ -19,6 +19,7 @@ use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::decision_slot::Decide;
 use crate::multi::BucketItem;
+use crate::sql::{RowStatements, Statement, Value};
 use crate::units::Period;
 
 /// A statement that failed in the engine: its message, and the engine's own error code.
@@ -98,6 +99,104 @@ pub struct StoredPolicy {
     pub revision: i64,
 }
 
+/// A kind of row the tables hold (a budget, a row of entries): stored under its key and a
+/// second part of its primary key, as two columns.
+pub trait TableRow: Clone + PartialEq + 'static {
+    /// Which rows these are (for the read-only test).
+    const ROWS: Rows;
+    /// The statements an SQL store reads and writes them with.
+    const STATEMENTS: &'static RowStatements;
+    /// When the row stops changing any answer: the sweep may delete it from then on.
+    fn ends_at(&self) -> i64;
+    /// Its two columns, in the order the statements bind and read them.
+    fn columns(&self) -> [Value<'_>; 2];
+    /// The row from its two columns as read.
+    fn from_columns(columns: &[Value]) -> Self;
+}
+
+/// Where a row of the tables lives: what a read, hold, insert or replace addresses.
+pub trait RowAt: Copy {
+    type Row: TableRow;
+    fn key(&self) -> &str;
+    /// The second part of the primary key, as stored (a budget's period, an entries kind).
+    fn part(&self) -> &'static str;
+}
+
+/// The budget row of `key` for `period`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetAt<'a> {
+    pub key: &'a str,
+    pub period: Period,
+}
+
+/// The row of entries of `kind` under `key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntriesAt<'a> {
+    pub kind: EntryKind,
+    pub key: &'a str,
+}
+
+impl RowAt for BudgetAt<'_> {
+    type Row = BudgetState;
+    fn key(&self) -> &str {
+        self.key
+    }
+    fn part(&self) -> &'static str {
+        self.period.as_str()
+    }
+}
+
+impl RowAt for EntriesAt<'_> {
+    type Row = EntriesRow;
+    fn key(&self) -> &str {
+        self.key
+    }
+    fn part(&self) -> &'static str {
+        self.kind.as_str()
+    }
+}
+
+impl TableRow for BudgetState {
+    const ROWS: Rows = Rows::Budgets;
+    const STATEMENTS: &'static RowStatements = &RowStatements {
+        read: Statement::BudgetRead,
+        lock: Statement::BudgetLock,
+        insert: Statement::BudgetInsert,
+        update: Statement::BudgetUpdate,
+        sweep: Statement::SweepBudgets,
+    };
+    /// A period's use stops counting when the period ends.
+    fn ends_at(&self) -> i64 {
+        self.resets_at
+    }
+    fn columns(&self) -> [Value<'_>; 2] {
+        [Value::Int(self.used), Value::Int(self.resets_at)]
+    }
+    fn from_columns(columns: &[Value]) -> Self {
+        BudgetState { used: columns[0].as_i64(), resets_at: columns[1].as_i64() }
+    }
+}
+
+impl TableRow for EntriesRow {
+    const ROWS: Rows = Rows::Entries;
+    const STATEMENTS: &'static RowStatements = &RowStatements {
+        read: Statement::EntriesRead,
+        lock: Statement::EntriesLock,
+        insert: Statement::EntriesInsert,
+        update: Statement::EntriesUpdate,
+        sweep: Statement::SweepEntries,
+    };
+    fn ends_at(&self) -> i64 {
+        self.empty_at
+    }
+    fn columns(&self) -> [Value<'_>; 2] {
+        [Value::Text(&self.entries), Value::Int(self.empty_at)]
+    }
+    fn from_columns(columns: &[Value]) -> Self {
+        EntriesRow { entries: columns[0].as_text().to_owned(), empty_at: columns[1].as_i64() }
+    }
+}
+
 /// What rl_check's one-statement path must still find true when it writes
 /// ([`BucketRows::change_bucket_for_policy`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,9 +252,10 @@ pub trait BucketRows {
     }
 }
 
-/// What the tables hold: budgets (one guarded write per change, like buckets), rows of
-/// entries (windows, leases, strikes: read, held and replaced in one unit), policies and
-/// the checks epoch; and the units that make several changes one.
+/// What the tables hold: rows of two kinds ([`TableRow`]: budgets, changed by one guarded
+/// write like buckets, and rows of entries (windows, leases, strikes), read, held and
+/// replaced in one unit), each operation written once over the kind; policies and the
+/// checks epoch; and the units that make several changes one.
 pub trait TableRows {
     /// Whether a held row is locked by itself (PostgreSQL), which a missing row cannot be,
     /// rather than by a lock on the whole database (SQLite).
@@ -168,29 +268,20 @@ pub trait TableRows {
     /// Ends what [`TableRows::begin_unit`] began (`owned`): commit, or roll back.
     fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()>;
 
-    /// The budget row of `key` and `period`, as it stands (no lock).
-    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>>;
-    /// Inserts the budget row of `key` and `period` unless one exists; returns whether it did.
-    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool>;
-    /// [`BucketRows::change_bucket`] for the budget row of `key` and `period`.
+    /// [`BucketRows::change_bucket`] for the budget row of `key` and `period` (the one
+    /// table row a single guarded write changes).
     fn change_budget(&mut self, key: &str, period: Period, d: Decide<BudgetState>) -> ChangeResult<BudgetState>;
-    /// The budget row of `key` and `period`, held until the unit ends.
-    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>>;
-    /// Writes `new` over the budget row of `key` and `period` if it still holds `old`.
-    fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool>;
-    /// Deletes at most `limit` budgets whose period ended by `cutoff_ms`.
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
 
-    /// The row of entries of `kind` under `key`, as it stands (no lock).
-    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>>;
-    /// Inserts the row of entries of `kind` under `key` unless one exists; returns whether it did.
-    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool>;
-    /// The row of entries of `kind` under `key`, held until the unit ends.
-    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>>;
-    /// Writes `new` over the row of entries of `kind` under `key` if it still holds `old`.
-    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool>;
-    /// Deletes at most `limit` rows of entries empty by `cutoff_ms`.
-    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+    /// The row at `at`, as it stands (no lock).
+    fn read_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>>;
+    /// Inserts `row` at `at` unless a row is there; returns whether it did.
+    fn insert_row<A: RowAt>(&mut self, at: A, row: &A::Row) -> StoreResult<bool>;
+    /// The row at `at`, held until the unit ends.
+    fn hold_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>>;
+    /// Writes `new` over the row at `at` if it still holds `old`.
+    fn replace_row<A: RowAt>(&mut self, at: A, old: &A::Row, new: &A::Row) -> StoreResult<bool>;
+    /// Deletes at most `limit` rows of kind `R` whose [`TableRow::ends_at`] is by `cutoff_ms`.
+    fn sweep_rows<R: TableRow>(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
 
     /// Deletes every budget and row of entries of `key`; returns how many rows went.
     fn delete_key(&mut self, key: &str) -> StoreResult<i64>;
@@ -258,38 +349,23 @@ impl<S: TablesElsewhere> TableRows for S {
     fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()> {
         self.tables().end_unit(owned, commit)
     }
-    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        self.tables().read_budget(key, period)
-    }
-    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
-        self.tables().insert_budget(key, period, row)
-    }
     fn change_budget(&mut self, key: &str, period: Period, d: Decide<BudgetState>) -> ChangeResult<BudgetState> {
         self.tables().change_budget(key, period, d)
     }
-    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        self.tables().hold_budget(key, period)
+    fn read_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>> {
+        self.tables().read_row(at)
     }
-    fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
-        self.tables().replace_budget(key, period, old, new)
+    fn insert_row<A: RowAt>(&mut self, at: A, row: &A::Row) -> StoreResult<bool> {
+        self.tables().insert_row(at, row)
     }
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.tables().sweep_budgets(cutoff_ms, limit)
+    fn hold_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>> {
+        self.tables().hold_row(at)
     }
-    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        self.tables().read_entries(kind, key)
+    fn replace_row<A: RowAt>(&mut self, at: A, old: &A::Row, new: &A::Row) -> StoreResult<bool> {
+        self.tables().replace_row(at, old, new)
     }
-    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
-        self.tables().insert_entries(kind, key, row)
-    }
-    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        self.tables().hold_entries(kind, key)
-    }
-    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool> {
-        self.tables().replace_entries(kind, key, old, new)
-    }
-    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        self.tables().sweep_entries(cutoff_ms, limit)
+    fn sweep_rows<R: TableRow>(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        self.tables().sweep_rows::<R>(cutoff_ms, limit)
     }
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
         self.tables().delete_key(key)

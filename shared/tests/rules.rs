@@ -11,7 +11,8 @@ use ratelimit_core::memory;
 use ratelimit_core::memory_store::{MemoryStore, SharedTable};
 use ratelimit_core::multi::BucketItem;
 use ratelimit_core::store::{
-    BucketRows, ChangeResult, Changed, EntriesRow, EntryKind, PolicyGuard, StoreResult, StoredPolicy, TableRows,
+    BucketRows, ChangeResult, Changed, EntriesRow, EntryKind, PolicyGuard, RowAt, Rows, StoreResult, StoredPolicy,
+    TableRow, TableRows,
 };
 use ratelimit_core::units::{Period, MAX_WAIT_MS};
 use ratelimit_core::ErrorKind;
@@ -24,8 +25,9 @@ use std::collections::HashMap;
 #[derive(Default)]
 struct MapStore {
     buckets: HashMap<String, BucketState>,
-    budgets: HashMap<(String, Period), BudgetState>,
-    entries: HashMap<(String, EntryKind), EntriesRow>,
+    /// Table rows by key and second key part (a period's or an entries kind's name).
+    budgets: HashMap<(String, &'static str), BudgetState>,
+    entries: HashMap<(String, &'static str), EntriesRow>,
     policies: HashMap<String, StoredPolicy>,
     /// Whether rl_check may take its one-statement path (an engine's guarded UPDATE).
     checks_in_one_statement: bool,
@@ -41,6 +43,19 @@ struct MapStore {
 }
 
 impl MapStore {
+    /// The map that holds rows of kind `R`.
+    fn rows<R: TableRow>(&mut self) -> &mut HashMap<(String, &'static str), R> {
+        let map: &mut dyn std::any::Any = match R::ROWS {
+            Rows::Budgets => &mut self.budgets,
+            _ => &mut self.entries,
+        };
+        map.downcast_mut().expect("one map per kind of table row")
+    }
+
+    fn address<A: RowAt>(at: A) -> (String, &'static str) {
+        (at.key().to_owned(), at.part())
+    }
+
     /// The engine's guarded write on one map entry.
     fn change<K: std::hash::Hash + Eq, T: Copy>(
         rows: &mut HashMap<K, T>,
@@ -63,7 +78,7 @@ impl MapStore {
     }
 
     /// Writes `new` where the row holds `expected` (None: where there is no row).
-    fn compare_and_set<K: std::hash::Hash + Eq, T: Copy + PartialEq>(
+    fn compare_and_set<K: std::hash::Hash + Eq, T: Clone + PartialEq>(
         rows: &mut HashMap<K, T>,
         key: K,
         expected: Option<&T>,
@@ -74,7 +89,7 @@ impl MapStore {
             return false;
         }
         *writes += 1;
-        rows.insert(key, *new);
+        rows.insert(key, new.clone());
         true
     }
 
@@ -147,7 +162,7 @@ impl BucketRows for MapStore {
                 self.policies.get(guard.policy).is_some_and(|p| p.revision == guard.revision)
                     && self
                         .entries
-                        .get(&(guard.subject.to_owned(), EntryKind::Block))
+                        .get(&(guard.subject.to_owned(), EntryKind::Block.as_str()))
                         .is_none_or(|row| row.empty_at <= guard.now_ms)
             }
         };
@@ -176,49 +191,30 @@ impl TableRows for MapStore {
         self.atomic_depth -= 1;
         Ok(())
     }
-    fn read_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        Ok(self.budgets.get(&(key.to_owned(), period)).copied())
-    }
-    fn insert_budget(&mut self, key: &str, period: Period, row: &BudgetState) -> StoreResult<bool> {
-        Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), None, row, &mut self.writes))
-    }
     fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
-        Self::change(&mut self.budgets, (key.to_owned(), period), decide, &mut self.swept_mid_write, &mut self.writes)
+        let at = (key.to_owned(), period.as_str());
+        Self::change(&mut self.budgets, at, decide, &mut self.swept_mid_write, &mut self.writes)
     }
-    fn hold_budget(&mut self, key: &str, period: Period) -> StoreResult<Option<BudgetState>> {
-        self.read_budget(key, period)
+    fn read_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>> {
+        Ok(self.rows::<A::Row>().get(&Self::address(at)).cloned())
     }
-    fn replace_budget(&mut self, key: &str, period: Period, old: &BudgetState, new: &BudgetState) -> StoreResult<bool> {
-        Ok(Self::compare_and_set(&mut self.budgets, (key.to_owned(), period), Some(old), new, &mut self.writes))
+    fn insert_row<A: RowAt>(&mut self, at: A, row: &A::Row) -> StoreResult<bool> {
+        let mut writes = self.writes;
+        let inserted = Self::compare_and_set(self.rows::<A::Row>(), Self::address(at), None, row, &mut writes);
+        self.writes = writes;
+        Ok(inserted)
     }
-    fn sweep_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        Ok(Self::sweep(&mut self.budgets, |b| b.resets_at <= cutoff_ms, limit))
+    fn hold_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>> {
+        self.read_row(at)
     }
-    fn read_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        Ok(self.entries.get(&(key.to_owned(), kind)).cloned())
+    fn replace_row<A: RowAt>(&mut self, at: A, old: &A::Row, new: &A::Row) -> StoreResult<bool> {
+        let mut writes = self.writes;
+        let replaced = Self::compare_and_set(self.rows::<A::Row>(), Self::address(at), Some(old), new, &mut writes);
+        self.writes = writes;
+        Ok(replaced)
     }
-    fn insert_entries(&mut self, kind: EntryKind, key: &str, row: &EntriesRow) -> StoreResult<bool> {
-        if self.entries.contains_key(&(key.to_owned(), kind)) {
-            return Ok(false);
-        }
-        self.writes += 1;
-        self.entries.insert((key.to_owned(), kind), row.clone());
-        Ok(true)
-    }
-    fn hold_entries(&mut self, kind: EntryKind, key: &str) -> StoreResult<Option<EntriesRow>> {
-        self.read_entries(kind, key)
-    }
-    fn replace_entries(&mut self, kind: EntryKind, key: &str, old: &EntriesRow, new: &EntriesRow) -> StoreResult<bool> {
-        let row = (key.to_owned(), kind);
-        if self.entries.get(&row) != Some(old) {
-            return Ok(false);
-        }
-        self.writes += 1;
-        self.entries.insert(row, new.clone());
-        Ok(true)
-    }
-    fn sweep_entries(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
-        Ok(Self::sweep(&mut self.entries, |e| e.empty_at <= cutoff_ms, limit))
+    fn sweep_rows<R: TableRow>(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(Self::sweep(self.rows::<R>(), |row| row.ends_at() <= cutoff_ms, limit))
     }
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
         let count = |s: &Self| s.budgets.len() + s.entries.len();
@@ -241,7 +237,7 @@ impl TableRows for MapStore {
         Ok(self.policies.remove(name).is_some())
     }
     fn read_strike_rows(&mut self, limit: i64) -> StoreResult<Option<Vec<(String, String)>>> {
-        let rows = self.entries.iter().filter(|((_, kind), _)| *kind == EntryKind::Block);
+        let rows = self.entries.iter().filter(|((_, kind), _)| *kind == EntryKind::Block.as_str());
         Ok(Some(rows.take(limit as usize).map(|((subject, _), row)| (subject.clone(), row.entries.clone())).collect()))
     }
     const CHECKS_EPOCH_IN_MEMORY: bool = true;
@@ -542,7 +538,7 @@ fn charges_past_the_exact_range_are_refused() {
     let e = charge_budget(&mut s).unwrap_err();
     assert_eq!(e.kind, ErrorKind::OutOfRange);
     assert!(e.to_string().starts_with("rl_charge_budget: the period's use would pass 9007199254 units"), "{e}");
-    assert_eq!(s.budgets[&("b".to_owned(), Period::Day)].used, 9_000_000_000_000_000);
+    assert_eq!(s.budgets[&("b".to_owned(), "day")].used, 9_000_000_000_000_000);
 }
 
 /// Amounts are exact millionths: one below a millionth is refused as documented, never
@@ -689,7 +685,7 @@ fn a_lost_insert_race_decides_again_on_the_winners_row() {
 fn a_row_swept_between_decision_and_write_is_decided_again() {
     let mut s = MapStore { swept_mid_write: 1, ..Default::default() };
     s.buckets.insert("k".into(), BucketState { level: 0.0, refilled_at: 0, full_at: 60_000 });
-    s.budgets.insert(("k".into(), Period::Day), BudgetState { used: 1, resets_at: 86_400_000 });
+    s.budgets.insert(("k".into(), "day"), BudgetState { used: 1, resets_at: 86_400_000 });
     let r = take(&mut s, "k", 2.0, 1.0, 1.0, 120_000);
     assert_eq!((r["admitted"].as_bool(), r["remaining"].as_i64()), (Some(true), Some(1)));
     assert_eq!(s.buckets["k"].level, 1.0, "inserted afresh after the sweep");
@@ -1335,7 +1331,7 @@ fn a_window_too_large_to_keep_exactly_is_an_error_that_writes_nothing() {
     };
     // 10 000 entries, one per millisecond from 0, as that many calls would leave them
     let full = std::iter::once("0").chain(std::iter::repeat_n("1", 9_999)).collect::<Vec<_>>().join(",");
-    s.entries.insert(("w".to_owned(), EntryKind::Window), EntriesRow { entries: full, empty_at: 9_999 + 3_600_000 });
+    s.entries.insert(("w".to_owned(), "window"), EntriesRow { entries: full, empty_at: 9_999 + 3_600_000 });
     let writes = s.writes;
     let e = window(&mut s, 10_000).unwrap_err();
     assert_eq!(e.kind, ErrorKind::LimitExceeded);
@@ -1343,7 +1339,7 @@ fn a_window_too_large_to_keep_exactly_is_an_error_that_writes_nothing() {
     assert_eq!(parsed(window(&mut s, 9_999).unwrap())["admitted"], true, "a merge needs no new entry");
     // an hour later every entry has left: the window starts again
     assert_eq!(parsed(window(&mut s, 3_610_000).unwrap())["remaining"], 999_999);
-    let row = &s.entries[&("w".to_owned(), EntryKind::Window)];
+    let row = &s.entries[&("w".to_owned(), "window")];
     assert_eq!((row.entries.as_str(), row.empty_at), ("3610000", 3_610_000 + 3_600_000));
 }
 
@@ -1375,7 +1371,7 @@ fn leases_count_until_released_or_expired() {
     let renewed =
         call(&mut s, calls::rl_renew, &[Arg::Text("j"), Arg::Text(&second_id), Arg::Integer(60), Arg::Integer(11_000)]);
     assert_eq!(renewed, json!({"renewed": true, "expires_at": 71_000}));
-    assert_eq!(s.entries[&("j".to_owned(), EntryKind::Lease)].empty_at, 71_000, "the sweep waits for it");
+    assert_eq!(s.entries[&("j".to_owned(), "lease")].empty_at, 71_000, "the sweep waits for it");
 }
 
 #[test]

@@ -27,7 +27,7 @@ pub fn policy_drop<S: Store>(store: &mut S, name: &str) -> Result<bool> {
 /// rl_check: every limit of a policy on a subject, all or nothing, as rl_take_all decides
 /// them. A shadow policy changes state exactly as enforcement would (charged when it would
 /// admit, untouched when it would refuse) and reports the refusal it would have made.
-pub fn check<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Json> {
+pub fn check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<CheckDecision<'a>> {
     if let Some(answer) = check_one_bucket(store, a)? {
         return Ok(answer);
     }
@@ -44,14 +44,15 @@ pub fn check<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Json> {
         None => take_all(store, &args)?,
         Some(_) => multi::decide(read_rows(store, &args)?, a.now_ms),
     };
-    let outcome = match (policy.shadow, blocked.is_some() || !decision.admitted) {
+    let d = check_decision(a, &policy, blocked, &decision);
+    let outcome = match (d.shadow, d.would_refuse()) {
         (_, false) => Outcome::Admitted,
         (true, true) => Outcome::WouldRefuse,
-        (false, true) if blocked.is_some() => Outcome::RefusedBlocked,
+        (false, true) if d.blocked.is_some() => Outcome::RefusedBlocked,
         (false, true) => Outcome::Refused,
     };
     stats::sink().count(a.policy, outcome);
-    Ok(render::check(&decision, a.policy, a.tier, policy.shadow, blocked, a.now_ms))
+    Ok(d)
 }
 
 /// A policy as stored now, parsed (or from the connection's cache when unchanged). At a
@@ -79,7 +80,7 @@ pub(super) fn stored_policy<S: Store>(store: &mut S, name: &str) -> Result<Rc<Po
 /// never above their burst, budgets never below 0, windows by forgetting the newest
 /// admissions that still count. Each item answers as rl_refund, rl_refund_budget and
 /// rl_window_peek do.
-pub fn refund_check<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Json> {
+pub fn refund_check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<RefundCheckDecision<'a>> {
     let policy = stored_policy(store, a.policy)?;
     let multiplier = policy.multiplier(a.tier)?;
     let keys = policy.keys(a.policy, a.subject);
@@ -87,29 +88,29 @@ pub fn refund_check<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Json> {
     writable_for(store, &limits)?;
     let now_ms = a.now_ms;
     let items = in_one_unit(store, |store| {
-        let item = |store: &mut S, limit: &Limit| -> Result<Json> {
+        let item = |store: &mut S, limit: &Limit| -> Result<LimitRefund> {
             Ok(match limit {
-                Limit::Bucket(b) => {
-                    refund(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?.to_json()
-                }
+                Limit::Bucket(b) => LimitRefund::Bucket(refund(
+                    store,
+                    &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms },
+                )?),
                 Limit::Budget(b) => {
                     let args = RefundBudgetArgs { key: b.key, period: b.period, amount: b.cost, now_ms };
-                    refund_budget(store, &args)?.to_json()
+                    LimitRefund::Budget(refund_budget(store, &args)?)
                 }
-                Limit::Window(w) => change_entries(store, EntryKind::Window, w.key, |row| {
+                Limit::Window(w) => LimitRefund::Window(change_entries(store, EntryKind::Window, w.key, |row| {
                     let given_back = window::refund(&window_entries(row)?, w.cost);
                     // a peek (cost 0) answers the window as the refund left it, and keeps
                     // only the entries that still count
                     let d = window::take(&given_back, &w.limits, 0, now_ms);
                     let new = window_row(&d, w.limits.window_ms)?;
                     Ok((d, new))
-                })?
-                .to_json(),
+                })?),
             })
         };
-        limits.iter().map(|l| item(store, l)).collect::<Result<Vec<Json>>>()
+        limits.iter().map(|l| item(store, l)).collect::<Result<Vec<LimitRefund>>>()
     })?;
-    Ok(render::refund_check(a.policy, a.tier, items))
+    Ok(RefundCheckDecision { policy: a.policy, tier: a.tier, items })
 }
 
 /// rl_check of a cached one-bucket policy on an unblocked subject, as rl_take is: one
@@ -119,7 +120,7 @@ pub fn refund_check<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Json> {
 /// its revision and no strikes or block on the subject. None when nothing was written (a
 /// refusal, a new key, a moved epoch, a changed policy, strikes, or a store that cannot):
 /// the general path decides then.
-pub(super) fn check_one_bucket<S: Store>(store: &mut S, a: &CheckArgs) -> Result<Option<Json>> {
+pub(super) fn check_one_bucket<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<Option<CheckDecision<'a>>> {
     let Some(cached) = policy_cache::cached(a.policy) else { return Ok(None) };
     let policy = cached.policy;
     let ([LimitShape::Bucket { .. }], Ok(multiplier)) = (policy.limits.as_slice(), policy.multiplier(a.tier)) else {
@@ -138,11 +139,27 @@ pub(super) fn check_one_bucket<S: Store>(store: &mut S, a: &CheckArgs) -> Result
     let Changed { decided_on: Some(row), written: true } = changed else { return Ok(None) };
     let decision = multi::decide(vec![ItemRow::Bucket(item, Some(row))], a.now_ms);
     stats::sink().count(a.policy, Outcome::Admitted);
-    Ok(Some(render::check(&decision, a.policy, a.tier, policy.shadow, None, a.now_ms)))
+    Ok(Some(check_decision(a, &policy, None, &decision)))
+}
+
+fn check_decision<'a>(
+    a: &CheckArgs<'a>,
+    policy: &Policy,
+    blocked: Option<penalty::Block>,
+    decision: &TakeAllDecision,
+) -> CheckDecision<'a> {
+    CheckDecision {
+        policy: a.policy,
+        tier: a.tier,
+        shadow: policy.shadow,
+        blocked,
+        now_ms: a.now_ms,
+        limits: decision.answer(),
+    }
 }
 
 pub(super) fn strikes_of<S: Store>(store: &mut S, subject: &str) -> Result<Strikes> {
-    let row = store.read_entries(EntryKind::Block, subject)?;
+    let row = store.read_row(EntriesAt { kind: EntryKind::Block, key: subject })?;
     row.map_or(Some(Strikes::default()), |r| Strikes::decode(&r.entries)).ok_or_else(|| damaged(EntryKind::Block))
 }
 

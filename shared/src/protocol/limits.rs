@@ -28,17 +28,11 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
         match limit {
             Limit::Bucket(b) => buckets.push(b),
             Limit::Budget(b) => {
-                if S::LOCKS_ROWS {
-                    // A missing row cannot be locked: first insert the row that means the same as none.
-                    store.insert_budget(b.key, b.period, &budget::untouched(b.period, a.now_ms))?;
-                }
-                budgets.push(store.hold_budget(b.key, b.period)?);
+                let untouched = || budget::untouched(b.period, a.now_ms);
+                budgets.push(hold_in_unit(store, budget_at(b), untouched, true)?);
             }
             Limit::Window(w) => {
-                if S::LOCKS_ROWS {
-                    store.insert_entries(EntryKind::Window, w.key, &empty_row(EntryKind::Window))?;
-                }
-                let row = store.hold_entries(EntryKind::Window, w.key)?;
+                let row = hold_in_unit(store, window_at(w), || empty_row(EntryKind::Window), true)?;
                 let entries = window_entries(row.as_ref())?;
                 windows.push((row, entries));
             }
@@ -72,19 +66,13 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
         for item in &decision.items {
             let written = match item {
                 ItemAnswer::Bucket { .. } => true,
-                ItemAnswer::Budget { item, row, answer } => match (row, &answer.new_state) {
-                    (_, None) => true,
-                    (None, Some(new)) => store.insert_budget(item.key, item.period, new)?,
-                    (Some(old), Some(new)) => store.replace_budget(item.key, item.period, old, new)?,
-                },
+                ItemAnswer::Budget { item, row, answer } => {
+                    write_held(store, budget_at(item), row.as_ref(), answer.new_state.as_ref())?
+                }
                 ItemAnswer::Window { item, answer, .. } => {
                     let (old, _) = held_windows.next().expect("one held row per window");
                     let new = window_row(answer, item.limits.window_ms)?;
-                    match (old, new) {
-                        (_, None) => true,
-                        (None, Some(new)) => store.insert_entries(EntryKind::Window, item.key, &new)?,
-                        (Some(old), Some(new)) => store.replace_entries(EntryKind::Window, item.key, old, &new)?,
-                    }
+                    write_held(store, window_at(item), old.as_ref(), new.as_ref())?
                 }
             };
             if !written {
@@ -102,12 +90,20 @@ pub(super) fn read_rows<'i, 'a, S: Store>(store: &mut S, a: &'i TakeAllArgs<'a>)
         .map(|limit| {
             Ok(match limit {
                 Limit::Bucket(b) => ItemRow::Bucket(b, store.read_bucket(b.key)?),
-                Limit::Budget(b) => ItemRow::Budget(b, store.read_budget(b.key, b.period)?),
+                Limit::Budget(b) => ItemRow::Budget(b, store.read_row(budget_at(b))?),
                 Limit::Window(w) => {
-                    let row = store.read_entries(EntryKind::Window, w.key)?;
+                    let row = store.read_row(window_at(w))?;
                     ItemRow::Window(w, window_entries(row.as_ref())?)
                 }
             })
         })
         .collect()
+}
+
+fn budget_at<'a>(item: &multi::BudgetItem<'a>) -> BudgetAt<'a> {
+    BudgetAt { key: item.key, period: item.period }
+}
+
+fn window_at<'a>(item: &multi::WindowItem<'a>) -> EntriesAt<'a> {
+    EntriesAt { kind: EntryKind::Window, key: item.key }
 }

@@ -29,10 +29,9 @@ use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
 use crate::limits::LimitShape;
 use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
 use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
-use crate::policy::{self, Policy};
-use crate::render::{self, Json, ToJson};
+use crate::policy::{self, CheckDecision, LimitRefund, Policy, RefundCheckDecision};
 use crate::stats::{self, Outcome};
-use crate::store::{Changed, EntriesRow, EntryKind, PolicyGuard, Rows, Store, StoreResult};
+use crate::store::{BudgetAt, Changed, EntriesAt, EntriesRow, EntryKind, PolicyGuard, RowAt, Rows, Store, StoreResult};
 use crate::window::{self, WindowDecision};
 
 /// Attempts before a call gives up on a row that keeps appearing and disappearing under it
@@ -126,9 +125,39 @@ pub(super) fn change_budget<S: Store, R: RowDecision<BudgetState>>(
         store,
         Rows::Budgets,
         |s, d| s.change_budget(key, period, d),
-        |s, new| s.insert_budget(key, period, new),
+        |s, new| s.insert_row(BudgetAt { key, period }, new),
         decide,
     )
+}
+
+/// The row at `at` held for the unit in progress. Where rows are locked one by one a
+/// missing row cannot be, so `missing` (a row that answers as none does) is first inserted
+/// unless the caller knows the row is there (`may_be_missing` false).
+pub(super) fn hold_in_unit<S: Store, A: RowAt>(
+    store: &mut S,
+    at: A,
+    missing: impl FnOnce() -> A::Row,
+    may_be_missing: bool,
+) -> Result<Option<A::Row>> {
+    if S::LOCKS_ROWS && may_be_missing {
+        store.insert_row(at, &missing())?;
+    }
+    Ok(store.hold_row(at)?)
+}
+
+/// Writes what a decision on a held row wants (`new`; None: nothing): an insert where
+/// there was no row, else a replace of `held`. Returns false if the row changed while held.
+pub(super) fn write_held<S: Store, A: RowAt>(
+    store: &mut S,
+    at: A,
+    held: Option<&A::Row>,
+    new: Option<&A::Row>,
+) -> Result<bool> {
+    Ok(match (held, new) {
+        (_, None) => true,
+        (None, Some(new)) => store.insert_row(at, new)?,
+        (Some(old), Some(new)) => store.replace_row(at, old, new)?,
+    })
 }
 
 /// Runs `work` as one unit (see [`TableRows::begin_unit`]); a failure rolls it back.

@@ -60,7 +60,7 @@ pub fn peek<S: Store>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
 
 /// rl_budget: what rl_spend would answer, spending nothing (read-only too, like rl_peek).
 pub fn peek_budget<S: Store>(store: &mut S, a: &SpendArgs) -> Result<SpendDecision> {
-    let row = store.read_budget(a.key, a.period)?;
+    let row = store.read_row(BudgetAt { key: a.key, period: a.period })?;
     Ok(budget::spend(row.as_ref(), a.period, a.quota, a.cost, a.now_ms))
 }
 
@@ -69,10 +69,10 @@ pub fn sweep<S: Store>(store: &mut S, a: &SweepArgs) -> Result<i64> {
     writable_everywhere(store)?;
     let mut removed = store.sweep_buckets(a.cutoff_ms, a.max_rows)?;
     if removed < a.max_rows {
-        removed += store.sweep_budgets(a.cutoff_ms, a.max_rows - removed)?;
+        removed += store.sweep_rows::<BudgetState>(a.cutoff_ms, a.max_rows - removed)?;
     }
     if removed < a.max_rows {
-        removed += store.sweep_entries(a.cutoff_ms, a.max_rows - removed)?;
+        removed += store.sweep_rows::<EntriesRow>(a.cutoff_ms, a.max_rows - removed)?;
     }
     Ok(removed)
 }
@@ -134,25 +134,17 @@ pub(super) fn change_entries<S: Store, R>(
     decide: impl Fn(Option<&EntriesRow>) -> Result<(R, Option<EntriesRow>)>,
 ) -> Result<R> {
     writable(store, Rows::Entries)?;
-    let seen = store.read_entries(kind, key)?;
+    let at = EntriesAt { kind, key };
+    let seen = store.read_row(at)?;
     let (answer, new) = decide(seen.as_ref())?;
     if new.is_none() {
         return Ok(answer);
     }
     in_one_unit(store, |store| {
         for _ in 0..MAX_ATTEMPTS {
-            if S::LOCKS_ROWS && seen.is_none() {
-                // A missing row cannot be locked: first insert the row that means the same as none.
-                store.insert_entries(kind, key, &empty_row(kind))?;
-            }
-            let held = store.hold_entries(kind, key)?;
+            let held = hold_in_unit(store, at, || empty_row(kind), seen.is_none())?;
             let (answer, new) = decide(held.as_ref())?;
-            let written = match (&held, &new) {
-                (_, None) => true,
-                (None, Some(new)) => store.insert_entries(kind, key, new)?,
-                (Some(old), Some(new)) => store.replace_entries(kind, key, old, new)?,
-            };
-            if written {
+            if write_held(store, at, held.as_ref(), new.as_ref())? {
                 return Ok(answer);
             }
         }
@@ -181,7 +173,7 @@ pub fn window<S: Store>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision>
 
 /// rl_window_peek: what rl_window would answer, recording nothing (read-only too).
 pub fn window_peek<S: Store>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
-    let row = store.read_entries(EntryKind::Window, a.key)?;
+    let row = store.read_row(EntriesAt { kind: EntryKind::Window, key: a.key })?;
     Ok(window::take(&window_entries(row.as_ref())?, &a.limits, a.cost, a.now_ms))
 }
 
@@ -214,6 +206,6 @@ pub fn renew<S: Store>(store: &mut S, a: &LeaseArgs) -> Result<RenewDecision> {
 
 /// rl_in_flight: the leases held on a key now (read-only too).
 pub fn in_flight<S: Store>(store: &mut S, key: &str, now_ms: i64) -> Result<i64> {
-    let row = store.read_entries(EntryKind::Lease, key)?;
+    let row = store.read_row(EntriesAt { kind: EntryKind::Lease, key })?;
     Ok(leases_of(row.as_ref())?.in_flight(now_ms))
 }
