@@ -250,28 +250,23 @@ const LEASE_SECONDS: Param = required("lease_seconds", SqlType::Float8);
 const SPEND_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, COST, NOW_MS];
 const BUDGET_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, PEEK_COST, NOW_MS];
 
-const TAKE_KEYS: &[&str] = &[
-    "admitted",
-    "remaining",
-    "limit",
-    "retry_after_ms",
-    "retry_after_seconds",
-    "reset_after_seconds",
-    "exceeds_limit",
-    "refill_seconds",
-];
+/// What rl_take and rl_window answer alike; each adds the rate it was given as a time.
+const ADMISSION_KEYS: [&str; 7] =
+    ["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds", "exceeds_limit"];
+const TAKE_KEYS: &[&str] = &admission_keys_and("refill_seconds");
 const SPEND_KEYS: &[&str] =
     &["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds", "exceeds_limit", "period_seconds"];
-const WINDOW_KEYS: &[&str] = &[
-    "admitted",
-    "remaining",
-    "limit",
-    "retry_after_ms",
-    "retry_after_seconds",
-    "reset_after_seconds",
-    "exceeds_limit",
-    "window_seconds",
-];
+const WINDOW_KEYS: &[&str] = &admission_keys_and("window_seconds");
+
+const fn admission_keys_and(last: &'static str) -> [&'static str; 8] {
+    let mut keys = [last; 8];
+    let mut i = 0;
+    while i < ADMISSION_KEYS.len() {
+        keys[i] = ADMISSION_KEYS[i];
+        i += 1;
+    }
+    keys
+}
 const NOT_AN_OBJECT: &[&str] = &[];
 
 use SqlType::{Bool, Float8, Int8, Jsonb, Text};
