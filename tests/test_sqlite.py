@@ -189,7 +189,7 @@ def _hammer(args):
             refused += not result["admitted"]
         except sqlite3.OperationalError as e:
             failed += 1
-            messages.add(str(e))
+            messages.add((e.sqlite_errorcode, str(e)))
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
     return admitted, refused, failed, messages
@@ -219,8 +219,8 @@ def test_processes_sharing_a_file_never_over_admit(tmp_path, function, journal, 
     if mode in ("bare", "immediate"):
         # a bare call waits for the write lock within the busy timeout: nothing fails
         assert (admitted, failed) == (200, 0), messages
-    for m in messages:
-        assert m.startswith(f"{function}: database is locked") and "BEGIN IMMEDIATE" in m
+    for code, m in messages:
+        assert code & 0xFF == 5 and m.startswith(f"{function}: database is locked") and "BEGIN IMMEDIATE" in m
     # whatever failed wrote nothing: the state holds exactly what was admitted
     check = sqlite_connect(path)
     if function == "rl_take":

@@ -3,6 +3,7 @@
 //! values, run the core's statements on the caller's connection, return the core's answer.
 
 mod handle;
+mod scalar;
 
 use std::sync::{Arc, LazyLock};
 
@@ -10,8 +11,8 @@ use handle::Handle;
 use ratelimit_core::functions::{self, Entry, Function};
 use ratelimit_core::sql::{self, Statement, Value};
 use ratelimit_core::sql_store::{SqlEngine, SqlStore};
-use ratelimit_core::{calls, Answer, Arg, Clock, ErrorKind, StoreError, StoreResult};
-use rusqlite::functions::{Context, FunctionFlags};
+use ratelimit_core::{calls, Arg, Clock, ErrorKind, StoreError, StoreResult};
+use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{ffi, Connection, MAIN_DB};
 
@@ -61,43 +62,18 @@ fn register_all(db: Connection) -> rusqlite::Result<bool> {
 /// own: an explicit now_ms is always allowed.
 fn register_stateful(h: &Arc<Handle>, f: &'static Function) -> rusqlite::Result<()> {
     let handle = h.clone();
-    h.lock_unanchored().create_scalar_function(f.name, -1, STATEFUL, move |ctx| {
+    let body = move |args: &[Arg]| {
         let conn = handle.lock(f.name)?;
         let mut store = SqlStore(SqliteEngine { conn: &conn });
-        calls::call(f, &mut store, &args_of(ctx), &Clock::system(true)).map(output).map_err(to_sqlite_error)
-    })
+        calls::call(f, &mut store, args, &Clock::system(true)).map_err(to_sqlite_error)
+    };
+    scalar::create(&h.lock_unanchored(), f.name, STATEFUL, Box::new(body))
 }
 
 /// A pure or internal function: it never touches the connection.
 fn register_without_store(h: &Arc<Handle>, f: &'static Function, flags: FunctionFlags) -> rusqlite::Result<()> {
-    h.lock_unanchored().create_scalar_function(f.name, -1, flags, move |ctx| {
-        calls::call_without_store(f, &args_of(ctx)).map(output).map_err(to_sqlite_error)
-    })
-}
-
-/// The arguments of a call as core values. Text that is not UTF-8 arrives as a blob.
-fn args_of<'a>(ctx: &'a Context<'_>) -> Vec<Arg<'a>> {
-    (0..ctx.len())
-        .map(|i| match ctx.get_raw(i) {
-            ValueRef::Null => Arg::Null,
-            ValueRef::Integer(n) => Arg::Integer(n),
-            ValueRef::Real(r) => Arg::Real(r),
-            ValueRef::Text(t) => std::str::from_utf8(t).map_or(Arg::Blob(t), Arg::Text),
-            ValueRef::Blob(b) => Arg::Blob(b),
-        })
-        .collect()
-}
-
-/// An answer as the SQLite value it returns: JSON as text, booleans as 0 or 1.
-fn output(answer: Answer) -> ToSqlOutput<'static> {
-    use rusqlite::types::Value as V;
-    ToSqlOutput::Owned(match answer {
-        Answer::Json(j) => V::Text(j.to_text()),
-        Answer::Text(t) => V::Text(t),
-        Answer::Int(n) => V::Integer(n),
-        Answer::Real(r) => V::Real(r),
-        Answer::Bool(b) => V::Integer(b.into()),
-    })
+    let body = move |args: &[Arg]| calls::call_without_store(f, args).map_err(to_sqlite_error);
+    scalar::create(&h.lock_unanchored(), f.name, flags, Box::new(body))
 }
 
 /// A core error as the SQLite error the caller sees: the core's text, and SQLite's own
@@ -156,15 +132,19 @@ impl SqliteEngine<'_> {
     fn fail(&self, e: rusqlite::Error) -> StoreError {
         let engine_code = e.sqlite_error().map(|f| f.extended_code);
         let mut message = e.to_string();
-        if engine_code.is_some_and(|c| c & 0xff == ffi::SQLITE_BUSY) {
+        // SQLite's own code goes to the caller (scalar.rs), with what it means here
+        message.push_str(match engine_code.map(|c| c & 0xff) {
             // A statement or transaction that read the database before the call holds a read
             // lock; SQLite cannot wait for the write lock then (it could deadlock) and fails
             // at once, whatever the busy timeout. A bare call only fails once the timeout ends.
-            message.push_str(
+            Some(ffi::SQLITE_BUSY) => {
                 " (busy timeout ran out, or the calling statement or transaction had read the database first: \
-                 run such calls inside BEGIN IMMEDIATE ... COMMIT)",
-            );
-        }
+                 run such calls inside BEGIN IMMEDIATE ... COMMIT)"
+            }
+            Some(ffi::SQLITE_LOCKED) => " (a connection sharing this cache holds the table: retry once it commits)",
+            Some(ffi::SQLITE_FULL) => " (no room for the database or its journal: this call wrote nothing)",
+            _ => "",
+        });
         StoreError { engine_code, message }
     }
 

@@ -166,8 +166,9 @@ export class SqliteLimiter extends SqlLimiter {
     try {
       return statement.get(...params);
     } catch (e: any) {
-      // the extension's own calls report a lock as SQLITE_ERROR with SQLite's message in it
-      if (/^SQLITE_(BUSY|LOCKED)/.test(e?.code ?? "") || /database is locked/.test(e?.message ?? "")) {
+      // another connection holds the write lock past the busy timeout, or a table in a
+      // shared cache (the extension reports SQLite's own code, extended codes included)
+      if (/^SQLITE_(BUSY|LOCKED)(_|$)/.test(e?.code ?? "")) {
         throw new DatabaseUnavailable(e.message);
       }
       throw e;

@@ -299,3 +299,24 @@ const server = app.listen(0, async () => {
     await db.close();
   }
 });
+
+test("sqlite: a lock held elsewhere reaches better-sqlite3 as SQLITE_BUSY, naming the function", () => {
+  const Database = require("better-sqlite3");
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "rl-busy-")), "app.db");
+  const [holder, caller] = [new Database(file), new Database(file, { timeout: 0 })];
+  try {
+    for (const db of [holder, caller]) db.loadExtension(EXTENSION);
+    holder.prepare("SELECT rl_take('k', 5, 60)").get();
+    holder.exec("BEGIN IMMEDIATE");
+    assert.throws(() => caller.prepare("SELECT rl_take('k', 5, 60)").get(), (e) => {
+      assert.equal(e.code, "SQLITE_BUSY");
+      assert.match(e.message, /^rl_take: database is locked/);
+      return true;
+    });
+    holder.exec("COMMIT");
+    assert.equal(JSON.parse(Object.values(caller.prepare("SELECT rl_take('k', 5, 60)").get())[0]).remaining, 3);
+  } finally {
+    holder.close();
+    caller.close();
+  }
+});

@@ -139,6 +139,19 @@ class PostgresLimiter(_Limiter):
             raise DatabaseUnavailable(str(e).strip()) from e
 
 
+# What makes SQLite unable to decide now, by primary result code: SQLITE_BUSY (another
+# connection holds the write lock past the busy timeout), SQLITE_LOCKED (a table held in a
+# shared cache), SQLITE_CANTOPEN (the file cannot be opened).
+_UNAVAILABLE_CODES = (5, 6, 14)
+
+
+def _unavailable(e: sqlite3.OperationalError) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is None:  # Python before 3.11 gives no code: read SQLite's words
+        return any(words in str(e) for words in ("database is locked", "database table is locked", "unable to open"))
+    return code & 0xFF in _UNAVAILABLE_CODES
+
+
 class SQLiteLimiter(_Limiter):
     """Checks on a SQLite database file with the loadable extension, on `threads`
     connections opened by `open()` and used from worker threads. Writers queue for
@@ -182,7 +195,7 @@ class SQLiteLimiter(_Limiter):
                 raise DatabaseUnavailable("abandoned before it ran")
             return conn.execute(sql, params).fetchone()
         except sqlite3.OperationalError as e:
-            if "locked" in str(e) or "busy" in str(e) or "unable to open" in str(e):
+            if _unavailable(e):
                 raise DatabaseUnavailable(str(e)) from e
             raise
         finally:
