@@ -4,7 +4,7 @@
 # postgres user, with citus and pg_ratelimit preloaded (explicit clocks allowed, for the
 # conformance list). Test-only: Citus is built from the tarball in ../shared/vendor
 # (RL_CITUS_TARBALL) and never ships with the project: 13.2.2 for 15 (it supports 15 to
-# 17), 14.0.1 for 18 (it supports 16 to 18).
+# 17), 14.0.1 for 18 (it supports 16 to 18), each with citus/function_call_delegation.patch.
 #   scripts/citus.sh build   install that Citus into that PostgreSQL (skipped when present)
 #   scripts/citus.sh start   build if needed, create the three nodes if missing, start them,
 #                            join the workers; prints the coordinator's settings to eval
@@ -29,10 +29,17 @@ NODES="coordinator:$PORT worker1:$((PORT + 1)) worker2:$((PORT + 2))"
 log() { printf '\033[1m[citus]\033[0m %s\n' "$*" >&2; }
 as_pg() { runuser -u postgres -- "$@"; }
 
+# The project's fix of Citus's function call delegation (citus/function_call_delegation.patch),
+# applied to the copy it builds; the build records which patch it has.
+PATCH=$(pwd)/citus/function_call_delegation.patch
+PATCH_MARK="$($PG_CONFIG --sharedir)/extension/citus.pg_ratelimit-patch"
+patch_sum() { sha256sum "$PATCH" | cut -d' ' -f1; }
+
 installed() {
   local lib
   lib=$("$PG_CONFIG" --pkglibdir)/citus.so
-  [ -f "$lib" ] && grep -q "default_version = '${VERSION%.*}" "$($PG_CONFIG --sharedir)/extension/citus.control" 2>/dev/null
+  [ -f "$lib" ] && grep -q "default_version = '${VERSION%.*}" "$($PG_CONFIG --sharedir)/extension/citus.control" 2>/dev/null \
+    && [ "$(cat "$PATCH_MARK" 2>/dev/null)" = "$(patch_sum)" ]
 }
 
 build() {
@@ -41,7 +48,7 @@ build() {
     return
   fi
   local missing=() pkg
-  for pkg in postgresql-15 postgresql-server-dev-15 build-essential clang liblz4-dev libzstd-dev libcurl4-openssl-dev \
+  for pkg in postgresql-15 postgresql-server-dev-15 build-essential patch clang liblz4-dev libzstd-dev libcurl4-openssl-dev \
       libkrb5-dev libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
   done
@@ -67,13 +74,15 @@ if n != 1 and "have_createdb_privilege" in text:
     sys.exit("citus.sh: the have_createdb_privilege shim was not found where expected")
 open(path, "w").write(text)
 PY
-  log "building Citus $VERSION for PostgreSQL $PG_MAJOR"
+  (cd "$src" && patch -s -p1 < "$PATCH")
+  log "building Citus $VERSION for PostgreSQL $PG_MAJOR (with citus/function_call_delegation.patch)"
   # clang: 18 was compiled with GCC 14, whose warning flags Debian's gcc 12 rejects
   local cc=gcc
   [ "$PG_MAJOR" = 15 ] || cc=clang
   (cd "$src" && ./configure -q CC="$cc" PG_CONFIG="$PG_CONFIG" >/dev/null && make -s -j"$(nproc)" CC="$cc" >/dev/null \
     && make -s install CC="$cc" >/dev/null)
   rm -rf "$(dirname "$src")"
+  patch_sum > "$PATCH_MARK"
   installed || { log "Citus did not install"; exit 1; }
 }
 

@@ -4,11 +4,14 @@
 //! [`spi`] runs the core's statements through SPI with plans prepared once per backend;
 //! [`jsonb`] turns answers into `jsonb` and reads `jsonb` arguments within a bound;
 //! [`invalidation`] follows policy changes and Citus's distribution through the relcache;
-//! [`shared_memory`] is the memory store; [`settings`] the `pg_ratelimit.*` settings. The
-//! core's errors are raised with their SQLSTATE. `unsafe` is denied by the workspace and
-//! allowed, with the reason, in `jsonb`, `invalidation`, `shared_memory`, and one function
-//! each of `settings` and `spi` (and in what pgrx's macros expand to).
+//! [`shared_memory`] is the memory store; [`settings`] the `pg_ratelimit.*` settings;
+//! [`citus_guard`] keeps calls in shapes that crash Citus's delegation from reaching it.
+//! The core's errors are raised with their SQLSTATE. `unsafe` is denied by the workspace
+//! and allowed, with the reason, in `jsonb`, `invalidation`, `shared_memory`,
+//! `citus_guard`, and one function each of `settings` and `spi` (and in what pgrx's macros
+//! expand to).
 
+mod citus_guard;
 mod invalidation;
 mod jsonb;
 mod settings;
@@ -38,6 +41,7 @@ pub extern "C-unwind" fn _PG_init() {
     ratelimit_core::stats::install(&shared_memory::COUNTERS);
     settings::reserve_prefix();
     invalidation::watch_policy_changes();
+    citus_guard::install();
 }
 
 /// Raises a core error as a PostgreSQL ERROR with the SQLSTATE its kind calls for.

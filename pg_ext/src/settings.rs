@@ -17,6 +17,11 @@ pub enum BucketHome {
 
 pub static BUCKETS: GucSetting<BucketHome> = GucSetting::<BucketHome>::new(BucketHome::Table);
 
+/// Whether calls in the shapes that crash Citus's delegation are refused before Citus sees
+/// them ([`crate::citus_guard`]). Off only with a Citus that has the fix: a role that could
+/// turn it off could restart the coordinator, so only a superuser may.
+pub static CITUS_GUARD: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// Registers the settings; from _PG_init, once per process.
 pub fn define() {
     GucRegistry::define_bool_guc(
@@ -32,6 +37,15 @@ pub fn define() {
         c"Where pg_ratelimit keeps token buckets: 'table' (durable, transactional) or 'memory' (shared memory).",
         c"The memory store needs pg_ratelimit in shared_preload_libraries; budgets always stay in their tables.",
         &BUCKETS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_ratelimit.citus_guard",
+        c"Refuses pg_ratelimit calls in the shapes that crash Citus's function call delegation.",
+        c"A NULL key, or arguments from a subquery or VALUES list in FROM, in a call Citus would delegate. \
+          Turn off only with a Citus that has the fix (citus/function_call_delegation.patch).",
+        &CITUS_GUARD,
         GucContext::Suset,
         GucFlags::default(),
     );
