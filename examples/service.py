@@ -106,7 +106,7 @@ def make_app(options):
     app = Starlette(routes=[Path("/work", work), Path("/login", login), Path("/webhooks", webhooks),
                             Path("/health", health)], lifespan=lifespan)
     app.add_middleware(
-        RateLimitMiddleware, limiter=limiter, identify=user_of, tier=plan_of,
+        RateLimitMiddleware, limiter=limiter, identify=user_of, tier=plan_of, check_timeout=options.check_timeout,
         routes={
             "/login": Route(policy="login", sensitive=True),
             "/webhooks": Route(policy="webhooks"),
@@ -123,6 +123,8 @@ def main():
     engine.add_argument("--postgres", metavar="DSN", help="libpq connection string (pg_ratelimit installed)")
     p.add_argument("--extension", default=DEFAULT_EXTENSION, help="path of libratelimit for SQLite")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--check-timeout", type=float, default=0.05, metavar="SECONDS",
+                   help="how long a request waits for the database before the fallback decides")
     p.add_argument("--burst", type=float, default=5)
     p.add_argument("--per-minute", type=float, default=30)
     p.add_argument("--daily", type=float, default=1000)

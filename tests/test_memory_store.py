@@ -10,7 +10,7 @@ import pytest
 
 psycopg2 = pytest.importorskip("psycopg2")
 
-from clusters import cluster, standby_of
+from clusters import BIN, cluster, standby_of
 from conftest import assert_refused_read_only, pg_available, pg_connect
 
 # Private ports for the clusters of these tests (the shared one is on 54329).
@@ -280,4 +280,94 @@ def test_without_preload_memory_bucket_calls_fail_clearly_and_the_rest_works():
         other = c.connect("app")
         assert one(other, "SELECT count(*) FROM rl_stats") == 0
         other.close()
+        conn.close()
+
+
+SAVE_FILE = os.path.join("pg_stat", "pg_ratelimit_buckets.dat")
+
+
+def stopped_at_the_save(c):
+    """Asks the postmaster to stop and holds it (under gdb) at the rename of its written
+    save file. Returns a function that kills it there with SIGKILL (delivered by gdb, which
+    then reaps it as its tracer)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gdb") is None:
+        pytest.fail("gdb is missing (scripts/setup.sh --pg installs it)")
+    hit, go = os.path.join(c.folder, "at_rename"), os.path.join(c.folder, "kill_now")
+    # the shutdown's own signals pass straight to the postmaster
+    signals = "handle SIGINT SIGUSR1 SIGUSR2 SIGTERM SIGQUIT SIGCHLD SIGHUP SIGPIPE SIGALRM nostop noprint pass"
+    # durable_rename(oldfile, ...): the first argument in rdi; PostgreSQL renames files of its own too
+    at_ours = f'break durable_rename if $_streq((char *) $rdi, "{SAVE_FILE}.tmp")'
+    gdb = subprocess.Popen(["gdb", "-p", str(c.postmaster_pid()), "-batch", "-ex", signals, "-ex", at_ours,
+                            "-ex", "continue", "-ex", f"shell touch {hit}",
+                            "-ex", f"shell while [ ! -f {go} ]; do sleep 0.1; done", "-ex", "signal SIGKILL"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2)  # attached, the breakpoint set and the postmaster running again
+    c.run(f"{BIN}/pg_ctl", "-D", c.data, "-m", "fast", "-W", "stop")
+    for _ in range(600):
+        if os.path.exists(hit):
+            break
+        time.sleep(0.1)
+    else:
+        gdb.kill()
+        raise AssertionError("the postmaster never reached the save's rename")
+
+    def kill():
+        open(go, "w").close()
+        gdb.wait(timeout=60)
+        pid = c.postmaster_pid()
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{pid}"):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the postmaster {pid} did not go")
+
+    return kill
+
+
+def test_a_kill_during_the_save_leaves_no_file_and_a_torn_file_is_never_read():
+    with cluster(next(PORTS), **MEMORY) as c:
+        conn = new_database(c)
+        for i in range(1, 6):
+            one(conn, f"SELECT rl_take('k{i}', {SLOW}, {i})")
+        conn.close()
+        # kill -9 of the postmaster between writing the new file and renaming it into place
+        kill = stopped_at_the_save(c)
+        tmp = os.path.join(c.data, SAVE_FILE + ".tmp")
+        try:
+            assert os.path.getsize(tmp) > 0, "the save had written its file"
+            assert not os.path.exists(os.path.join(c.data, SAVE_FILE))
+        finally:
+            kill()
+        c.start()
+        conn = c.connect("app")
+        # none: the last file was removed when read at start, the new one never took its name
+        assert one(conn, "SELECT rl_memory_stats() ->> 'loaded'") == "0"
+        assert one(conn, f"SELECT rl_peek('k5', {SLOW}) ->> 'remaining'") == "9"
+        # the next clean shutdown saves over what the killed one left
+        one(conn, f"SELECT rl_take('k1', {SLOW}, 3)")
+        conn.close()
+        c.stop("fast")
+        saved = os.path.join(c.data, SAVE_FILE)
+        with open(saved, "rb") as f:
+            whole = f.read()
+        assert not os.path.exists(saved + ".tmp")
+        # a torn file (half of it, as a file system without durable renames could leave) is refused whole
+        with open(saved, "wb") as f:
+            f.write(whole[: len(whole) // 2])
+        c.start()
+        conn = c.connect("app")
+        assert one(conn, "SELECT rl_memory_stats() ->> 'loaded'") == "0"
+        assert one(conn, f"SELECT rl_peek('k1', {SLOW}) ->> 'remaining'") == "9"
+        assert "pg_ratelimit: ignoring pg_stat/pg_ratelimit_buckets.dat" in c.log()
+        conn.close()
+        # and the whole file is read whole
+        c.stop("fast")
+        with open(saved, "wb") as f:
+            f.write(whole)
+        c.start()
+        conn = c.connect("app")
+        assert one(conn, f"SELECT rl_peek('k1', {SLOW}) ->> 'remaining'") == "6"
         conn.close()

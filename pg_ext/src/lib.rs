@@ -60,14 +60,44 @@ fn raise(e: ratelimit_core::Error) -> ! {
     ereport!(ERROR, code, e.to_string());
 }
 
-/// Runs a function of the core's table with its arguments; raises its error.
+/// Runs a function of the core's table with its arguments; raises its error. An error
+/// PostgreSQL raises inside the call (a full disk, a lock or statement timeout, a
+/// serialization failure) keeps its SQLSTATE and gains the function's name.
 fn run<T: FromAnswer>(function: &Function, args: &[Arg]) -> T {
+    let answer = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| answer_of(function, args)))
+        .catch_others(|caught| match caught {
+            pg_sys::panic::CaughtError::PostgresError(e) => {
+                let name = function.name;
+                let mut named =
+                    pg_sys::panic::ErrorReport::new(e.sql_error_code(), format!("{name}: {}", e.message()), name);
+                if let Some(detail) = e.detail() {
+                    named = named.set_detail(detail);
+                }
+                if let Some(hint) = e.hint() {
+                    named = named.set_hint(hint);
+                }
+                named.report(PgLogLevel::ERROR);
+                unreachable!("an ERROR does not return")
+            }
+            other => other.rethrow(),
+        })
+        .execute();
+    let answer = answer.unwrap_or_else(|e| raise(e));
+    // A wrapper whose return type differs from its descriptor's: the catalog test
+    // (catalog_matches_the_function_table) catches that before any user could.
+    T::from_answer(answer).unwrap_or_else(|other| {
+        raise(ratelimit_core::Error::storage(format!("unexpected answer {other:?}")).in_function(function.name))
+    })
+}
+
+/// The core's answer to a call, over the store the function and settings ask for.
+fn answer_of(function: &Function, args: &[Arg]) -> ratelimit_core::Result<Answer> {
     let clock = Clock::system(ALLOW_EXPLICIT_CLOCK.get());
-    let answer = match function.entry {
+    match function.entry {
         // Read on every call, never cached: the setting may change between calls.
         f::Entry::State(call) if call.touches_buckets() && BUCKETS.get() == BucketHome::Memory => {
             let Some(buckets) = shared_memory::table() else {
-                raise(ratelimit_core::Error::memory_store_not_loaded().in_function(function.name))
+                return Err(ratelimit_core::Error::memory_store_not_loaded().in_function(function.name));
             };
             // Budgets go to their tables, each statement with an SPI connection of its own,
             // so a call on buckets alone runs no statement at all.
@@ -76,13 +106,7 @@ fn run<T: FromAnswer>(function: &Function, args: &[Arg]) -> T {
         }
         f::Entry::State(_) => with_store(|store| calls::call(function, store, args, &clock)),
         _ => calls::call_without_store(function, args),
-    };
-    let answer = answer.unwrap_or_else(|e| raise(e));
-    // A wrapper whose return type differs from its descriptor's: the catalog test
-    // (catalog_matches_the_function_table) catches that before any user could.
-    T::from_answer(answer).unwrap_or_else(|other| {
-        raise(ratelimit_core::Error::storage(format!("unexpected answer {other:?}")).in_function(function.name))
-    })
+    }
 }
 
 /// The Rust type a wrapper returns, from the core's answer.
