@@ -64,30 +64,37 @@ fn raise(e: ratelimit_core::Error) -> ! {
 /// PostgreSQL raises inside the call (a full disk, a lock or statement timeout, a
 /// serialization failure) keeps its SQLSTATE and gains the function's name.
 fn run<T: FromAnswer>(function: &Function, args: &[Arg]) -> T {
-    let answer = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| answer_of(function, args)))
-        .catch_others(|caught| match caught {
-            pg_sys::panic::CaughtError::PostgresError(e) => {
-                let name = function.name;
-                let mut named =
-                    pg_sys::panic::ErrorReport::new(e.sql_error_code(), format!("{name}: {}", e.message()), name);
-                if let Some(detail) = e.detail() {
-                    named = named.set_detail(detail);
-                }
-                if let Some(hint) = e.hint() {
-                    named = named.set_hint(hint);
-                }
-                named.report(PgLogLevel::ERROR);
-                unreachable!("an ERROR does not return")
-            }
-            other => other.rethrow(),
-        })
-        .execute();
+    // catch_unwind rather than PgTryBuilder: nothing to allocate on the path without an error
+    let answer = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer_of(function, args))) {
+        Ok(answer) => answer,
+        Err(payload) => match payload.downcast::<pg_sys::panic::CaughtError>() {
+            Ok(caught) => match *caught {
+                pg_sys::panic::CaughtError::PostgresError(e) => raise_named(function.name, &e),
+                other => other.rethrow(),
+            },
+            Err(payload) => std::panic::resume_unwind(payload),
+        },
+    };
     let answer = answer.unwrap_or_else(|e| raise(e));
     // A wrapper whose return type differs from its descriptor's: the catalog test
     // (catalog_matches_the_function_table) catches that before any user could.
     T::from_answer(answer).unwrap_or_else(|other| {
         raise(ratelimit_core::Error::storage(format!("unexpected answer {other:?}")).in_function(function.name))
     })
+}
+
+/// Raises an error PostgreSQL raised inside the call again, its message prefixed with the
+/// function's name.
+fn raise_named(name: &str, e: &pg_sys::panic::ErrorReportWithLevel) -> ! {
+    let mut named = pg_sys::panic::ErrorReport::new(e.sql_error_code(), format!("{name}: {}", e.message()), "");
+    if let Some(detail) = e.detail() {
+        named = named.set_detail(detail);
+    }
+    if let Some(hint) = e.hint() {
+        named = named.set_hint(hint);
+    }
+    named.report(PgLogLevel::ERROR);
+    unreachable!("an ERROR does not return")
 }
 
 /// The core's answer to a call, over the store the function and settings ask for.
