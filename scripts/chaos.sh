@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The chaos run (not in CI; 10 minutes unless RL_CHAOS_SECONDS says): clients take and spend
+# on a few keys directly and through pgbouncer while bench/chaos.py kills backends, restarts
+# PostgreSQL 15 (fast and immediate) and stops pgbouncer; it checks the clients' records
+# against the state and writes bench/results/chaos.md.
+#   scripts/chaos.sh                 the run (installs pgbouncer, builds, starts, stops)
+#   scripts/chaos.sh bouncer-start   (for the driver) start pgbouncer
+#   scripts/chaos.sh bouncer-stop    (for the driver) stop pgbouncer
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/pg_versions.sh
+export RL_PG_BIN=${RL_PG_BIN:-$(dirname "$(pg_config_of 15)")}
+export RL_PG_DIR=/tmp/pg_ratelimit_chaos RL_PG_PORT=54333
+export RL_BOUNCER_DIR=/tmp/pg_ratelimit_chaos_bouncer RL_BOUNCER_PORT=54334
+as_pg() { runuser -u postgres -- "$@"; }
+
+bouncer_start() {
+  mkdir -p "$RL_BOUNCER_DIR"
+  cat >"$RL_BOUNCER_DIR/pgbouncer.ini" <<EOF
+[databases]
+chaos = host=$RL_PG_DIR port=$RL_PG_PORT dbname=chaos user=postgres
+[pgbouncer]
+listen_addr =
+listen_port = $RL_BOUNCER_PORT
+unix_socket_dir = $RL_BOUNCER_DIR
+auth_type = trust
+auth_file = $RL_BOUNCER_DIR/users.txt
+pool_mode = transaction
+default_pool_size = 4
+max_client_conn = 100
+server_login_retry = 1
+logfile = $RL_BOUNCER_DIR/pgbouncer.log
+pidfile = $RL_BOUNCER_DIR/pgbouncer.pid
+EOF
+  echo '"postgres" ""' >"$RL_BOUNCER_DIR/users.txt"
+  chown -R postgres "$RL_BOUNCER_DIR"
+  as_pg pgbouncer -d "$RL_BOUNCER_DIR/pgbouncer.ini"
+}
+
+bouncer_stop() {
+  local pid
+  pid=$(cat "$RL_BOUNCER_DIR/pgbouncer.pid" 2>/dev/null) || return 0
+  kill "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+}
+
+case "${1:-run}" in
+  bouncer-start) bouncer_start; exit ;;
+  bouncer-stop) bouncer_stop; exit ;;
+  run) ;;
+  *) echo "usage: $0 [bouncer-start|bouncer-stop]" >&2; exit 2 ;;
+esac
+
+bash scripts/setup.sh --pg
+if ! command -v pgbouncer >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >/dev/null
+fi
+cleanup() {
+  bouncer_stop
+  bash scripts/pg_cluster.sh stop
+  rm -rf "$RL_BOUNCER_DIR"
+}
+trap cleanup EXIT
+bash scripts/pg_cluster.sh stop
+CC=clang cargo pgrx install -p pg_ratelimit --release --pg-config "$(pg_config_of 15)" \
+  --no-default-features --features pg15 >/dev/null
+eval "$(bash scripts/pg_cluster.sh start)"
+as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d postgres -v ON_ERROR_STOP=1 \
+  -c "CREATE DATABASE chaos" -c "ALTER DATABASE chaos SET pg_ratelimit.allow_explicit_clock = on"
+as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d chaos -v ON_ERROR_STOP=1 \
+  -c "CREATE EXTENSION pg_ratelimit"
+bouncer_start
+/usr/bin/python3 bench/chaos.py
