@@ -1415,6 +1415,25 @@ fn a_refunded_check_leaves_every_limit_as_before() {
     }
 }
 
+/// A refund for a subject that never checked finds nothing to give back and writes no
+/// row (the web packages' startup check of a policy relies on it).
+#[test]
+fn a_refund_for_a_subject_without_rows_writes_nothing() {
+    let definition = r#"{"limits": [{"burst": 2, "refill_per_minute": 1}, {"period": "day", "quota": 2},
+                                     {"limit": 2, "window_seconds": 60}]}"#;
+    let mut s = MapStore::default();
+    call(&mut s, calls::rl_policy_set, &[Arg::Text("p"), Arg::Text(definition)]);
+    let writes = s.writes;
+    let args = [Arg::Text("p"), Arg::Text("nobody"), Arg::Integer(1), Arg::Null, Arg::Integer(1000)];
+    let refund = call(&mut s, calls::rl_refund_check, &args);
+    assert_eq!(
+        (refund["items"][0]["remaining"].clone(), refund["items"][2]["remaining"].clone()),
+        (json!(2), json!(2))
+    );
+    assert_eq!(s.writes, writes);
+    assert!(s.buckets.is_empty() && s.budgets.is_empty() && s.entries.is_empty());
+}
+
 /// admissions, refusals, a tier, a policy changed by another session and a strike; once
 /// the policy is cached, an admitted check is that one statement.
 #[test]

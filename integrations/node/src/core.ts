@@ -1,7 +1,7 @@
 // What the Express middleware and the Fetch-API (Next.js) wrapper share: route matching,
 // the subject, the decision, the fallback when the database does not answer.
 import { BlockList, isIP } from "node:net";
-import { DatabaseUnavailable, Limiter, multiplier, Route } from "./limiter";
+import { DatabaseUnavailable, isMissingPolicy, Limiter, multiplier, Route } from "./limiter";
 
 export interface Options {
   limiter: Limiter;
@@ -24,6 +24,62 @@ export interface Options {
   /** At most one outage message per interval. Default 60 s. */
   logIntervalMs?: number;
   log?: (message: string) => void;
+  /** Opt-in: remember up to this many subjects just refused (per route and tier; e.g.
+   * 10_000, least recently used forgotten) and answer them 429 locally, without a database
+   * call, until their refusal's retry time. It only ever refuses. */
+  refusalCache?: number;
+  /** Opt-in: at most this many requests in flight in this process; above it a 503 with
+   * Retry-After before any database call or handler work (skip paths are never shed). */
+  maxInFlight?: number;
+  /** Retry-After of a shed request. Default 1 s. */
+  shedRetryAfter?: number;
+  /** Counts what the middleware did (shared by the caller, e.g. for metrics). */
+  counters?: Counters;
+}
+
+/** What one middleware did in this process: the figures metrics export. */
+export class Counters {
+  /** Checks the database answered. */
+  checks = 0;
+  admitted = 0;
+  refused = 0;
+  /** Answered from the refused-identifier cache, no database call. */
+  refusedLocally = 0;
+  /** 503 before any work: too many requests in flight. */
+  shed = 0;
+  fallbackAdmitted = 0;
+  fallbackRefused = 0;
+  /** The database did not answer in time. */
+  databaseErrors = 0;
+  missingPolicies = 0;
+}
+
+type Refusal = { status: number; body: Record<string, unknown>; headers: Record<string, string> };
+
+/** Subjects just refused, until their refusal's retry time ends: at most `size` (least
+ * recently used forgotten). An entry repeats the database's refusal, its waits counted down. */
+export class RefusalCache {
+  private entries = new Map<string, [Refusal, number]>();
+  constructor(readonly size: number, private clock: () => number = () => performance.now()) {}
+
+  put(key: string, refusal: Refusal, waitMs: number): void {
+    this.entries.delete(key);
+    this.entries.set(key, [refusal, this.clock() + waitMs]);
+    if (this.entries.size > this.size) this.entries.delete(this.entries.keys().next().value!);
+  }
+
+  get(key: string): Refusal | undefined {
+    const entry = this.entries.get(key);
+    if (!entry) return undefined;
+    const [refusal, until] = entry;
+    const left = until - this.clock();
+    this.entries.delete(key);
+    if (left <= 0) return undefined;
+    this.entries.set(key, entry);
+    const seconds = Math.max(1, Math.ceil(left / 1000));
+    return { status: refusal.status, body: { ...refusal.body, retry_after: seconds },
+      headers: { ...refusal.headers, "Retry-After": String(seconds) } };
+  }
 }
 
 export type Decision =
@@ -76,7 +132,15 @@ export class RateLimitCore {
   private local = new Map<string, LocalBucket>();
   private outageSince?: number;
   private loggedAt = -Infinity;
+  private policyLoggedAt = new Map<string, number>();
+  private refusals?: RefusalCache;
+  private inFlight = 0;
+  readonly counters: Counters;
   readonly log: (message: string) => void;
+  /** Settles once every route's policy is found (rejects, naming the route and the policy,
+   * when one is missing; a database that does not answer is logged and let be). Nobody
+   * awaiting it makes a missing policy an unhandled rejection: the process stops at start. */
+  readonly ready: Promise<void>;
 
   constructor(readonly options: Options) {
     for (const [spec, route] of Object.entries(options.routes)) {
@@ -90,6 +154,49 @@ export class RateLimitCore {
     this.skip = new Set(options.skip ?? ["/health", "/ready"]);
     this.trusted = blockList(options.trustedProxies ?? []);
     this.log = options.log ?? ((m) => console.warn(m));
+    this.counters = options.counters ?? new Counters();
+    if (options.refusalCache) this.refusals = new RefusalCache(options.refusalCache);
+    this.ready = this.checkPolicies();
+  }
+
+  private async checkPolicies(): Promise<void> {
+    const exists = this.options.limiter.policyExists?.bind(this.options.limiter);
+    if (!exists) return;
+    for (const { route } of this.routes) {
+      if (route.policy === undefined) continue;
+      let found;
+      try {
+        found = await withTimeout(exists(route.policy), Math.max(this.options.checkTimeoutMs ?? 50, 5000));
+      } catch (e: any) {
+        if (!(e instanceof DatabaseUnavailable)) throw e;
+        this.log(`ratelimit-web: could not check the routes' policies at startup (${e.message}); the fallback serves until the database answers`);
+        return;
+      }
+      if (!found) throw new Error(`ratelimit-web: route ${JSON.stringify(route.name)}: there is no policy named ${JSON.stringify(route.policy)} in the database`);
+    }
+  }
+
+  /** Whether `path` is never limited nor shed. */
+  skipped(path: string): boolean {
+    return this.skip.has(path);
+  }
+
+  /** A request begins: undefined, or the 503 that sheds it (too many in flight). Every
+   * request let in must `leave()` once it is done. */
+  enter(): Decision | undefined {
+    const cap = this.options.maxInFlight;
+    if (cap !== undefined && this.inFlight >= cap) {
+      this.counters.shed++;
+      const retryAfter = this.options.shedRetryAfter ?? 1;
+      return { kind: "answer", status: 503, body: { detail: "Service Overloaded", retry_after: retryAfter },
+        headers: { "Retry-After": String(retryAfter) } };
+    }
+    this.inFlight++;
+    return undefined;
+  }
+
+  leave(): void {
+    this.inFlight--;
   }
 
   /** The route limiting this request, or undefined (skipped, or no route matches). */
@@ -115,13 +222,22 @@ export class RateLimitCore {
 
   /** Asks the database (within the timeout), or the fallback when it does not answer. */
   async decide(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Decision> {
+    const cacheKey = `${route.name}\u0000${tier}\u0000${subject}`;
+    const cached = this.refusals?.get(cacheKey);
+    if (cached) {
+      this.counters.refusedLocally++;
+      return { kind: "answer", ...cached };
+    }
     let answer;
     try {
       answer = await withTimeout(this.options.limiter.check(route, subject, tier, cost), this.options.checkTimeoutMs ?? 50);
     } catch (e) {
+      if (route.policy !== undefined && isMissingPolicy(e)) return this.policyMissing(route, e as Error);
       if (!(e instanceof DatabaseUnavailable)) throw e;
+      this.counters.databaseErrors++;
       return this.unavailable(route, subject, tier, cost, e);
     }
+    this.counters.checks++;
     if (this.outageSince !== undefined) {
       this.log(`ratelimit-web: the database answers again after ${((Date.now() - this.outageSince) / 1000).toFixed(1)} s`);
       this.outageSince = undefined;
@@ -130,7 +246,11 @@ export class RateLimitCore {
       const bucket = (answer.result.items ?? []).find((i: any) => i.refill_seconds);
       if (bucket) this.learned.set(`${route.name}\u0000${tier}`, [bucket.limit, (bucket.limit * 60) / bucket.refill_seconds]);
     }
-    if (answer.admitted) return { kind: "admitted", headers: answer.headers };
+    if (answer.admitted) {
+      this.counters.admitted++;
+      return { kind: "admitted", headers: answer.headers };
+    }
+    this.counters.refused++;
     // 429, or 413 for a cost above a limit, which no wait admits
     const h = answer.headers;
     const r = answer.result;
@@ -143,7 +263,23 @@ export class RateLimitCore {
       reset: Number(h["X-RateLimit-Reset"] ?? 0),
       retry_after: retryAfter,
     };
+    const waitMs = r.retry_after_ms;
+    if (this.refusals && !tooLarge && typeof waitMs === "number" && waitMs > 0) {
+      this.refusals.put(cacheKey, { status: 429, body, headers: h }, waitMs);
+    }
     return { kind: "answer", status: tooLarge ? 413 : 429, body, headers: h };
+  }
+
+  /** A route's policy is gone: a JSON 500 that says so, logged once per interval. */
+  private policyMissing(route: Route, error: Error): Decision {
+    this.counters.missingPolicies++;
+    const now = Date.now();
+    if (now - (this.policyLoggedAt.get(route.name!) ?? -Infinity) >= (this.options.logIntervalMs ?? 60_000)) {
+      this.policyLoggedAt.set(route.name!, now);
+      this.log(`ratelimit-web: route ${JSON.stringify(route.name)}: there is no policy named ${JSON.stringify(route.policy)} in the database (${error.message})`);
+    }
+    return { kind: "answer", status: 500, headers: {},
+      body: { detail: "Rate Limit Policy Missing", route: route.name, policy: route.policy } };
   }
 
   /** Gives back what an admitted check took (the handler failed); never throws. */
@@ -166,6 +302,7 @@ export class RateLimitCore {
     const key = `${route.name}\u0000${tier}`;
     const limit = route.sensitive ? undefined : this.learned.get(key) ?? firstBucket(route, tier);
     if (!limit) {
+      this.counters.fallbackRefused++;
       const retryAfter = this.options.unavailableRetryAfter ?? 5;
       return { kind: "answer", status: 503, body: { detail: "Service Unavailable", retry_after: retryAfter },
         headers: { "Retry-After": String(retryAfter) } };
@@ -173,7 +310,11 @@ export class RateLimitCore {
     let bucket = this.local.get(key);
     if (!bucket) this.local.set(key, (bucket = new LocalBucket(limit[0] * share, limit[1] * share)));
     const wait = bucket.take(subject, cost);
-    if (wait === 0) return { kind: "fallback" };
+    if (wait === 0) {
+      this.counters.fallbackAdmitted++;
+      return { kind: "fallback" };
+    }
+    this.counters.fallbackRefused++;
     const retryAfter = Number.isFinite(wait) ? Math.max(1, Math.ceil(wait)) : null;
     return { kind: "answer", status: 429, headers: retryAfter ? { "Retry-After": String(retryAfter) } : {},
       body: { detail: "Too Many Requests", limit: Math.floor(bucket.burst), remaining: 0, reset: retryAfter ?? 0, retry_after: retryAfter } };

@@ -1,6 +1,6 @@
 // Fetch-API handlers (Next.js route handlers, or middleware.ts on the Node.js runtime):
 // export const GET = withRateLimit(options, async (request) => Response.json(...)).
-import { costOf, Options, RateLimitCore } from "./core";
+import { costOf, Counters, Options, RateLimitCore } from "./core";
 
 export interface FetchOptions extends Options {
   /** The address the request came from: Next.js passes it on in X-Forwarded-For, whose
@@ -15,9 +15,20 @@ type Handler = (request: Request, context?: any) => Response | Promise<Response>
  * the handler is not run), the handler's response gets the rl_headers headers, and a
  * handler that throws or answers 5xx gives back what its explicit limits took.
  */
-export function withRateLimit(options: FetchOptions, handler: Handler): Handler {
+export function withRateLimit(options: FetchOptions, handler: Handler): Handler & { ready: Promise<void>; counters: Counters } {
   const core = new RateLimitCore(options);
-  return async (request: Request, context?: any) => {
+  const limited = async (request: Request, context?: any) => {
+    const path = new URL(request.url).pathname;
+    if (core.skipped(path)) return handler(request, context);
+    const shed = core.enter();
+    if (shed?.kind === "answer") return Response.json(shed.body, { status: shed.status, headers: shed.headers });
+    try {
+      return await decideAndRun(request, context);
+    } finally {
+      core.leave();
+    }
+  };
+  const decideAndRun = async (request: Request, context?: any) => {
     const route = core.match(request.method, new URL(request.url).pathname);
     if (!route) return handler(request, context);
     const forwarded = request.headers.get("x-forwarded-for") ?? undefined;
@@ -41,4 +52,5 @@ export function withRateLimit(options: FetchOptions, handler: Handler): Handler 
     for (const [name, value] of Object.entries(decision.headers)) headers.set(name, value);
     return new Response(response.body, { status: response.status, statusText: response.statusText, headers });
   };
+  return Object.assign(limited, { ready: core.ready, counters: core.counters });
 }

@@ -1,4 +1,4 @@
-export { LocalBucket, RateLimitCore } from "./core";
+export { Counters, LocalBucket, RateLimitCore, RefusalCache } from "./core";
 export type { Decision, Options } from "./core";
 export { rateLimit } from "./express";
 export { fetchWithRateLimit, retryAfterMs, backoffMs } from "./fetch";

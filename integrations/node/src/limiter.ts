@@ -35,6 +35,16 @@ export interface Limiter {
   check(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer>;
   /** Gives back what an admitted check took (rl_refund_check, or rl_refund and rl_refund_budget). */
   refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void>;
+  /** Whether the database holds `policy` (checked for every route at startup). */
+  policyExists?(policy: string): Promise<boolean>;
+}
+
+/** The subject of the startup check: never a request's (those are "user:..." or "ip:..."). */
+export const PROBE_SUBJECT = "ratelimit_web:startup-check";
+
+/** The error rl_check and rl_refund_check raise for a policy the database does not hold. */
+export function isMissingPolicy(e: unknown): boolean {
+  return /there is no policy named/.test(String((e as any)?.message ?? e));
 }
 
 /** A route's explicit limit `index` for `subject`: rl_key('web', route, subject, index). */
@@ -103,6 +113,18 @@ abstract class SqlLimiter implements Limiter {
     return { result, headers: decode(row!.h), admitted: Boolean(result.admitted) };
   }
 
+  /** rl_refund_check for a subject of no one's: it finds nothing to give back, so it
+   * changes nothing, and fails for a policy that does not exist. */
+  async policyExists(policy: string): Promise<boolean> {
+    try {
+      await this.run(this.statements.refundCheck, [policy, PROBE_SUBJECT, 1, null]);
+      return true;
+    } catch (e) {
+      if (isMissingPolicy(e)) return false;
+      throw e;
+    }
+  }
+
   async refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void> {
     if (route.policy !== undefined) {
       await this.run(this.statements.refundCheck, [route.policy, subject, cost, tier ?? null]);
@@ -147,6 +169,10 @@ export class SqliteLimiter extends SqlLimiter {
   private prepared = new Map<string, any>();
   constructor(readonly db: any, { busyTimeoutMs = 50 }: { busyTimeoutMs?: number } = {}) {
     super();
+    if (typeof db?.pragma !== "function") {
+      throw new TypeError("SqliteLimiter takes an open better-sqlite3 Database; to open a file, " +
+        `use SqliteLimiter.open(${JSON.stringify(typeof db === "string" ? db : "app.db")}, { extension })`);
+    }
     db.pragma(`busy_timeout = ${Math.max(0, Math.floor(busyTimeoutMs))}`);
   }
 
@@ -154,10 +180,14 @@ export class SqliteLimiter extends SqlLimiter {
    * sqlite-ratelimit package) and turns on WAL. */
   static open(path: string, { extension, busyTimeoutMs }: { extension?: string; busyTimeoutMs?: number } = {}) {
     const Database = require("better-sqlite3");
-    const db = new Database(path);
-    db.loadExtension(extension ?? require("sqlite-ratelimit").getLoadablePath());
-    db.pragma("journal_mode = WAL");
-    return new SqliteLimiter(db, { busyTimeoutMs });
+    try {
+      const db = new Database(path);
+      db.loadExtension(extension ?? require("sqlite-ratelimit").getLoadablePath());
+      db.pragma("journal_mode = WAL");
+      return new SqliteLimiter(db, { busyTimeoutMs });
+    } catch (e: any) {
+      throw new Error(`ratelimit-web: cannot open the SQLite database ${path}: ${e?.message ?? e}`, { cause: e });
+    }
   }
 
   protected async run(sql: string, params: unknown[]) {
@@ -169,7 +199,7 @@ export class SqliteLimiter extends SqlLimiter {
       // another connection holds the write lock past the busy timeout, or a table in a
       // shared cache (the extension reports SQLite's own code, extended codes included)
       if (/^SQLITE_(BUSY|LOCKED)(_|$)/.test(e?.code ?? "")) {
-        throw new DatabaseUnavailable(e.message);
+        throw new DatabaseUnavailable(`${this.db.name}: ${e.message}`);
       }
       throw e;
     }

@@ -1,6 +1,8 @@
 // The application the tests run in a child process, configured by environment:
 // RL_WEB_ENGINE (sqlite or postgres), RL_WEB_DB (a file, or a database name),
-// RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT_MS. Serves the same routes
+// RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT_MS, the opt-in defenses
+// RL_WEB_REFUSAL_CACHE and RL_WEB_MAX_IN_FLIGHT, and RL_WEB_EXTRA_POLICY (a route /extra
+// limited by that policy, which may not exist). Serves the same routes
 // twice: through the Express middleware, and through withRateLimit (Fetch API, as in
 // Next.js route handlers) on a plain node:http server. Prints both ports.
 "use strict";
@@ -24,6 +26,9 @@ const options = {
   tier: (req) => (typeof req.get === "function" ? req.get("x-plan") : req.headers.get("x-plan")) ?? undefined,
   trustedProxies: ["127.0.0.1/32"],
   checkTimeoutMs: Number(process.env.RL_WEB_TIMEOUT_MS ?? 50),
+  skip: ["/health", "/ready", "/counts"],
+  refusalCache: Number(process.env.RL_WEB_REFUSAL_CACHE ?? 0),
+  maxInFlight: process.env.RL_WEB_MAX_IN_FLIGHT ? Number(process.env.RL_WEB_MAX_IN_FLIGHT) : undefined,
   routes: {
     "/exact": { limits: [{ burst: 300, refill_per_minute: NEVER_REFILLS }] },
     "/policy": { policy: "web_exact" },
@@ -34,11 +39,22 @@ const options = {
     "/open": { limits: [{ burst: 40, refill_per_minute: NEVER_REFILLS }] },
     "/retry": { limits: [{ burst: 1, refill_per_minute: 60 }] },
     "/big": { limits: [{ burst: 5, refill_per_minute: 60 }], cost: 10 },
+    "/slow": { limits: [{ burst: 1000, refill_per_minute: NEVER_REFILLS }] },
+    "/flood": { policy: "web_flood" },
+    "/gone": { policy: "web_gone" },
+    ...(process.env.RL_WEB_EXTRA_POLICY ? { "/extra": { policy: process.env.RL_WEB_EXTRA_POLICY } } : {}),
   },
 };
+const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 
 const app = express();
-app.use(rateLimit(options));
+const limited = rateLimit(options);
+app.use(limited);
+app.get("/counts", (req, res) => res.json(limited.counters));
+app.get("/slow", async (req, res) => {
+  await sleep(Number(req.query.seconds ?? 0.5) * 1000);
+  res.json({ ok: true });
+});
 app.all(["/fail", "/pfail"], (req, res) => {
   if (req.query.how === "503") return res.status(503).json({ ok: false });
   if (req.query.how === "ok") return res.json({ ok: true });
@@ -49,6 +65,11 @@ app.use((err, req, res, next) => res.status(500).json({ error: err.message })); 
 
 const handler = withRateLimit(options, async (request) => {
   const url = new URL(request.url);
+  if (url.pathname === "/counts") return Response.json(handler.counters);
+  if (url.pathname === "/slow") {
+    await sleep(Number(url.searchParams.get("seconds") ?? 0.5) * 1000);
+    return Response.json({ ok: true });
+  }
   if (url.pathname === "/fail" || url.pathname === "/pfail") {
     if (url.searchParams.get("how") === "503") return Response.json({ ok: false }, { status: 503 });
     if (url.searchParams.get("how") === "ok") return Response.json({ ok: true });

@@ -16,6 +16,9 @@ const POLICIES = {
   web_exact: { limits: [{ burst: 300, refill_per_minute: 1e-6 }] },
   web_login: { limits: [{ burst: 3, refill_per_minute: 1e-6 }] },
   web_fail: { limits: [{ burst: 2, refill_per_minute: 1e-6 }, { period: "day", quota: 2 }, { limit: 2, window_seconds: 3600 }] },
+  // one token back every second: a flood from one subject is refused with a wait of about 1 s
+  web_flood: { limits: [{ burst: 2, refill_per_minute: 60 }] },
+  web_gone: { limits: [{ burst: 100, refill_per_minute: 60 }] },
 };
 const ENGINES = ["sqlite", ...(process.env.PGHOST ? ["postgres"] : [])];
 let serial = 0;
@@ -52,9 +55,13 @@ async function database(engine) {
 }
 
 /** The two servers (Express, Fetch API) in a child process. */
-async function server(db, timeoutMs) {
+function serverEnv(db, timeoutMs, settings = {}) {
+  return { ...process.env, RL_WEB_ENGINE: db.engine, RL_WEB_DB: db.name, RL_WEB_EXTENSION: EXTENSION, RL_WEB_TIMEOUT_MS: String(timeoutMs), ...settings };
+}
+
+async function server(db, timeoutMs, settings = {}) {
   const child = spawn(process.execPath, [path.join(__dirname, "app-server.js")], {
-    env: { ...process.env, RL_WEB_ENGINE: db.engine, RL_WEB_DB: db.name, RL_WEB_EXTENSION: EXTENSION, RL_WEB_TIMEOUT_MS: String(timeoutMs) },
+    env: serverEnv(db, timeoutMs, settings),
     stdio: ["ignore", "pipe", "pipe"],
   });
   let log = "";
@@ -319,4 +326,111 @@ test("sqlite: a lock held elsewhere reaches better-sqlite3 as SQLITE_BUSY, namin
     holder.close();
     caller.close();
   }
+});
+
+for (const engine of ENGINES) {
+  test(`${engine}: a route whose policy is missing stops the application at startup`, async () => {
+    const db = await database(engine);
+    try {
+      const child = spawn(process.execPath, [path.join(__dirname, "app-server.js")], {
+        env: serverEnv(db, 5000, { RL_WEB_EXTRA_POLICY: "no_such_policy" }), stdio: ["ignore", "pipe", "pipe"],
+      });
+      let log = "";
+      child.stderr.on("data", (d) => (log += d));
+      const code = await new Promise((resolve) => child.once("exit", resolve));
+      assert.notEqual(code, 0);
+      assert.match(log, /route "\/extra": there is no policy named "no_such_policy" in the database/);
+    } finally {
+      await db.close();
+    }
+  });
+
+  test(`${engine}: a policy dropped later answers a JSON 500, logged once`, async () => {
+    const db = await database(engine);
+    const s = await server(db, 5000);
+    let log;
+    try {
+      for (const base of [s.express, s.fetch]) assert.equal((await get(base + "/gone")).r.status, 200);
+      await db.sql("SELECT rl_policy_drop(?)", "web_gone");
+      for (const base of [s.express, s.fetch]) {
+        const answers = [];
+        for (let i = 0; i < 5; i++) answers.push(await get(base + "/gone"));
+        assert.deepEqual(answers.map((a) => a.r.status), [500, 500, 500, 500, 500]);
+        assert.deepEqual(answers[0].body, { detail: "Rate Limit Policy Missing", route: "/gone", policy: "web_gone" });
+        assert.equal((await get(base + "/open", { "x-user": base })).r.status, 200, "other routes go on");
+        assert.equal((await get(base + "/counts")).body.missingPolicies, 5);
+      }
+    } finally {
+      log = await s.stop();
+      await db.close();
+    }
+    // once per server (Express, Fetch), not once per request
+    assert.equal(log.split('route "/gone": there is no policy named "web_gone"').length - 1, 2, log);
+  });
+
+  test(`${engine}: the refused-identifier cache spares the database a flood`, async () => {
+    const db = await database(engine);
+    const s = await server(db, 5000, { RL_WEB_REFUSAL_CACHE: "10000" });
+    try {
+      for (const base of [s.express, s.fetch]) {
+        const statuses = [];
+        const started = performance.now();
+        while (performance.now() - started < 3000) {
+          const { r, body } = await get(base + "/flood", { "x-user": `flood-${base}` });
+          statuses.push(r.status);
+          if (r.status === 429) {
+            assert.equal(body.detail, "Too Many Requests");
+            assert.ok(Number(r.headers.get("retry-after")) >= 1 && r.headers.get("x-ratelimit-limit") === "2");
+          }
+        }
+        const elapsed = (performance.now() - started) / 1000;
+        const counts = (await get(base + "/counts")).body;
+        console.log(`${engine} ${base === s.express ? "express" : "fetch"}: ${statuses.length} requests in ${elapsed.toFixed(1)} s ` +
+          `from one subject; ${counts.checks} reached the database, ${counts.refusedLocally} refused locally`);
+        assert.deepEqual(statuses.slice(0, 2), [200, 200]);
+        assert.ok(statuses.length > 200, String(statuses.length));
+        assert.ok(counts.checks <= 2 + 2 * (elapsed + 1), JSON.stringify(counts));
+        assert.equal(counts.refusedLocally, statuses.length - counts.checks);
+        assert.equal(statuses.filter((x) => x === 200).length, counts.admitted, "it only ever refuses");
+        const calm = [];
+        for (let i = 0; i < 3; i++) calm.push((await get(base + "/flood", { "x-user": `calm-${base}` })).r.status);
+        assert.deepEqual(calm, [200, 200, 429], "other subjects are unaffected");
+      }
+    } finally {
+      await s.stop();
+      await db.close();
+    }
+  });
+
+  test(`${engine}: load shedding answers 503 before any work and never sheds skip paths`, async () => {
+    const db = await database(engine);
+    const s = await server(db, 5000, { RL_WEB_MAX_IN_FLIGHT: "4" });
+    try {
+      for (const base of [s.express, s.fetch]) {
+        const pending = Array.from({ length: 10 }, () => fetch(base + "/slow?seconds=1.5", { headers: { "x-user": "slow" } }));
+        await new Promise((ok) => setTimeout(ok, 700));
+        assert.equal((await get(base + "/health")).r.status, 200, "a health probe is never shed");
+        const shed = await get(base + "/open", { "x-user": "other" });
+        const statuses = (await Promise.all(pending)).map((r) => r.status).sort();
+        assert.deepEqual(statuses, [200, 200, 200, 200, 503, 503, 503, 503, 503, 503]);
+        assert.equal(shed.r.status, 503);
+        assert.equal(shed.r.headers.get("retry-after"), "1");
+        assert.deepEqual(shed.body, { detail: "Service Overloaded", retry_after: 1 });
+        const counts = (await get(base + "/counts")).body;
+        assert.deepEqual([counts.shed, counts.checks], [7, 4], JSON.stringify(counts));
+        assert.equal((await get(base + "/open", { "x-user": `after-${base}` })).r.status, 200, "room again once they finish");
+      }
+    } finally {
+      await s.stop();
+      await db.close();
+    }
+  });
+}
+
+test("configuration mistakes say what to do and name the database file", () => {
+  const { SqliteLimiter } = require("..");
+  assert.throws(() => new SqliteLimiter("app.db"), /use SqliteLimiter\.open\("app\.db", \{ extension \}\)/);
+  const folder = fs.mkdtempSync(path.join(os.tmpdir(), "rl-ro-"));
+  const missing = path.join(folder, "no", "such", "folder", "app.db");
+  assert.throws(() => SqliteLimiter.open(missing, { extension: EXTENSION }), (e) => e.message.includes(missing));
 });

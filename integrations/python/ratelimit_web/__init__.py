@@ -3,13 +3,15 @@
 that honours Retry-After."""
 from .fallback import LocalBucket
 from .limiter import DatabaseUnavailable, PostgresLimiter, SQLiteLimiter
-from .middleware import RateLimitMiddleware, Route
+from .middleware import Counters, RateLimitMiddleware, RefusalCache, Route
 
 __all__ = [
+    "Counters",
     "DatabaseUnavailable",
     "LocalBucket",
     "PostgresLimiter",
     "RateLimitMiddleware",
+    "RefusalCache",
     "Route",
     "SQLiteLimiter",
 ]

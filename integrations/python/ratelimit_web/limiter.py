@@ -108,6 +108,24 @@ class _Limiter:
             await self.fetchone(sql, params)
 
 
+    async def policy_exists(self, policy: str) -> bool:
+        """Whether the database holds `policy`: rl_refund_check for a subject of no one's,
+        which finds nothing to give back and so changes nothing."""
+        try:
+            await self.fetchone(self.statements.refund_check, [policy, PROBE_SUBJECT, 1, None])
+        except DatabaseUnavailable:
+            raise
+        except Exception as e:
+            if "there is no policy named" in str(e):
+                return False
+            raise
+        return True
+
+
+# The subject of the startup check: never a request's (those are "user:..." or "ip:...").
+PROBE_SUBJECT = "ratelimit_web:startup-check"
+
+
 class PostgresLimiter(_Limiter):
     """Checks on PostgreSQL with pg_ratelimit installed, through a psycopg 3 async pool.
     The pool reconnects by itself; `open()` does not wait for the database, so an
@@ -182,7 +200,12 @@ class SQLiteLimiter(_Limiter):
     async def open(self) -> None:
         """Opens the connections now, so that no check pays for one."""
         for _ in range(self.size):
-            self.idle.put(await anyio.to_thread.run_sync(self._connect))
+            try:
+                conn = await anyio.to_thread.run_sync(self._connect)
+            except sqlite3.Error as e:
+                raise sqlite3.OperationalError(f"{self.path}: {e} (the database file, its folder or the extension "
+                                               f"{self.extension})") from e
+            self.idle.put(conn)
 
     async def aclose(self) -> None:
         while not self.idle.empty():
@@ -196,7 +219,7 @@ class SQLiteLimiter(_Limiter):
             return conn.execute(sql, params).fetchone()
         except sqlite3.OperationalError as e:
             if _unavailable(e):
-                raise DatabaseUnavailable(str(e)) from e
+                raise DatabaseUnavailable(f"{self.path}: {e}") from e
             raise
         finally:
             self.idle.put(conn)

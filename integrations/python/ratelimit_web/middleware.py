@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
@@ -61,6 +62,51 @@ class Route:
         return self.fallback
 
 
+@dataclass
+class Counters:
+    """What one middleware did in this process: the figures metrics export."""
+
+    checks: int = 0  # checks the database answered
+    admitted: int = 0
+    refused: int = 0
+    refused_locally: int = 0  # answered from the refused-identifier cache, no database call
+    shed: int = 0  # 503 before any work: too many requests in flight
+    fallback_admitted: int = 0
+    fallback_refused: int = 0
+    database_errors: int = 0  # the database did not answer in time
+    missing_policies: int = 0
+
+
+class RefusalCache:
+    """Subjects just refused, per route and tier, until their refusal's retry time ends:
+    at most `size` (the least recently used forgotten). It only ever refuses: an entry
+    repeats the database's refusal, its waits counted down, and goes when the wait ends."""
+
+    def __init__(self, size: int, clock: Callable[[], float] = time.monotonic):
+        self.size, self.clock = size, clock
+        self.entries: "OrderedDict[tuple, Tuple[int, dict, dict, float]]" = OrderedDict()
+
+    def put(self, key: tuple, status: int, body: dict, headers: dict, wait_seconds: float) -> None:
+        self.entries[key] = (status, body, headers, self.clock() + wait_seconds)
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+    def get(self, key: tuple) -> Optional[Tuple[int, dict, dict]]:
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        status, body, headers, until = entry
+        left = until - self.clock()
+        if left <= 0:
+            del self.entries[key]
+            return None
+        self.entries.move_to_end(key)
+        seconds = max(1, math.ceil(left))
+        headers = {**headers, "Retry-After": str(seconds)}
+        return status, {**body, "retry_after": seconds}, headers
+
+
 def _networks(addresses: Iterable[str]) -> list:
     return [ipaddress.ip_network(a, strict=False) for a in addresses]
 
@@ -97,13 +143,26 @@ class RateLimitMiddleware:
     Route(limits=[...])}`: a path or glob, optionally after a method; the first match
     applies). `identify(request)` names the subject (default: the authenticated user,
     else the client address, believing X-Forwarded-For only from `trusted_proxies`);
-    `tier(request)` picks the tier. Paths in `skip` are never limited."""
+    `tier(request)` picks the tier. Paths in `skip` are never limited (nor shed).
+
+    At startup (ASGI lifespan) every route's policy must exist, or the application fails
+    to start with a message naming the route and the policy. Opt-in: `refusal_cache`
+    (a number of entries, e.g. 10_000) answers a subject just refused on a route with
+    429 locally, without a database call, until its refusal's retry time; and
+    `max_in_flight` answers 503 with Retry-After (`shed_retry_after`) before any work
+    once that many requests of this process are in flight. `counters` counts what it did."""
 
     def __init__(self, app, limiter, routes: Dict[str, Route], *, identify: Optional[Callable] = None,
                  tier: Optional[Callable] = None, skip: Iterable[str] = ("/health", "/ready"),
                  trusted_proxies: Iterable[str] = (), check_timeout: float = 0.05, fallback_share: float = 0.5,
-                 unavailable_retry_after: int = 5, log_interval: float = 60.0):
+                 unavailable_retry_after: int = 5, log_interval: float = 60.0, refusal_cache: int = 0,
+                 max_in_flight: Optional[int] = None, shed_retry_after: int = 1,
+                 counters: Optional[Counters] = None):
         self.app, self.limiter = app, limiter
+        self.counters = counters if counters is not None else Counters()
+        self.refusals = RefusalCache(refusal_cache) if refusal_cache else None
+        self.max_in_flight, self.shed_retry_after, self.in_flight = max_in_flight, shed_retry_after, 0
+        self.policy_logged_at: Dict[str, float] = {}
         self.routes = []
         for pattern, route in routes.items():
             method, _, path = pattern.rpartition(" ")
@@ -126,8 +185,50 @@ class RateLimitMiddleware:
         return None
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await self.app(scope, receive, self.checking_policies_at_startup(send))
         if scope["type"] != "http" or scope["path"] in self.skip:
             return await self.app(scope, receive, send)
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            self.counters.shed += 1
+            body = {"detail": "Service Overloaded", "retry_after": self.shed_retry_after}
+            return await self.respond(send, 503, body, {"Retry-After": str(self.shed_retry_after)})
+        self.in_flight += 1
+        try:
+            await self.limited(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    def checking_policies_at_startup(self, send):
+        """`send` for the lifespan: startup completes only once every route's policy is
+        found (a database that does not answer is logged and let be: the fallback serves)."""
+
+        async def send_checked(message):
+            if message["type"] == "lifespan.startup.complete":
+                problem = await self.missing_policy()
+                if problem is not None:
+                    log.error("ratelimit_web: %s", problem)
+                    message = {"type": "lifespan.startup.failed", "message": problem}
+            await send(message)
+
+        return send_checked
+
+    async def missing_policy(self) -> Optional[str]:
+        for _, _, route in self.routes:
+            if route.policy is None:
+                continue
+            try:
+                with anyio.fail_after(max(self.check_timeout, 5.0)):
+                    exists = await self.limiter.policy_exists(route.policy)
+            except (DatabaseUnavailable, TimeoutError) as e:
+                log.warning("ratelimit_web: could not check the routes' policies at startup (%s); "
+                            "the fallback serves until the database answers", _why(e))
+                return None
+            if not exists:
+                return f"route {route.name!r}: there is no policy named {route.policy!r} in the database"
+        return None
+
+    async def limited(self, scope, receive, send):
         route = self.match(scope["method"], scope["path"])
         if route is None:
             return await self.app(scope, receive, send)
@@ -137,16 +238,39 @@ class RateLimitMiddleware:
         subject = (await _maybe_await(self.identify(request)) if self.identify else None) or self.subject(scope)
         tier = await _maybe_await(self.tier(request)) if self.tier else None
         cost = float(route.cost(request) if callable(route.cost) else route.cost)
+        refused = self.refusals.get((route.name, tier, subject)) if self.refusals else None
+        if refused is not None:
+            self.counters.refused_locally += 1
+            return await self.respond(send, *refused)
         try:
             with anyio.fail_after(self.check_timeout):
                 answer = await self.limiter.check(route, subject, tier, cost)
         except (DatabaseUnavailable, TimeoutError) as e:
+            self.counters.database_errors += 1
             return await self.unavailable(route, subject, tier, cost, e, scope, receive, send)
+        except Exception as e:
+            if route.policy is not None and "there is no policy named" in str(e):
+                return await self.policy_missing(route, e, send)
+            raise
+        self.counters.checks += 1
         self.recovered()
         self.learn(route, tier, answer)
         if not answer.admitted:
-            return await self.refuse(answer, send)
+            self.counters.refused += 1
+            return await self.refuse(route, subject, tier, answer, send)
+        self.counters.admitted += 1
         await self.run_admitted(route, subject, tier, cost, answer, scope, receive, send)
+
+    async def policy_missing(self, route: Route, error: Exception, send):
+        """A route's policy is gone: a JSON 500 that says so, logged once per interval."""
+        self.counters.missing_policies += 1
+        now = time.monotonic()
+        if now - self.policy_logged_at.get(route.name, float("-inf")) >= self.log_interval:
+            self.policy_logged_at[route.name] = now
+            log.error("ratelimit_web: route %r: there is no policy named %r in the database (%s)", route.name,
+                      route.policy, _why(error))
+        body = {"detail": "Rate Limit Policy Missing", "route": route.name, "policy": route.policy}
+        await self.respond(send, 500, body, {})
 
     def subject(self, scope) -> str:
         user = scope.get("user")
@@ -186,8 +310,9 @@ class RateLimitMiddleware:
         except (DatabaseUnavailable, TimeoutError) as e:
             log.warning("ratelimit_web: could not refund %s for %s: %s", route.name, subject, e or "timed out")
 
-    async def refuse(self, answer: Answer, send):
-        """429 with the headers; 413 for a cost above a limit, which no wait admits."""
+    async def refuse(self, route: Route, subject: str, tier, answer: Answer, send):
+        """429 with the headers (kept in the refused-identifier cache until the wait ends);
+        413 for a cost above a limit, which no wait admits."""
         h = answer.headers
         r = answer.result
         too_large = bool(r.get("exceeds_limit")) or any(i.get("exceeds_limit") for i in r.get("items", ()))
@@ -198,6 +323,9 @@ class RateLimitMiddleware:
                 "remaining": int(h.get("X-RateLimit-Remaining", 0)),
                 "reset": int(h.get("X-RateLimit-Reset", 0)),
                 "retry_after": int(retry_after) if retry_after is not None else None}
+        wait_ms = r.get("retry_after_ms")
+        if self.refusals is not None and not too_large and isinstance(wait_ms, (int, float)) and wait_ms > 0:
+            self.refusals.put((route.name, tier, subject), 429, body, h, wait_ms / 1000)
         await self.respond(send, 413 if too_large else 429, body, h)
 
     @staticmethod
@@ -226,9 +354,11 @@ class RateLimitMiddleware:
         if now - self.logged_at >= self.log_interval:
             self.logged_at = now
             log.warning("ratelimit_web: the database did not answer (%s): sensitive routes answer 503, "
-                        "the others use local buckets at %g of their limit", error or "timed out", self.fallback_share)
+                        "the others use local buckets at %g of their limit", _why(error, self.check_timeout),
+                        self.fallback_share)
         limit = None if route.sensitive else (self.learned.get((route.name, tier)) or route.first_bucket(tier))
         if limit is None:
+            self.counters.fallback_refused += 1
             body = {"detail": "Service Unavailable", "retry_after": self.unavailable_retry_after}
             return await self.respond(send, 503, body, {"Retry-After": str(self.unavailable_retry_after)})
         bucket = self.local_buckets.get((route.name, tier))
@@ -237,13 +367,26 @@ class RateLimitMiddleware:
             bucket = self.local_buckets[(route.name, tier)] = LocalBucket(limit[0] * share, limit[1] * share)
         wait = bucket.take(subject, cost)
         if wait:
+            self.counters.fallback_refused += 1
             retry_after = None if wait == float("inf") else max(1, math.ceil(wait))
             body = {"detail": "Too Many Requests", "limit": int(bucket.burst), "remaining": 0,
                     "reset": retry_after or 0, "retry_after": retry_after}
             return await self.respond(send, 429, body, {"Retry-After": str(retry_after)} if retry_after else {})
+        self.counters.fallback_admitted += 1
         await self.app(scope, receive, send)
 
     def recovered(self):
         if self.outage_since is not None:
             log.warning("ratelimit_web: the database answers again after %.1f s", time.monotonic() - self.outage_since)
             self.outage_since = None
+
+
+def _why(error: BaseException, timeout: Optional[float] = None) -> str:
+    """What failed, for a log line: the error's words, or, for a timeout (which has none),
+    how long it waited."""
+    text = str(error).strip()
+    if text:
+        return text
+    if isinstance(error, TimeoutError) and timeout is not None:
+        return f"no answer within {timeout * 1000:g} ms"
+    return type(error).__name__

@@ -1,14 +1,19 @@
 """The application the middleware tests run under uvicorn, configured by environment:
 RL_WEB_ENGINE (sqlite or postgres), RL_WEB_DB (a file, or a libpq connection string),
-RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT (the per-check timeout)."""
+RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT (the per-check timeout), and the
+opt-in defenses RL_WEB_REFUSAL_CACHE (entries) and RL_WEB_MAX_IN_FLIGHT; RL_WEB_EXTRA_POLICY
+adds a route /extra limited by that policy (which may not exist)."""
 import contextlib
+import dataclasses
 import os
+
+import anyio
 
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route as Path
 
-from ratelimit_web import PostgresLimiter, RateLimitMiddleware, Route, SQLiteLimiter
+from ratelimit_web import Counters, PostgresLimiter, RateLimitMiddleware, Route, SQLiteLimiter
 
 NEVER_REFILLS = 1e-6  # tokens per minute: a run sees exactly the burst
 ENGINE = os.environ["RL_WEB_ENGINE"]
@@ -20,6 +25,18 @@ else:
 
 async def ok(request):
     return JSONResponse({"ok": True, "path": request.url.path})
+
+
+COUNTERS = Counters()
+
+
+async def counts(request):
+    return JSONResponse(dataclasses.asdict(COUNTERS))
+
+
+async def slow(request):
+    await anyio.sleep(float(request.query_params.get("seconds", "0.5")))
+    return JSONResponse({"ok": True})
 
 
 async def fail(request):
@@ -43,11 +60,15 @@ def user(request):
 
 app = Starlette(
     routes=[Path("/health", ok), Path("/ready", ok), Path("/exact", ok), Path("/policy", ok), Path("/login", ok, methods=["GET", "POST"]),
-            Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok)],
+            Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok),
+            Path("/counts", counts), Path("/slow", slow), Path("/flood", ok), Path("/gone", ok), Path("/extra", ok)],
     lifespan=lifespan)
 app.add_middleware(
     RateLimitMiddleware, limiter=limiter, identify=user, tier=lambda r: r.headers.get("x-plan"),
     trusted_proxies=["127.0.0.1/32"], check_timeout=float(os.environ.get("RL_WEB_TIMEOUT", "0.05")),
+    skip=["/health", "/ready", "/counts"], counters=COUNTERS,
+    refusal_cache=int(os.environ.get("RL_WEB_REFUSAL_CACHE", "0")),
+    max_in_flight=int(os.environ["RL_WEB_MAX_IN_FLIGHT"]) if os.environ.get("RL_WEB_MAX_IN_FLIGHT") else None,
     routes={
         "/exact": Route(limits=[{"burst": 300, "refill_per_minute": NEVER_REFILLS}]),
         "/policy": Route(policy="web_exact"),
@@ -59,4 +80,8 @@ app.add_middleware(
         "/open": Route(limits=[{"burst": 40, "refill_per_minute": NEVER_REFILLS}]),
         "/retry": Route(limits=[{"burst": 1, "refill_per_minute": 60}]),
         "/big": Route(limits=[{"burst": 5, "refill_per_minute": 60}], cost=10),
+        "/slow": Route(limits=[{"burst": 1000, "refill_per_minute": NEVER_REFILLS}]),
+        "/flood": Route(policy="web_flood"),
+        "/gone": Route(policy="web_gone"),
+        **({"/extra": Route(policy=os.environ["RL_WEB_EXTRA_POLICY"])} if os.environ.get("RL_WEB_EXTRA_POLICY") else {}),
     })

@@ -23,7 +23,10 @@ PG_DIR = os.environ.get("RL_PG_DIR")
 POLICIES = {"web_exact": {"limits": [{"burst": 300, "refill_per_minute": 1e-6}]},
             "web_login": {"limits": [{"burst": 3, "refill_per_minute": 1e-6}]},
             "web_fail": {"limits": [{"burst": 2, "refill_per_minute": 1e-6}, {"period": "day", "quota": 2},
-                                    {"limit": 2, "window_seconds": 3600}]}}
+                                    {"limit": 2, "window_seconds": 3600}]},
+            # one token back every second: a flood from one subject is refused with a wait of about 1 s
+            "web_flood": {"limits": [{"burst": 2, "refill_per_minute": 60}]},
+            "web_gone": {"limits": [{"burst": 100, "refill_per_minute": 60}]}}
 
 
 def free_port():
@@ -74,10 +77,10 @@ def db(request, tmp_path):
 
 
 class Server:
-    def __init__(self, db, timeout):
+    def __init__(self, db, timeout, **settings):
         self.port = free_port()
         env = dict(os.environ, RL_WEB_ENGINE=db.engine, RL_WEB_DB=db.dsn, RL_WEB_EXTENSION=EXTENSION,
-                   RL_WEB_TIMEOUT=str(timeout), PYTHONPATH=HERE)
+                   RL_WEB_TIMEOUT=str(timeout), PYTHONPATH=HERE, **settings)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "warning", "--no-access-log"], env=env, cwd=HERE,
@@ -276,3 +279,91 @@ def test_an_unreachable_database_fails_closed_on_sensitive_routes_and_open_elsew
         log = server.output()
     assert log.count("the database did not answer") == 1, log
     assert "the database answers again" in log, log
+
+
+def test_a_route_whose_policy_is_missing_stops_the_application_at_startup(db):
+    with pytest.raises(RuntimeError) as started:
+        Server(db, timeout=5.0, RL_WEB_EXTRA_POLICY="no_such_policy")
+    assert "route '/extra': there is no policy named 'no_such_policy' in the database" in str(started.value)
+
+
+def test_a_policy_dropped_later_answers_a_json_500_logged_once(server, db):
+    with httpx.Client(base_url=server.url) as c:
+        assert c.get("/gone").status_code == 200
+        db.sql("SELECT rl_policy_drop('web_gone')")
+        answers = [c.get("/gone") for _ in range(5)]
+        assert {r.status_code for r in answers} == {500}
+        assert answers[0].json() == {"detail": "Rate Limit Policy Missing", "route": "/gone", "policy": "web_gone"}
+        assert c.get("/open").status_code == 200, "other routes go on"
+        assert c.get("/counts").json()["missing_policies"] == 5
+    log = server.output()
+    assert log.count("route '/gone': there is no policy named 'web_gone'") == 1, log
+
+
+def test_the_refused_identifier_cache_spares_the_database_a_flood(db):
+    """One subject floods a route limited to 2 and a token a second: after each refusal
+    the cache answers it locally until the wait ends, so the database sees about one call
+    per second from it, while another subject is served by the database as before."""
+    s = Server(db, timeout=5.0, RL_WEB_REFUSAL_CACHE="10000")
+    try:
+        seconds, started = 3.0, time.monotonic()
+        statuses = []
+        with httpx.Client(base_url=s.url, headers={"X-User": "flood"}) as c:
+            while time.monotonic() - started < seconds:
+                r = c.get("/flood")
+                statuses.append(r.status_code)
+                if r.status_code == 429:
+                    assert r.json()["detail"] == "Too Many Requests" and int(r.headers["Retry-After"]) >= 1
+                    assert r.headers["X-RateLimit-Limit"] == "2" and "RateLimit-Policy" in r.headers
+            counts = c.get("/counts").json()
+        elapsed = time.monotonic() - started
+        with httpx.Client(base_url=s.url, headers={"X-User": "calm"}) as c:
+            assert [c.get("/flood").status_code for _ in range(3)] == [200, 200, 429]
+        database_calls = counts["checks"]
+        print(f"\n{db.engine}: {len(statuses)} requests in {elapsed:.1f} s from one subject; "
+              f"{database_calls} reached the database, {counts['refused_locally']} refused locally")
+        assert statuses[:2] == [200, 200] and len(statuses) > 200
+        # 2 admissions, then about one check per second's token (each admitted, then refused again)
+        assert database_calls <= 2 + 2 * (elapsed + 1), counts
+        assert counts["refused_locally"] == len(statuses) - database_calls
+        # it only ever refuses: the database admitted every 200
+        assert statuses.count(200) == counts["admitted"]
+    finally:
+        s.output()
+
+
+def test_load_shedding_answers_503_before_any_work_and_never_sheds_skip_paths(db):
+    s = Server(db, timeout=5.0, RL_WEB_MAX_IN_FLIGHT="4")
+    try:
+        def slow(_):
+            with httpx.Client(base_url=s.url, timeout=30) as c:
+                return c.get("/slow?seconds=1.5", headers={"X-User": "slow"})
+
+        with ThreadPoolExecutor(10) as pool:
+            pending = [pool.submit(slow, i) for i in range(10)]
+            time.sleep(0.7)  # the first four are in their handler; the rest were shed at once
+            with httpx.Client(base_url=s.url) as c:
+                assert c.get("/health").status_code == 200, "a health probe is never shed"
+                shed = c.get("/open", headers={"X-User": "other"})
+            responses = [f.result() for f in pending]
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses == [200] * 4 + [503] * 6, statuses
+        assert shed.status_code == 503 and shed.headers["Retry-After"] == "1"
+        assert shed.json() == {"detail": "Service Overloaded", "retry_after": 1}
+        with httpx.Client(base_url=s.url) as c:
+            counts = c.get("/counts").json()
+            # shed requests never reached the database: only the four admitted ones did
+            assert (counts["shed"], counts["checks"]) == (7, 4), counts
+            assert c.get("/open", headers={"X-User": "other"}).status_code == 200, "room again once they finish"
+    finally:
+        s.output()
+
+
+def test_an_unopenable_database_is_named_in_the_error(tmp_path):
+    from ratelimit_web import SQLiteLimiter
+
+    missing = str(tmp_path / "no" / "such" / "folder" / "app.db")
+    limiter = SQLiteLimiter(missing, extension=EXTENSION, threads=1)
+    with pytest.raises(sqlite3.OperationalError) as failed:
+        anyio.run(limiter.open)
+    assert missing in str(failed.value) and "unable to open database file" in str(failed.value)

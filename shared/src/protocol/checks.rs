@@ -103,7 +103,9 @@ pub fn refund_check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<Re
                     // a peek (cost 0) answers the window as the refund left it, and keeps
                     // only the entries that still count
                     let d = window::take(&given_back, &w.limits, 0, now_ms);
-                    let new = window_row(&d, w.limits.window_ms)?;
+                    // a window with no row and nothing left to count stays without one
+                    let unchanged = row.is_none() && d.new_entries.as_ref().is_none_or(|e| e.is_empty());
+                    let new = if unchanged { None } else { window_row(&d, w.limits.window_ms)? };
                     Ok((d, new))
                 })?),
             })
