@@ -113,6 +113,39 @@ abstract class SqlLimiter implements Limiter {
     return { result, headers: decode(row!.h), admitted: Boolean(result.admitted) };
   }
 
+  /**
+   * Takes `cost` for `subject` (a policy's subject, or the key of explicit limits) as soon
+   * as the limits allow, for background jobs that call a rate-limited service: after a
+   * refusal it sleeps the answer's retry time (plus up to `jitter` of it) and asks again.
+   * Gives up, resolving to the refusal, when the next try would pass `timeoutMs` or when
+   * no wait can admit (a cost above a limit, a block without end). `signal` aborts it.
+   */
+  async wait(route: Route, subject: string, { tier, cost = 1, timeoutMs = 30_000, jitter = 0.1, signal }:
+    { tier?: string; cost?: number; timeoutMs?: number; jitter?: number; signal?: AbortSignal } = {}): Promise<Answer> {
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+      signal?.throwIfAborted();
+      const answer = await this.check(route, subject, tier, cost);
+      if (answer.admitted) return answer;
+      const r = answer.result;
+      const never = Boolean(r.exceeds_limit) || (r.items ?? []).some((i: any) => i.exceeds_limit);
+      if (never || typeof r.retry_after_ms !== "number") return answer;
+      const pause = r.retry_after_ms * (1 + Math.random() * jitter);
+      if (performance.now() + pause > deadline) return answer;
+      await new Promise<void>((resolve, reject) => {
+        const onAbort = () => {
+          clearTimeout(timer);
+          reject(signal!.reason);
+        };
+        const timer = setTimeout(() => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve();
+        }, pause);
+        signal?.addEventListener("abort", onAbort, { once: true });
+      });
+    }
+  }
+
   /** rl_refund_check for a subject of no one's: it finds nothing to give back, so it
    * changes nothing, and fails for a policy that does not exist. */
   async policyExists(policy: string): Promise<boolean> {

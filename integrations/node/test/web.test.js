@@ -434,3 +434,31 @@ test("configuration mistakes say what to do and name the database file", () => {
   const missing = path.join(folder, "no", "such", "folder", "app.db");
   assert.throws(() => SqliteLimiter.open(missing, { extension: EXTENSION }), (e) => e.message.includes(missing));
 });
+
+test("sqlite: wait() takes when allowed, sleeps the retry time, and gives up or aborts when told", async () => {
+  const { SqliteLimiter } = require("..");
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "rl-wait-")), "app.db");
+  const limiter = SqliteLimiter.open(file, { extension: EXTENSION });
+  const route = { name: "jobs", limits: [{ burst: 1, refill_per_minute: 60 }] }; // a token a second
+  let started = performance.now();
+  assert.equal((await limiter.wait(route, "tenant:7")).admitted, true);
+  assert.ok(performance.now() - started < 200);
+  started = performance.now();
+  assert.equal((await limiter.wait(route, "tenant:7", { jitter: 0 })).admitted, true);
+  const waited = performance.now() - started;
+  assert.ok(waited >= 900 && waited < 2500, String(waited));
+  // the next token is a second away: a deadline of 300 ms gives up at once, with the refusal
+  started = performance.now();
+  const given = await limiter.wait(route, "tenant:7", { timeoutMs: 300 });
+  assert.equal(given.admitted, false);
+  assert.ok(performance.now() - started < 200);
+  // no wait admits a cost above the burst
+  assert.equal((await limiter.wait(route, "tenant:8", { cost: 5 })).admitted, false);
+  // an abort ends the sleep
+  const controller = new AbortController();
+  setTimeout(() => controller.abort(new Error("stopped")), 100);
+  started = performance.now();
+  await assert.rejects(limiter.wait(route, "tenant:7", { signal: controller.signal }), /stopped/);
+  assert.ok(performance.now() - started < 600);
+  limiter.db.close();
+});

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import random
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -107,6 +108,29 @@ class _Limiter:
             sql, params = self.statements.refund_items(take_items(route, subject, route.multiplier(tier), cost))
             await self.fetchone(sql, params)
 
+
+    async def wait(self, route, subject: str, *, tier: Optional[str] = None, cost: float = 1,
+                   timeout: float = 30.0, jitter: float = 0.1) -> Answer:
+        """Takes `cost` for `subject` (a policy's subject, or the key of explicit limits) as
+        soon as the limits allow, for background jobs that call a rate-limited service:
+        after a refusal it sleeps the answer's retry time (plus up to `jitter` of it, so
+        waiters spread out) and asks again. Gives up, returning the refusal, when the next
+        try would pass `timeout` seconds or when no wait can admit (a cost above a limit, a
+        block without end). Cancellable like any anyio sleep."""
+        deadline = anyio.current_time() + timeout
+        while True:
+            answer = await self.check(route, subject, tier, cost)
+            if answer.admitted:
+                return answer
+            r = answer.result
+            wait_ms = r.get("retry_after_ms")
+            never = bool(r.get("exceeds_limit")) or any(i.get("exceeds_limit") for i in r.get("items", ()))
+            if never or not isinstance(wait_ms, (int, float)):
+                return answer
+            pause = wait_ms / 1000 * (1 + random.uniform(0, jitter))
+            if anyio.current_time() + pause > deadline:
+                return answer
+            await anyio.sleep(pause)
 
     async def policy_exists(self, policy: str) -> bool:
         """Whether the database holds `policy`: rl_refund_check for a subject of no one's,

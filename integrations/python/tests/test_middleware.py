@@ -367,3 +367,33 @@ def test_an_unopenable_database_is_named_in_the_error(tmp_path):
     with pytest.raises(sqlite3.OperationalError) as failed:
         anyio.run(limiter.open)
     assert missing in str(failed.value) and "unable to open database file" in str(failed.value)
+
+
+def test_wait_takes_when_allowed_sleeps_the_retry_time_and_gives_up_or_is_cancelled(tmp_path):
+    from ratelimit_web import Route, SQLiteLimiter
+
+    limiter = SQLiteLimiter(str(tmp_path / "jobs.db"), extension=EXTENSION, threads=1)
+    route = Route(limits=[{"burst": 1, "refill_per_minute": 60}], name="jobs")  # a token a second
+
+    async def main():
+        await limiter.open()
+        started = time.monotonic()
+        assert (await limiter.wait(route, "tenant:7")).admitted
+        assert time.monotonic() - started < 0.2
+        started = time.monotonic()
+        assert (await limiter.wait(route, "tenant:7", jitter=0)).admitted
+        assert 0.9 <= time.monotonic() - started < 2.5
+        # the next token is a second away: a deadline of 0.3 s gives up at once, with the refusal
+        started = time.monotonic()
+        assert not (await limiter.wait(route, "tenant:7", timeout=0.3)).admitted
+        assert time.monotonic() - started < 0.2
+        # no wait admits a cost above the burst
+        assert not (await limiter.wait(route, "tenant:8", cost=5)).admitted
+        # a cancel scope ends the sleep
+        started = time.monotonic()
+        with anyio.move_on_after(0.1):
+            await limiter.wait(route, "tenant:7")
+        assert time.monotonic() - started < 0.5
+        await limiter.aclose()
+
+    anyio.run(main)
