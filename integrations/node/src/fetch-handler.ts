@@ -20,7 +20,7 @@ export function withRateLimit(options: FetchOptions, handler: Handler): Handler 
   const limited = async (request: Request, context?: any) => {
     const path = new URL(request.url).pathname;
     if (core.skipped(path)) return handler(request, context);
-    const shed = core.enter();
+    const shed = core.enter(request.method, path);
     if (shed?.kind === "answer") return Response.json(shed.body, { status: shed.status, headers: shed.headers });
     try {
       return await decideAndRun(request, context);

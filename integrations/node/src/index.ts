@@ -7,3 +7,5 @@ export { withRateLimit } from "./fetch-handler";
 export type { FetchOptions } from "./fetch-handler";
 export { DatabaseUnavailable, limitKey, PostgresLimiter, SqliteLimiter } from "./limiter";
 export type { Answer, Limit, Limiter, Route } from "./limiter";
+export { PrometheusMetrics } from "./metrics";
+export type { Metrics, Outcome } from "./metrics";

@@ -8,7 +8,8 @@
 "use strict";
 const http = require("node:http");
 const express = require("express");
-const { rateLimit, withRateLimit, PostgresLimiter, SqliteLimiter } = require("..");
+const { rateLimit, withRateLimit, PostgresLimiter, PrometheusMetrics, SqliteLimiter } = require("..");
+const promClient = require("prom-client");
 
 const NEVER_REFILLS = 1e-6; // tokens per minute: a run sees exactly the burst
 const limiter = process.env.RL_WEB_ENGINE === "sqlite"
@@ -26,7 +27,7 @@ const options = {
   tier: (req) => (typeof req.get === "function" ? req.get("x-plan") : req.headers.get("x-plan")) ?? undefined,
   trustedProxies: ["127.0.0.1/32"],
   checkTimeoutMs: Number(process.env.RL_WEB_TIMEOUT_MS ?? 50),
-  skip: ["/health", "/ready", "/counts"],
+  skip: ["/health", "/ready", "/counts", "/metrics"],
   refusalCache: Number(process.env.RL_WEB_REFUSAL_CACHE ?? 0),
   maxInFlight: process.env.RL_WEB_MAX_IN_FLIGHT ? Number(process.env.RL_WEB_MAX_IN_FLIGHT) : undefined,
   routes: {
@@ -47,10 +48,14 @@ const options = {
 };
 const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 
+// each server its own registry, so that their figures stay apart
+const expressMetrics = new PrometheusMetrics({ register: new promClient.Registry() });
+const fetchMetrics = new PrometheusMetrics({ register: new promClient.Registry() });
 const app = express();
-const limited = rateLimit(options);
+const limited = rateLimit({ ...options, metrics: expressMetrics });
 app.use(limited);
 app.get("/counts", (req, res) => res.json(limited.counters));
+app.get("/metrics", async (req, res) => res.type("text/plain").send(await expressMetrics.register.metrics()));
 app.get("/slow", async (req, res) => {
   await sleep(Number(req.query.seconds ?? 0.5) * 1000);
   res.json({ ok: true });
@@ -63,9 +68,10 @@ app.all(["/fail", "/pfail"], (req, res) => {
 app.all("*", (req, res) => res.json({ ok: true, path: req.path }));
 app.use((err, req, res, next) => res.status(500).json({ error: err.message })); // quiet
 
-const handler = withRateLimit(options, async (request) => {
+const handler = withRateLimit({ ...options, metrics: fetchMetrics }, async (request) => {
   const url = new URL(request.url);
   if (url.pathname === "/counts") return Response.json(handler.counters);
+  if (url.pathname === "/metrics") return new Response(await fetchMetrics.register.metrics());
   if (url.pathname === "/slow") {
     await sleep(Number(url.searchParams.get("seconds") ?? 0.5) * 1000);
     return Response.json({ ok: true });

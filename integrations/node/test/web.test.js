@@ -462,3 +462,21 @@ test("sqlite: wait() takes when allowed, sleeps the retry time, and gives up or 
   assert.ok(performance.now() - started < 600);
   limiter.db.close();
 });
+
+test("sqlite: metrics count each outcome per route and time the checks", async () => {
+  const db = await database("sqlite");
+  const s = await server(db, 5000);
+  try {
+    for (const base of [s.express, s.fetch]) {
+      const statuses = await statusesOf(base + "/api/a", 7, { "x-user": `metered-${base}` });
+      assert.deepEqual(statuses, [200, 200, 200, 200, 200, 429, 429]);
+      const text = await (await fetch(base + "/metrics")).text();
+      assert.match(text, /ratelimit_requests_total\{route="GET \/api\/\*",outcome="admitted"\} 5/);
+      assert.match(text, /ratelimit_requests_total\{route="GET \/api\/\*",outcome="refused"\} 2/);
+      assert.match(text, /ratelimit_check_seconds_count\{route="GET \/api\/\*"\} 7/);
+    }
+  } finally {
+    await s.stop();
+    await db.close();
+  }
+});

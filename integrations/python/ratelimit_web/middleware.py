@@ -150,16 +150,19 @@ class RateLimitMiddleware:
     (a number of entries, e.g. 10_000) answers a subject just refused on a route with
     429 locally, without a database call, until its refusal's retry time; and
     `max_in_flight` answers 503 with Retry-After (`shed_retry_after`) before any work
-    once that many requests of this process are in flight. `counters` counts what it did."""
+    once that many requests of this process are in flight. `counters` counts what it did;
+    `metrics` (e.g. `metrics.PrometheusMetrics()`) is told each outcome and each check's
+    latency."""
 
     def __init__(self, app, limiter, routes: Dict[str, Route], *, identify: Optional[Callable] = None,
                  tier: Optional[Callable] = None, skip: Iterable[str] = ("/health", "/ready"),
                  trusted_proxies: Iterable[str] = (), check_timeout: float = 0.05, fallback_share: float = 0.5,
                  unavailable_retry_after: int = 5, log_interval: float = 60.0, refusal_cache: int = 0,
                  max_in_flight: Optional[int] = None, shed_retry_after: int = 1,
-                 counters: Optional[Counters] = None):
+                 counters: Optional[Counters] = None, metrics=None):
         self.app, self.limiter = app, limiter
         self.counters = counters if counters is not None else Counters()
+        self.metrics = metrics
         self.refusals = RefusalCache(refusal_cache) if refusal_cache else None
         self.max_in_flight, self.shed_retry_after, self.in_flight = max_in_flight, shed_retry_after, 0
         self.policy_logged_at: Dict[str, float] = {}
@@ -190,7 +193,8 @@ class RateLimitMiddleware:
         if scope["type"] != "http" or scope["path"] in self.skip:
             return await self.app(scope, receive, send)
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            self.counters.shed += 1
+            route = self.match(scope["method"], scope["path"])
+            self.note(route, "shed")
             body = {"detail": "Service Overloaded", "retry_after": self.shed_retry_after}
             return await self.respond(send, 503, body, {"Retry-After": str(self.shed_retry_after)})
         self.in_flight += 1
@@ -198,6 +202,12 @@ class RateLimitMiddleware:
             await self.limited(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+    def note(self, route: Optional[Route], outcome: str) -> None:
+        """Counts what a request came to (a field of Counters), and tells the metrics."""
+        setattr(self.counters, outcome, getattr(self.counters, outcome) + 1)
+        if self.metrics is not None:
+            self.metrics.count(route.name if route else None, outcome)
 
     def checking_policies_at_startup(self, send):
         """`send` for the lifespan: startup completes only once every route's policy is
@@ -240,30 +250,33 @@ class RateLimitMiddleware:
         cost = float(route.cost(request) if callable(route.cost) else route.cost)
         refused = self.refusals.get((route.name, tier, subject)) if self.refusals else None
         if refused is not None:
-            self.counters.refused_locally += 1
+            self.note(route, "refused_locally")
             return await self.respond(send, *refused)
+        started = time.perf_counter()
         try:
             with anyio.fail_after(self.check_timeout):
                 answer = await self.limiter.check(route, subject, tier, cost)
         except (DatabaseUnavailable, TimeoutError) as e:
-            self.counters.database_errors += 1
+            self.note(route, "database_errors")
             return await self.unavailable(route, subject, tier, cost, e, scope, receive, send)
         except Exception as e:
             if route.policy is not None and "there is no policy named" in str(e):
                 return await self.policy_missing(route, e, send)
             raise
         self.counters.checks += 1
+        if self.metrics is not None:
+            self.metrics.observe(route.name, time.perf_counter() - started)
         self.recovered()
         self.learn(route, tier, answer)
         if not answer.admitted:
-            self.counters.refused += 1
+            self.note(route, "refused")
             return await self.refuse(route, subject, tier, answer, send)
-        self.counters.admitted += 1
+        self.note(route, "admitted")
         await self.run_admitted(route, subject, tier, cost, answer, scope, receive, send)
 
     async def policy_missing(self, route: Route, error: Exception, send):
         """A route's policy is gone: a JSON 500 that says so, logged once per interval."""
-        self.counters.missing_policies += 1
+        self.note(route, "missing_policies")
         now = time.monotonic()
         if now - self.policy_logged_at.get(route.name, float("-inf")) >= self.log_interval:
             self.policy_logged_at[route.name] = now
@@ -358,7 +371,7 @@ class RateLimitMiddleware:
                         self.fallback_share)
         limit = None if route.sensitive else (self.learned.get((route.name, tier)) or route.first_bucket(tier))
         if limit is None:
-            self.counters.fallback_refused += 1
+            self.note(route, "fallback_refused")
             body = {"detail": "Service Unavailable", "retry_after": self.unavailable_retry_after}
             return await self.respond(send, 503, body, {"Retry-After": str(self.unavailable_retry_after)})
         bucket = self.local_buckets.get((route.name, tier))
@@ -367,12 +380,12 @@ class RateLimitMiddleware:
             bucket = self.local_buckets[(route.name, tier)] = LocalBucket(limit[0] * share, limit[1] * share)
         wait = bucket.take(subject, cost)
         if wait:
-            self.counters.fallback_refused += 1
+            self.note(route, "fallback_refused")
             retry_after = None if wait == float("inf") else max(1, math.ceil(wait))
             body = {"detail": "Too Many Requests", "limit": int(bucket.burst), "remaining": 0,
                     "reset": retry_after or 0, "retry_after": retry_after}
             return await self.respond(send, 429, body, {"Retry-After": str(retry_after)} if retry_after else {})
-        self.counters.fallback_admitted += 1
+        self.note(route, "fallback_admitted")
         await self.app(scope, receive, send)
 
     def recovered(self):

@@ -10,10 +10,12 @@ import os
 import anyio
 
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
 
 from ratelimit_web import Counters, PostgresLimiter, RateLimitMiddleware, Route, SQLiteLimiter
+from ratelimit_web.metrics import PrometheusMetrics
 
 NEVER_REFILLS = 1e-6  # tokens per minute: a run sees exactly the burst
 ENGINE = os.environ["RL_WEB_ENGINE"]
@@ -28,6 +30,11 @@ async def ok(request):
 
 
 COUNTERS = Counters()
+METRICS = PrometheusMetrics(registry=CollectorRegistry())
+
+
+async def metrics(request):
+    return Response(generate_latest(METRICS.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def counts(request):
@@ -61,12 +68,12 @@ def user(request):
 app = Starlette(
     routes=[Path("/health", ok), Path("/ready", ok), Path("/exact", ok), Path("/policy", ok), Path("/login", ok, methods=["GET", "POST"]),
             Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok),
-            Path("/counts", counts), Path("/slow", slow), Path("/flood", ok), Path("/gone", ok), Path("/extra", ok)],
+            Path("/counts", counts), Path("/metrics", metrics), Path("/slow", slow), Path("/flood", ok), Path("/gone", ok), Path("/extra", ok)],
     lifespan=lifespan)
 app.add_middleware(
     RateLimitMiddleware, limiter=limiter, identify=user, tier=lambda r: r.headers.get("x-plan"),
     trusted_proxies=["127.0.0.1/32"], check_timeout=float(os.environ.get("RL_WEB_TIMEOUT", "0.05")),
-    skip=["/health", "/ready", "/counts"], counters=COUNTERS,
+    skip=["/health", "/ready", "/counts", "/metrics"], counters=COUNTERS, metrics=METRICS,
     refusal_cache=int(os.environ.get("RL_WEB_REFUSAL_CACHE", "0")),
     max_in_flight=int(os.environ["RL_WEB_MAX_IN_FLIGHT"]) if os.environ.get("RL_WEB_MAX_IN_FLIGHT") else None,
     routes={

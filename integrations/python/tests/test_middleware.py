@@ -397,3 +397,14 @@ def test_wait_takes_when_allowed_sleeps_the_retry_time_and_gives_up_or_is_cancel
         await limiter.aclose()
 
     anyio.run(main)
+
+
+def test_metrics_count_each_outcome_per_route_and_time_the_checks(server):
+    with httpx.Client(base_url=server.url) as c:
+        statuses = [c.get("/api/a", headers={"X-User": "metered"}).status_code for _ in range(7)]
+        assert statuses == [200] * 5 + [429] * 2
+        text = c.get("/metrics").text
+    assert 'ratelimit_requests_total{outcome="admitted",route="GET /api/*"} 5.0' in text, text
+    assert 'ratelimit_requests_total{outcome="refused",route="GET /api/*"} 2.0' in text
+    assert 'ratelimit_check_seconds_count{route="GET /api/*"} 7.0' in text
+    assert 'ratelimit_check_seconds_bucket{le="1.0",route="GET /api/*"} 7.0' in text
