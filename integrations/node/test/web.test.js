@@ -292,6 +292,8 @@ test("the packed package installs into a new project, and the README's quick sta
   const quickStart = /```js\n([\s\S]*?)```/.exec(readme)[1];
   const db = await database("postgres");
   try {
+    // the quick start's policy, as its comment says (the middleware checks it at startup)
+    await db.sql("SELECT rl_policy_set(?, ?)", "login", JSON.stringify({ limits: [{ burst: 5, refill_per_minute: 5 }] }));
     const program = quickStart.replace('database: "app"', `database: "${db.name}"`) + `
 app.get("/api/x", (req, res) => res.json({ ok: true }));
 const server = app.listen(0, async () => {
