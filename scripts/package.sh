@@ -12,8 +12,13 @@
 #   dist/pg_ratelimit_sql-<version>.pg_tle.sql                  the same registered with pg_tle, then
 #                                                               CREATE EXTENSION pg_ratelimit_sql
 # Expects scripts/setup.sh --pg to have run; builds what it packages.
-#   bash scripts/package.sh --sql   the two SQL edition files only: needs cargo, no cargo-pgrx
-#                                   and no PostgreSQL (seconds once the core is built)
+#   dist/ratelimit_web-<version>-py3-none-any.whl               the web middleware for Python (ASGI)
+#   dist/ratelimit-web-<version>.tgz                            the web middleware for Node (Express, Next.js)
+#   bash scripts/package.sh --sql     the two SQL edition files only: needs cargo, no cargo-pgrx
+#                                     and no PostgreSQL (seconds once the core is built)
+#   bash scripts/package.sh --sqlite  the SQL edition files, the SQLite extension's wheel and npm
+#                                     package and the two web packages: cargo, python3-venv and
+#                                     npm, no cargo-pgrx and no PostgreSQL
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
@@ -56,23 +61,40 @@ if [ "${1:-}" = "--sql" ]; then
   echo "dist/pg_ratelimit_sql-$version.sql dist/pg_ratelimit_sql-$version.pg_tle.sql"
   exit 0
 fi
+# The SQLite extension's packages and the web packages: cargo, python3-venv and npm, no
+# cargo-pgrx and no PostgreSQL.
+sqlite_and_web_packages() {
+  cargo build --quiet --release -p sqlite_ratelimit
+  # Python: the library next to the package's __init__.py, built in a throwaway copy.
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  cp -r bindings/python "$work/python"
+  cp target/release/libratelimit.so "$work/python/sqlite_ratelimit/"
+  /usr/bin/python3 -m venv "$work/venv"
+  "$work/venv/bin/pip" install --quiet --disable-pip-version-check setuptools wheel
+  (cd "$work/python" && SQLITE_RATELIMIT_VERSION=$version "$work/venv/bin/pip" wheel --quiet --no-deps \
+    --no-build-isolation --wheel-dir "$OLDPWD/dist" .)
+  "$work/venv/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    --wheel-dir dist ./integrations/python
+  command -v npm >/dev/null || { echo "package.sh: npm is needed for the Node packages (apt-get install npm)" >&2; exit 1; }
+  # Node: the library next to index.js; npm pack writes the tarball npm install takes.
+  cp -r bindings/node "$work/node"
+  cp target/release/libratelimit.so "$work/node/"
+  (cd "$work/node" && npm pkg set version="$version" >/dev/null && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
+  # the web package compiles its TypeScript when packed (better-sqlite3 builds against the local Node headers)
+  if [ ! -d integrations/node/node_modules ]; then
+    (cd integrations/node && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
+      && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
+  (cd integrations/node && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
+}
+sqlite_and_web_packages
+if [ "${1:-}" = "--sqlite" ]; then
+  ls dist/sqlite_ratelimit-"$version"-*.whl dist/sqlite-ratelimit-"$version".tgz dist/ratelimit_web-"$version"-*.whl \
+    dist/ratelimit-web-"$version".tgz
+  exit 0
+fi
 source scripts/pg_versions.sh
-
-cargo build --quiet --release -p sqlite_ratelimit
-# Python: the library next to the package's __init__.py, built in a throwaway copy.
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cp -r bindings/python "$work/python"
-cp target/release/libratelimit.so "$work/python/sqlite_ratelimit/"
-/usr/bin/python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install --quiet --disable-pip-version-check setuptools wheel
-(cd "$work/python" && SQLITE_RATELIMIT_VERSION=$version "$work/venv/bin/pip" wheel --quiet --no-deps \
-  --no-build-isolation --wheel-dir "$OLDPWD/dist" .)
-
-# Node: the library next to index.js; npm pack writes the tarball npm install takes.
-cp -r bindings/node "$work/node"
-cp target/release/libratelimit.so "$work/node/"
-(cd "$work/node" && npm pkg set version="$version" >/dev/null && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
 
 # PostgreSQL, for each supported major: the files `cargo pgrx package` builds, laid out twice.
 #   - a .deb in the layout of the PostgreSQL project's own apt packages of that major

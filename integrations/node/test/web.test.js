@@ -279,31 +279,69 @@ test("Retry-After is read as seconds or a date; backoff is capped, exponential, 
   assert.deepEqual([0, 1, 2, 3, 4].map((a) => backoffMs(a, top)), [500, 1000, 2000, 3000, 3000]);
 });
 
-test("the packed package installs into a new project, and the README's quick start runs there", async (t) => {
-  const app = fs.mkdtempSync(path.join(os.tmpdir(), "rl-web-app-"));
-  const run = (cmd, args, options = {}) => execFileSync(cmd, args, { cwd: app, encoding: "utf8", ...options });
-  const tarball = run("npm", ["pack", "--silent", "--pack-destination", app, path.resolve(__dirname, "..")]).trim().split("\n").pop();
-  run("npm", ["init", "-y"]);
-  run("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error", path.join(app, tarball), "express@4", "pg@8"]);
+/** The README's quick start under `title`, pasted into a new project whose packages the
+ * README's install line put there (from the checkout's dist/, built by package.sh --sqlite). */
+function quickStartProject(title) {
+  const readme = fs.readFileSync(path.join(__dirname, "..", "README.md"), "utf8");
+  const section = readme.slice(readme.indexOf(`## Quick start: ${title}`));
+  const code = /```js\n([\s\S]*?)```/.exec(section)[1];
+  const version = /^version = "([^"]+)"/m.exec(fs.readFileSync(path.join(ROOT, "Cargo.toml"), "utf8"))[1];
+  const dist = path.join(ROOT, "dist");
+  if (!fs.existsSync(path.join(dist, `ratelimit-web-${version}.tgz`)) || !fs.existsSync(path.join(dist, `sqlite-ratelimit-${version}.tgz`))) {
+    execFileSync("bash", [path.join(ROOT, "scripts", "package.sh"), "--sqlite"], { stdio: "ignore" });
+  }
+  const app = fs.mkdtempSync(path.join(os.tmpdir(), "rl-quick-"));
+  execFileSync("npm", ["init", "-y"], { cwd: app, stdio: "ignore" });
+  const install = /```sh\n([\s\S]*?)```/.exec(readme)[1].replace(/\\\n\s*/g, " ").split("\n").find((l) => l.startsWith("npm install"));
+  const line = install.replace(/#.*$/, "").replaceAll("/path/to/checkout/dist", dist);
+  const packages = title === "PostgreSQL" ? line.replace("express better-sqlite3", "express pg") : line;
+  execFileSync("bash", ["-c", `${packages} --no-audit --no-fund --loglevel=error`], { cwd: app, stdio: "ignore",
+    env: { ...process.env, ...(fs.existsSync("/usr/include/node") ? { npm_config_nodedir: "/usr" } : {}) } });
+  return { app, code };
+}
+
+async function runQuickStart(app, code, requests) {
+  const port = 20000 + Math.floor(Math.random() * 20000);
+  fs.writeFileSync(path.join(app, "app.js"), code.replace(/app\.listen\(3000\)/, `app.listen(${port})`));
+  const child = spawn(process.execPath, ["app.js"], { cwd: app, stdio: ["ignore", "pipe", "pipe"] });
+  let log = "";
+  child.stderr.on("data", (d) => (log += d));
+  try {
+    for (let i = 0; ; i++) {
+      try {
+        await fetch(`http://127.0.0.1:${port}/`);
+        break;
+      } catch {
+        if (i > 100 || child.exitCode !== null) throw new Error(`the quick start did not start: ${log}`);
+        await new Promise((ok) => setTimeout(ok, 200));
+      }
+    }
+    const statuses = [];
+    for (const [method, url] of requests) statuses.push((await fetch(`http://127.0.0.1:${port}${url}`, { method })).status);
+    return statuses;
+  } finally {
+    child.kill();
+  }
+}
+
+test("the README's SQLite quick start runs as pasted, from the packages package.sh --sqlite builds", async () => {
+  const { app, code } = quickStartProject("SQLite");
   const types = fs.readFileSync(path.join(app, "node_modules", "ratelimit-web", "dist", "index.d.ts"), "utf8");
   assert.match(types, /rateLimit/);
+  const statuses = await runQuickStart(app, code, Array(4).fill(["GET", "/api/hello"]));
+  assert.deepEqual(statuses, [200, 200, 200, 429]);
+});
+
+test("the README's PostgreSQL quick start runs as pasted", async (t) => {
   if (!process.env.PGHOST) return t.skip("the quick start needs PostgreSQL (PGHOST)");
-  const readme = fs.readFileSync(path.join(__dirname, "..", "README.md"), "utf8");
-  const quickStart = /```js\n([\s\S]*?)```/.exec(readme)[1];
   const db = await database("postgres");
   try {
-    // the quick start's policy, as its comment says (the middleware checks it at startup)
+    // the quick start's policy, as its text says (the middleware checks it at startup)
     await db.sql("SELECT rl_policy_set(?, ?)", "login", JSON.stringify({ limits: [{ burst: 5, refill_per_minute: 5 }] }));
-    const program = quickStart.replace('database: "app"', `database: "${db.name}"`) + `
-app.get("/api/x", (req, res) => res.json({ ok: true }));
-const server = app.listen(0, async () => {
-  const r = await fetch("http://127.0.0.1:" + server.address().port + "/api/x");
-  console.log(r.status, r.headers.get("x-ratelimit-remaining"));
-  server.close();
-  await limiter.pool.end();
-});`;
-    fs.writeFileSync(path.join(app, "quick.js"), program);
-    assert.equal(run(process.execPath, ["quick.js"]).trim(), "200 19");
+    const { app, code } = quickStartProject("PostgreSQL");
+    const statuses = await runQuickStart(app, code.replace('database: "app"', `database: "${db.name}"`),
+      Array(6).fill(["POST", "/login"]));
+    assert.deepEqual(statuses, [200, 200, 200, 200, 200, 429]);
   } finally {
     await db.close();
   }

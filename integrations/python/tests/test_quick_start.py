@@ -1,0 +1,97 @@
+"""The README's quick starts, pasted into a new project whose virtualenv installs the
+packages `bash scripts/package.sh --sqlite` builds, served by uvicorn: the first 200 and
+the first 429."""
+import glob
+import os
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from test_middleware import HERE, ROOT, free_port
+
+README = os.path.join(ROOT, "integrations", "python", "README.md")
+VERSION = re.search(r'^version = "([^"]+)"', open(os.path.join(ROOT, "Cargo.toml")).read(), re.M).group(1)
+
+
+def quick_start(title):
+    text = open(README).read()
+    section = text[text.index(f"## Quick start: {title}"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.fixture(scope="module")
+def packages():
+    wheels = [glob.glob(os.path.join(ROOT, "dist", f"{name}-{VERSION}-*.whl")) for name in ("sqlite_ratelimit", "ratelimit_web")]
+    if not all(wheels):
+        subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sqlite"], check=True, capture_output=True)
+        wheels = [glob.glob(os.path.join(ROOT, "dist", f"{name}-{VERSION}-*.whl")) for name in ("sqlite_ratelimit", "ratelimit_web")]
+    return [w[0] for w in wheels]
+
+
+def project(tmp_path, packages):
+    """A new project folder with a virtualenv of Debian's Python (its sqlite3 loads
+    extensions), where the README's own install line, run from the checkout, installs
+    the built packages."""
+    venv = tmp_path / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
+    text = open(README).read()
+    install = next(line for line in re.search(r"```sh\n(.*?)```", text, re.S).group(1).splitlines()
+                   if line.startswith("pip install"))
+    subprocess.run(["bash", "-c", f"{venv}/bin/{install} --quiet --disable-pip-version-check"], cwd=ROOT, check=True)
+    return venv
+
+
+def serve(venv, folder, code, env=None):
+    (folder / "app.py").write_text(code)
+    port = free_port()
+    process = subprocess.Popen([str(venv / "bin" / "python"), "-m", "uvicorn", "app:app", "--port", str(port)],
+                               cwd=folder, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+            return process, f"http://127.0.0.1:{port}"
+        except httpx.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the quick start did not start: " + process.stdout.read())
+            time.sleep(0.2)
+
+
+def test_the_sqlite_quick_start_runs_as_pasted(tmp_path, packages):
+    venv = project(tmp_path, packages)
+    process, url = serve(venv, tmp_path, quick_start("SQLite"))
+    try:
+        statuses = [httpx.get(url + "/api/hello").status_code for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_the_postgres_quick_start_runs_as_pasted(tmp_path, packages):
+    if not os.environ.get("PGHOST"):
+        pytest.skip("the PostgreSQL quick start needs a cluster (PGHOST)")
+    import psycopg
+
+    name = "rl_quick_" + tmp_path.name.replace("-", "_").lower()[-30:]
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    with psycopg.connect(dbname=name, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION pg_ratelimit")
+        conn.execute("""SELECT rl_policy_set('login', '{"limits": [{"burst": 5, "refill_per_minute": 5}]}')""")
+    venv = project(tmp_path, packages)
+    process, url = serve(venv, tmp_path, quick_start("PostgreSQL").replace('"dbname=app"', f'"dbname={name}"'))
+    try:
+        statuses = [httpx.post(url + "/login").status_code for _ in range(6)]
+        assert statuses == [200] * 5 + [429]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
