@@ -812,7 +812,10 @@ BEGIN
     WHERE t.key = k AND t.kind = entry_kind;
     found_row := FOUND;
     d := ratelimit.rl__entries_step(step, fn, seen, seen_empty_at, found_row, args, now);
-    IF d.new_entries IS NULL THEN RETURN d.answer; END IF;
+    -- a refund of a window without a row, with nothing left to count, leaves it without one
+    IF d.new_entries IS NULL OR (step = 'window_refund' AND NOT found_row AND d.new_entries = empty) THEN
+        RETURN d.answer;
+    END IF;
     IF NOT found_row THEN
         INSERT INTO ratelimit.rl_entries (key, kind, entries, empty_at) VALUES (k, entry_kind, empty, 0)
         ON CONFLICT (key, kind) DO NOTHING;

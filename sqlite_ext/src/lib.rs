@@ -159,21 +159,33 @@ impl SqliteEngine<'_> {
         read_only_without_tables: Option<T>,
         f: impl Fn(&mut rusqlite::CachedStatement<'_>) -> rusqlite::Result<T>,
     ) -> StoreResult<T> {
-        let attempt = || self.conn.prepare_cached(text).and_then(|mut stmt| f(&mut stmt));
+        // the error, and whether it came from preparing the statement
+        let attempt = || {
+            let mut stmt = self.conn.prepare_cached(text).map_err(|e| (e, true))?;
+            f(&mut stmt).map_err(|e| (e, false))
+        };
         match attempt() {
             // A missing table is SQLITE_ERROR like any other failed prepare: ask the schema
             // rather than read the message.
-            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) && !self.has_state_tables()? => {
-                if let Some(answer) = read_only_without_tables {
-                    if self.conn.is_readonly(MAIN_DB).map_err(|e| self.fail(e))? {
-                        return Ok(answer);
+            Err((e, at_prepare)) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) => {
+                if self.has_state_tables()? {
+                    // there now: another connection created them after this one's prepare failed
+                    if !at_prepare {
+                        return Err(self.fail(e));
                     }
+                } else {
+                    if let Some(answer) = read_only_without_tables {
+                        if self.conn.is_readonly(MAIN_DB).map_err(|e| self.fail(e))? {
+                            return Ok(answer);
+                        }
+                    }
+                    self.conn.flush_prepared_statement_cache();
+                    self.conn.execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))?;
                 }
-                self.conn.flush_prepared_statement_cache();
-                self.conn.execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))?;
-                attempt().map_err(|e| self.fail(e))
+                attempt().map_err(|(e, _)| self.fail(e))
             }
-            other => other.map_err(|e| self.fail(e)),
+            Err((e, _)) => Err(self.fail(e)),
+            Ok(answer) => Ok(answer),
         }
     }
 
