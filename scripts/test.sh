@@ -91,6 +91,9 @@ for v in "${PG_VERSIONS[@]}"; do
     # better-sqlite3 builds against the local Node headers (no download)
     (cd integrations/node && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
       && npm ci --no-audit --no-fund --loglevel=error && npm test)
+    step "postgres $v: the Next.js 16 app (next build, next start; proxy.ts and route handlers; SQLite's too)"
+    (cd integrations/node/examples/next-app && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
+      && npm ci --no-audit --no-fund --loglevel=error) && (cd integrations/node && npm run test:next)
   fi
   step "postgres $v: the SQL edition (installed from its plain script by an owner that is no superuser)"
   RL_PG_EDITION=sql RL_REQUIRE_PG=1 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v tests/test_sql_edition.py \

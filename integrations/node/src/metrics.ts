@@ -21,7 +21,13 @@ export class PrometheusMetrics implements Metrics {
   private checkSeconds: any;
 
   constructor({ register, prefix = "ratelimit_" }: { register?: any; prefix?: string } = {}) {
-    const client = require("prom-client");
+    let client;
+    try {
+      // in a try: bundlers (Next.js) then leave the optional dependency out when it is absent
+      client = require("prom-client");
+    } catch (error) {
+      throw new Error("ratelimit-web: PrometheusMetrics needs prom-client (npm install prom-client)", { cause: error });
+    }
     this.register = register ?? client.register;
     this.requests = new client.Counter({ name: `${prefix}requests_total`, help: "Requests the rate-limit middleware decided, by route and outcome",
       labelNames: ["route", "outcome"], registers: [this.register] });

@@ -10,49 +10,7 @@ const os = require("node:os");
 const path = require("node:path");
 const { fetchWithRateLimit, retryAfterMs, backoffMs, limitKey } = require("..");
 
-const ROOT = path.resolve(__dirname, "../../..");
-const EXTENSION = path.join(ROOT, "target", "release", "libratelimit");
-const POLICIES = {
-  web_exact: { limits: [{ burst: 300, refill_per_minute: 1e-6 }] },
-  web_login: { limits: [{ burst: 3, refill_per_minute: 1e-6 }] },
-  web_fail: { limits: [{ burst: 2, refill_per_minute: 1e-6 }, { period: "day", quota: 2 }, { limit: 2, window_seconds: 3600 }] },
-  // one token back every second: a flood from one subject is refused with a wait of about 1 s
-  web_flood: { limits: [{ burst: 2, refill_per_minute: 60 }] },
-  web_gone: { limits: [{ burst: 100, refill_per_minute: 60 }] },
-};
-const ENGINES = ["sqlite", ...(process.env.PGHOST ? ["postgres"] : [])];
-let serial = 0;
-
-/** The application's database, as the test sees it. */
-async function database(engine) {
-  if (engine === "sqlite") {
-    const Database = require("better-sqlite3");
-    const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "rl-web-")), "app.db");
-    const db = new Database(file);
-    db.loadExtension(EXTENSION);
-    db.pragma("journal_mode = WAL");
-    const sql = async (text, ...args) => Object.values(db.prepare(text).get(...args) ?? {})[0];
-    for (const [name, d] of Object.entries(POLICIES)) await sql("SELECT rl_policy_set(?, ?)", name, JSON.stringify(d));
-    return { engine, name: file, sql, close: async () => db.close() };
-  }
-  const { Client } = require("pg");
-  const name = `rl_web_node_${process.pid}_${serial++}`;
-  const admin = new Client({ database: "postgres" });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${name}`);
-  await admin.query(`CREATE DATABASE ${name}`);
-  await admin.end();
-  let client = new Client({ database: name });
-  await client.connect();
-  await client.query("CREATE EXTENSION pg_ratelimit");
-  const sql = async (text, ...args) => {
-    let n = 0;
-    const rows = (await client.query(text.replace(/\?/g, () => `$${++n}`), args)).rows;
-    return rows[0] && Object.values(rows[0])[0];
-  };
-  for (const [name2, d] of Object.entries(POLICIES)) await sql("SELECT rl_policy_set(?, ?)", name2, JSON.stringify(d));
-  return { engine, name, sql, close: async () => client.end().catch(() => {}) };
-}
+const { ROOT, EXTENSION, ENGINES, database, hammer, get, statusesOf } = require("./support");
 
 /** The two servers (Express, Fetch API) in a child process. */
 function serverEnv(db, timeoutMs, settings = {}) {
@@ -85,26 +43,6 @@ async function server(db, timeoutMs, settings = {}) {
     },
   };
 }
-
-async function hammer(url, clients = 8, each = 2000, headers = {}) {
-  const one = async () => {
-    const out = [];
-    for (let i = 0; i < each; i++) {
-      const r = await fetch(url, { headers });
-      await r.arrayBuffer();
-      out.push(r);
-    }
-    return out;
-  };
-  return (await Promise.all(Array.from({ length: clients }, one))).flat();
-}
-
-const get = (url, headers = {}, init = {}) => fetch(url, { headers, ...init }).then(async (r) => ({ r, body: await r.json() }));
-const statusesOf = async (url, n, headers, init) => {
-  const out = [];
-  for (let i = 0; i < n; i++) out.push((await get(url, headers, init)).r.status);
-  return out;
-};
 
 for (const engine of ENGINES) {
   test(`${engine}: concurrent clients get exactly the admissions the database allows`, async () => {

@@ -1,0 +1,15 @@
+// A handler that fails: what its check took is given back (a 5xx or a throw).
+import { withRateLimit } from "ratelimit-web";
+import { identify, limiter, trustedProxies } from "../../lib/ratelimit";
+
+export const dynamic = "force-dynamic";
+
+export const GET = withRateLimit(
+  { limiter, identify, trustedProxies, routes: { "/fail": { limits: [{ burst: 2, refill_per_minute: 1e-6 }] } } },
+  async (request: Request) => {
+    const how = new URL(request.url).searchParams.get("how");
+    if (how === "ok") return Response.json({ ok: true });
+    if (how === "503") return Response.json({ ok: false }, { status: 503 });
+    throw new Error("the handler failed");
+  },
+);
