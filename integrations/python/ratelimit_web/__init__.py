@@ -1,9 +1,10 @@
 """Rate limits for web applications, decided inside PostgreSQL (pg_ratelimit) or SQLite
-(sqlite ratelimit): an ASGI middleware for Starlette and FastAPI, and an httpx transport
-that honours Retry-After."""
+(sqlite ratelimit): middleware for ASGI (Starlette, FastAPI), WSGI (Flask) and Django,
+and an httpx transport that honours Retry-After."""
 from .fallback import LocalBucket
-from .limiter import DatabaseUnavailable, PostgresLimiter, SQLiteLimiter
-from .middleware import Counters, RateLimitMiddleware, RefusalCache, Route
+from .limiter import DatabaseUnavailable, PostgresLimiter, SQLiteLimiter, SyncPostgresLimiter, SyncSQLiteLimiter
+from .middleware import RateLimitMiddleware
+from .rules import Counters, RateLimitRules, RefusalCache, Route
 
 __all__ = [
     "Counters",
@@ -11,7 +12,10 @@ __all__ = [
     "LocalBucket",
     "PostgresLimiter",
     "RateLimitMiddleware",
+    "RateLimitRules",
     "RefusalCache",
     "Route",
     "SQLiteLimiter",
+    "SyncPostgresLimiter",
+    "SyncSQLiteLimiter",
 ]

@@ -1,5 +1,7 @@
-"""The database side: one SQL statement per check, on PostgreSQL (psycopg 3, async pool) or
-SQLite (the loadable extension, in worker threads)."""
+"""The database side: one SQL statement per check, on PostgreSQL (psycopg 3) or SQLite (the
+loadable extension). The async limiters serve ASGI (an async pool; SQLite in worker
+threads); the sync ones serve WSGI and Django (a pool, or a connection per thread). Both
+build their statements in one place, `_Statements`."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,11 @@ import anyio.to_thread
 
 class DatabaseUnavailable(Exception):
     """The database did not answer: connection refused or lost, pool exhausted, locked."""
+
+
+def is_missing_policy(error: BaseException) -> bool:
+    """Whether the database refused a check because its policy does not exist."""
+    return "there is no policy named" in str(error)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,25 @@ class _Statements:
         self.refund_check = f"SELECT rl_refund_check({p}, {p}, {p}, {p})"
         self.placeholder = p
 
+    def for_check(self, route, subject: str, tier: Optional[str], cost: float) -> tuple:
+        """Takes `cost` from the route's limits for `subject` (all or nothing); its row
+        becomes an Answer by `answer_of`."""
+        if route.policy is not None:
+            return self.check, [route.policy, subject, cost, tier]
+        return self.take_all, [json.dumps(take_items(route, subject, route.multiplier(tier), cost))]
+
+    def for_refund(self, route, subject: str, tier: Optional[str], cost: float) -> tuple:
+        """Gives back what an admitted check took (a handler failed): rl_refund_check for a
+        policy, rl_refund and rl_refund_budget for explicit limits."""
+        if route.policy is not None:
+            return self.refund_check, [route.policy, subject, cost, tier]
+        return self.refund_items(take_items(route, subject, route.multiplier(tier), cost))
+
+    def for_probe(self, policy: str) -> tuple:
+        """Whether `policy` exists: rl_refund_check for a subject of no one's finds nothing
+        to give back and so changes nothing; a missing policy is its error."""
+        return self.refund_check, [policy, PROBE_SUBJECT, 1, None]
+
     def refund_items(self, items: list) -> tuple:
         """One statement giving every item its cost back (rl_refund, rl_refund_budget)."""
         p, calls, params = self.placeholder, [], []
@@ -81,6 +107,19 @@ def _decoded(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def _absent(error: Exception) -> bool:
+    """The policy probe failed with `error`: False when it says the policy is missing; any
+    other error (the database did not answer, ...) is raised again."""
+    if isinstance(error, DatabaseUnavailable) or not is_missing_policy(error):
+        raise error
+    return False
+
+
+def answer_of(row: tuple) -> Answer:
+    """A check's row (the result and its headers; text on SQLite, jsonb on PostgreSQL)."""
+    return Answer(_decoded(row[0]), _decoded(row[1]))
+
+
 class _Limiter:
     statements: _Statements
 
@@ -91,23 +130,10 @@ class _Limiter:
         raise NotImplementedError
 
     async def check(self, route, subject: str, tier: Optional[str], cost: float) -> Answer:
-        """Takes `cost` from the route's limits for `subject` (all or nothing)."""
-        if route.policy is not None:
-            row = await self.fetchone(self.statements.check, [route.policy, subject, cost, tier])
-        else:
-            items = take_items(route, subject, route.multiplier(tier), cost)
-            row = await self.fetchone(self.statements.take_all, [json.dumps(items)])
-        return Answer(_decoded(row[0]), _decoded(row[1]))
+        return answer_of(await self.fetchone(*self.statements.for_check(route, subject, tier, cost)))
 
     async def refund(self, route, subject: str, tier: Optional[str], cost: float) -> None:
-        """Gives back what an admitted check took (a handler failed): rl_refund_check for a
-        policy, rl_refund and rl_refund_budget for explicit limits."""
-        if route.policy is not None:
-            await self.fetchone(self.statements.refund_check, [route.policy, subject, cost, tier])
-        else:
-            sql, params = self.statements.refund_items(take_items(route, subject, route.multiplier(tier), cost))
-            await self.fetchone(sql, params)
-
+        await self.fetchone(*self.statements.for_refund(route, subject, tier, cost))
 
     async def wait(self, route, subject: str, *, tier: Optional[str] = None, cost: float = 1,
                    timeout: float = 30.0, jitter: float = 0.1) -> Answer:
@@ -133,16 +159,11 @@ class _Limiter:
             await anyio.sleep(pause)
 
     async def policy_exists(self, policy: str) -> bool:
-        """Whether the database holds `policy`: rl_refund_check for a subject of no one's,
-        which finds nothing to give back and so changes nothing."""
+        """Whether the database holds `policy`."""
         try:
-            await self.fetchone(self.statements.refund_check, [policy, PROBE_SUBJECT, 1, None])
-        except DatabaseUnavailable:
-            raise
+            await self.fetchone(*self.statements.for_probe(policy))
         except Exception as e:
-            if "there is no policy named" in str(e):
-                return False
-            raise
+            return _absent(e)
         return True
 
 
@@ -187,6 +208,36 @@ class PostgresLimiter(_Limiter):
 _UNAVAILABLE_CODES = (5, 6, 14)
 
 
+def _extension(path: Optional[str]) -> str:
+    """The loadable extension's path: as given, else the sqlite-ratelimit package's."""
+    if path is not None:
+        return path
+    import sqlite_ratelimit  # the extension's own package (pip install sqlite-ratelimit)
+
+    return sqlite_ratelimit.loadable_path()
+
+
+def load_extension(conn: sqlite3.Connection, extension: str) -> None:
+    conn.enable_load_extension(True)
+    try:
+        conn.load_extension(extension)
+    finally:
+        conn.enable_load_extension(False)
+
+
+def _sqlite_connect(path: str, extension: str, busy_timeout: float) -> sqlite3.Connection:
+    """A connection of the limiter's own, in autocommit, with the extension and WAL; an
+    error names the file."""
+    try:
+        conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+        load_extension(conn, extension)
+        conn.execute("PRAGMA journal_mode=wal")
+    except sqlite3.Error as e:
+        raise sqlite3.OperationalError(f"{path}: {e} (the database file, its folder or the extension "
+                                       f"{extension})") from e
+    return conn
+
+
 def _unavailable(e: sqlite3.OperationalError) -> bool:
     code = getattr(e, "sqlite_errorcode", None)
     if code is None:  # Python before 3.11 gives no code: read SQLite's words
@@ -202,34 +253,15 @@ class SQLiteLimiter(_Limiter):
     lock comes free)."""
 
     def __init__(self, path: str, *, extension: Optional[str] = None, threads: int = 4, busy_timeout: float = 1.0):
-        if extension is None:
-            import sqlite_ratelimit  # the extension's own package (pip install sqlite-ratelimit)
-
-            extension = sqlite_ratelimit.loadable_path()
-        self.path, self.extension, self.busy_timeout, self.size = path, extension, busy_timeout, threads
+        self.path, self.extension, self.busy_timeout, self.size = path, _extension(extension), busy_timeout, threads
         self.threads = anyio.CapacityLimiter(threads)
         self.idle: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()
         self.statements = _Statements("?", "?")
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
-        conn.enable_load_extension(True)
-        try:
-            conn.load_extension(self.extension)
-        finally:
-            conn.enable_load_extension(False)
-        conn.execute("PRAGMA journal_mode=wal")
-        return conn
-
     async def open(self) -> None:
         """Opens the connections now, so that no check pays for one."""
         for _ in range(self.size):
-            try:
-                conn = await anyio.to_thread.run_sync(self._connect)
-            except sqlite3.Error as e:
-                raise sqlite3.OperationalError(f"{self.path}: {e} (the database file, its folder or the extension "
-                                               f"{self.extension})") from e
-            self.idle.put(conn)
+            self.idle.put(await anyio.to_thread.run_sync(_sqlite_connect, self.path, self.extension, self.busy_timeout))
 
     async def aclose(self) -> None:
         while not self.idle.empty():
@@ -257,4 +289,93 @@ class SQLiteLimiter(_Limiter):
                                                   abandon_on_cancel=True)
         except BaseException:
             abandoned.set()
+            raise
+
+
+class SyncLimiter:
+    """The limiters of WSGI apps and Django: the same statements as the async ones, run
+    on the calling thread."""
+
+    statements: _Statements
+
+    def fetchone(self, sql: str, params: list) -> Optional[tuple]:
+        """Runs one statement and returns its first row (placeholders: %s on PostgreSQL, ?
+        on SQLite)."""
+        raise NotImplementedError
+
+    def check(self, route, subject: str, tier: Optional[str], cost: float) -> Answer:
+        return answer_of(self.fetchone(*self.statements.for_check(route, subject, tier, cost)))
+
+    def refund(self, route, subject: str, tier: Optional[str], cost: float) -> None:
+        self.fetchone(*self.statements.for_refund(route, subject, tier, cost))
+
+    def policy_exists(self, policy: str) -> bool:
+        try:
+            self.fetchone(*self.statements.for_probe(policy))
+        except Exception as e:
+            return _absent(e)
+        return True
+
+
+class SyncPostgresLimiter(SyncLimiter):
+    """Checks on PostgreSQL through a psycopg 3 pool of its own (in autocommit). `timeout`
+    bounds both the wait for a connection and each statement (statement_timeout), so a
+    database that stops answering falls back within it."""
+
+    def __init__(self, conninfo: str = "", *, min_size: int = 2, max_size: int = 8, timeout: float = 0.05, pool=None):
+        from psycopg_pool import ConnectionPool
+
+        self.timeout = timeout
+        options = f"-c statement_timeout={max(1, int(timeout * 1000))}"
+        self.pool = pool or ConnectionPool(conninfo, min_size=min_size, max_size=max_size, open=False,
+                                           kwargs={"autocommit": True, "options": options}, reconnect_timeout=0)
+        self.pool.open(wait=False)
+        self.statements = _Statements("%s", "%s::jsonb")
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def policy_exists(self, policy: str) -> bool:
+        """At startup: waits up to 5 s for the pool's first connections (a check's own
+        timeout is shorter than a connection takes to open)."""
+        import psycopg_pool
+
+        try:
+            self.pool.wait(timeout=5.0)
+        except psycopg_pool.PoolTimeout as e:
+            raise DatabaseUnavailable(str(e).strip() or "no connection within 5 s") from e
+        return super().policy_exists(policy)
+
+    def fetchone(self, sql: str, params: list) -> Optional[tuple]:
+        import psycopg
+        import psycopg_pool
+
+        try:
+            with self.pool.connection(timeout=self.timeout) as conn:
+                cur = conn.execute(sql, params)
+                return cur.fetchone() if cur.description is not None else None
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout, OSError) as e:
+            raise DatabaseUnavailable(str(e).strip() or type(e).__name__) from e
+
+
+class SyncSQLiteLimiter(SyncLimiter):
+    """Checks on a SQLite database file with the loadable extension, on a connection per
+    thread (opened on its first check). A writer waits for SQLite's lock up to
+    `busy_timeout` seconds, then falls back."""
+
+    def __init__(self, path: str, *, extension: Optional[str] = None, busy_timeout: float = 0.05):
+        self.path, self.extension, self.busy_timeout = path, _extension(extension), busy_timeout
+        self.local = threading.local()
+        self.statements = _Statements("?", "?")
+        _sqlite_connect(path, self.extension, busy_timeout).close()  # a wrong path or extension fails here
+
+    def fetchone(self, sql: str, params: list) -> Optional[tuple]:
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = self.local.conn = _sqlite_connect(self.path, self.extension, self.busy_timeout)
+        try:
+            return conn.execute(sql, params).fetchone()
+        except sqlite3.OperationalError as e:
+            if _unavailable(e):
+                raise DatabaseUnavailable(f"{self.path}: {e}") from e
             raise

@@ -1,6 +1,6 @@
 """The README's quick starts, pasted into a new project whose virtualenv installs the
-packages `bash scripts/package.sh --sqlite` builds, served by uvicorn: the first 200 and
-the first 429."""
+packages `bash scripts/package.sh --sqlite` builds, served by uvicorn or gunicorn: the
+first 200 and the first 429."""
 import glob
 import os
 import re
@@ -17,10 +17,22 @@ README = os.path.join(ROOT, "integrations", "python", "README.md")
 VERSION = re.search(r'^version = "([^"]+)"', open(os.path.join(ROOT, "Cargo.toml")).read(), re.M).group(1)
 
 
-def quick_start(title):
+def section(title):
     text = open(README).read()
-    section = text[text.index(f"## Quick start: {title}"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    start = text.index(f"## Quick start: {title}")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def quick_start(title, block="python", index=0):
+    """The section's `index`th block of that language, as written."""
+    return re.findall(rf"```{block}\n(.*?)```", section(title), re.S)[index]
+
+
+def run_shell_block(venv, folder, title):
+    """The section's own shell lines (pip, django-admin), run in the project's virtualenv."""
+    for line in quick_start(title, "sh").splitlines():
+        subprocess.run(["bash", "-c", f"{venv}/bin/{line}" + (" --quiet --disable-pip-version-check" if line.startswith("pip ") else "")],
+                       cwd=folder, check=True)
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +57,13 @@ def project(tmp_path, packages):
     return venv
 
 
-def serve(venv, folder, code, env=None):
-    (folder / "app.py").write_text(code)
+def serve(venv, folder, code, env=None, command=("uvicorn", "app:app", "--port")):
+    """`command` (then the port) in `folder`; `code`, when given, is its app.py."""
+    if code is not None:
+        (folder / "app.py").write_text(code)
     port = free_port()
-    process = subprocess.Popen([str(venv / "bin" / "python"), "-m", "uvicorn", "app:app", "--port", str(port)],
+    arguments = [*command, str(port)] if command[-1] == "--port" else [*command, "--bind", f"127.0.0.1:{port}"]
+    process = subprocess.Popen([str(venv / "bin" / arguments[0]), *arguments[1:]],
                                cwd=folder, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
@@ -62,20 +77,24 @@ def serve(venv, folder, code, env=None):
             time.sleep(0.2)
 
 
-def test_the_sqlite_quick_start_runs_as_pasted(tmp_path, packages):
-    venv = project(tmp_path, packages)
-    process, url = serve(venv, tmp_path, quick_start("SQLite"))
+def hello_statuses(process, url):
+    """Four GET /api/hello, then the server stopped."""
     try:
-        statuses = [httpx.get(url + "/api/hello").status_code for _ in range(4)]
-        assert statuses == [200, 200, 200, 429]
+        return [httpx.get(url + "/api/hello").status_code for _ in range(4)]
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
-def test_the_postgres_quick_start_runs_as_pasted(tmp_path, packages):
+def test_the_sqlite_quick_start_runs_as_pasted(tmp_path, packages):
+    venv = project(tmp_path, packages)
+    assert hello_statuses(*serve(venv, tmp_path, quick_start("SQLite"))) == [200, 200, 200, 429]
+
+
+def login_database(tmp_path):
+    """A database `app` would be: pg_ratelimit and the quick start's `login` policy."""
     if not os.environ.get("PGHOST"):
-        pytest.skip("the PostgreSQL quick start needs a cluster (PGHOST)")
+        pytest.skip("the PostgreSQL quick starts need a cluster (PGHOST)")
     import psycopg
 
     name = "rl_quick_" + tmp_path.name.replace("-", "_").lower()[-30:]
@@ -85,13 +104,38 @@ def test_the_postgres_quick_start_runs_as_pasted(tmp_path, packages):
     with psycopg.connect(dbname=name, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION pg_ratelimit")
         conn.execute("""SELECT rl_policy_set('login', '{"limits": [{"burst": 5, "refill_per_minute": 5}]}')""")
+    return name
+
+
+def drop_database(name):
+    import psycopg
+
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.mark.parametrize("title", ["PostgreSQL", "Flask"])
+def test_the_postgres_quick_starts_run_as_pasted(tmp_path, packages, title):
+    name = login_database(tmp_path)
     venv = project(tmp_path, packages)
-    process, url = serve(venv, tmp_path, quick_start("PostgreSQL").replace('"dbname=app"', f'"dbname={name}"'))
+    command = ("uvicorn", "app:app", "--port")
+    if title == "Flask":
+        run_shell_block(venv, tmp_path, title)
+        command = ("gunicorn", "--threads", "8", "app:app")
+    process, url = serve(venv, tmp_path, quick_start(title).replace('"dbname=app"', f'"dbname={name}"'), command=command)
     try:
         statuses = [httpx.post(url + "/login").status_code for _ in range(6)]
         assert statuses == [200] * 5 + [429]
     finally:
         process.terminate()
         process.wait(timeout=30)
-        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        drop_database(name)
+
+
+def test_the_django_quick_start_runs_as_pasted(tmp_path, packages):
+    venv = project(tmp_path, packages)
+    run_shell_block(venv, tmp_path, "Django")  # pip install, django-admin startproject
+    settings = tmp_path / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + "\n" + quick_start("Django", "python", 0))
+    (tmp_path / "mysite" / "urls.py").write_text(quick_start("Django", "python", 1))
+    assert hello_statuses(*serve(venv, tmp_path, None, command=("gunicorn", "mysite.wsgi"))) == [200, 200, 200, 429]

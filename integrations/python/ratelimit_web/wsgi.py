@@ -1,0 +1,112 @@
+"""The WSGI middleware (Flask, or any WSGI app): the rules of rules.py over a sync limiter
+(SyncPostgresLimiter, SyncSQLiteLimiter)."""
+from __future__ import annotations
+
+import json
+from typing import Dict, Iterable
+
+from .limiter import DatabaseUnavailable
+from .rules import Decision, RateLimitRules, Route
+
+
+class RateLimitWSGI:
+    """`app.wsgi_app = RateLimitWSGI(app.wsgi_app, limiter, routes, **options)`: the
+    options of `RateLimitRules`; `identify(environ)` and `tier(environ)` get the WSGI
+    environ. The subject defaults to REMOTE_USER, else the client address. Every route's
+    policy is checked here, at startup: a missing one raises RuntimeError naming the
+    route and the policy. The limiter's own timeout bounds each check."""
+
+    def __init__(self, app, limiter, routes: Dict[str, Route], **options):
+        self.app, self.limiter = app, limiter
+        self.rules = RateLimitRules(routes, **options)
+        self.counters = self.rules.counters
+        problem = self.rules.check_policies(limiter.policy_exists)
+        if problem is not None:
+            raise RuntimeError(f"ratelimit_web: {problem}")
+
+    def __call__(self, environ, start_response):
+        rules = self.rules
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO") or "/"
+        if path in rules.skip:
+            return self.app(environ, start_response)
+        shed = rules.enter(method, path)
+        if shed is not None:
+            return respond(start_response, shed)
+        try:
+            body = self.limited(environ, start_response, method, path)
+        except BaseException:
+            rules.leave()
+            raise
+        return _Finally(body, rules.leave)  # in flight until the server has sent the body
+
+    def limited(self, environ, start_response, method: str, path: str) -> Iterable[bytes]:
+        rules = self.rules
+        route = rules.match(method, path)
+        if route is None:
+            return self.app(environ, start_response)
+        forwarded = [environ["HTTP_X_FORWARDED_FOR"]] if "HTTP_X_FORWARDED_FOR" in environ else []
+        subject = rules.subject(rules.identify(environ) if rules.identify else None, environ.get("REMOTE_USER"),
+                                environ.get("REMOTE_ADDR"), forwarded)
+        tier = rules.tier(environ) if rules.tier else None
+        cost = rules.cost(route, environ)
+        decision = rules.decide(route, subject, tier, cost, lambda: self.limiter.check(route, subject, tier, cost))
+        if decision.kind == "answer":
+            return respond(start_response, decision)
+        if decision.kind == "fallback":
+            return self.app(environ, start_response)
+        refunded = []
+
+        def give_back():
+            if not refunded:
+                refunded.append(True)
+                try:
+                    self.limiter.refund(route, subject, tier, cost)
+                except DatabaseUnavailable as e:
+                    rules.refund_failed(route, subject, e)
+
+        def start_with_headers(status, headers, exc_info=None):
+            if int(status.split(" ", 1)[0]) >= 500:
+                give_back()  # before the client hears of the failure
+            return start_response(status, [*headers, *decision.headers.items()], exc_info)
+
+        try:
+            return _Finally(self.app(environ, start_with_headers), on_error=give_back)
+        except Exception:
+            give_back()
+            raise
+
+
+def respond(start_response, decision: Decision) -> Iterable[bytes]:
+    data = json.dumps(decision.body).encode()
+    start_response(f"{decision.status} {_REASONS.get(decision.status, '')}".strip(),
+                   [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
+                    *decision.headers.items()])
+    return [data]
+
+
+_REASONS = {413: "Content Too Large", 429: "Too Many Requests", 500: "Internal Server Error",
+            503: "Service Unavailable"}
+
+
+class _Finally:
+    """A WSGI body that runs `done` once the server closes it, and `on_error` if making
+    it raises (a handler that fails while it streams)."""
+
+    def __init__(self, body, done=None, on_error=None):
+        self.body, self.done, self.on_error = body, done, on_error
+
+    def __iter__(self):
+        try:
+            yield from self.body
+        except Exception:
+            if self.on_error is not None:
+                self.on_error()
+            raise
+
+    def close(self):
+        try:
+            if hasattr(self.body, "close"):
+                self.body.close()
+        finally:
+            if self.done is not None:
+                self.done()

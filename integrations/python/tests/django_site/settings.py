@@ -1,0 +1,34 @@
+"""The Django project the tests serve with gunicorn (WSGI, threads) and uvicorn (ASGI): the
+middleware on routes.py's routes, over Django's own connection; RL_WEB_ATOMIC=1 turns on
+ATOMIC_REQUESTS."""
+import os
+
+from ratelimit_web import Counters
+from routes import DB, ENGINE, EXTENSION, options, routes
+
+SECRET_KEY = "tests only"
+DEBUG = False
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+ROOT_URLCONF = "django_site.urls"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth"]
+MIDDLEWARE = ["ratelimit_web.django.RateLimitMiddleware"]
+USE_TZ = True
+ATOMIC = os.environ.get("RL_WEB_ATOMIC") == "1"
+if ENGINE == "sqlite":
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": DB, "ATOMIC_REQUESTS": ATOMIC,
+                             "OPTIONS": {"timeout": max(float(os.environ.get("RL_WEB_TIMEOUT", "0.05")), 0.05)}}}
+else:
+    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": DB.removeprefix("dbname="),
+                             "ATOMIC_REQUESTS": ATOMIC}}
+
+
+def _user(request):
+    return request.headers.get("x-user") and "user:" + request.headers["x-user"]
+
+
+RATELIMIT = {"routes": routes(), "identify": _user, "tier": lambda request: request.headers.get("x-plan"),
+             "extension": EXTENSION, "counters": Counters(), **options()}
+LOGGING = {"version": 1, "disable_existing_loggers": False,
+           "handlers": {"console": {"class": "logging.StreamHandler"}},
+           "loggers": {"ratelimit_web": {"handlers": ["console"], "level": "WARNING"},
+                       "django.request": {"handlers": ["console"], "level": "ERROR"}}}

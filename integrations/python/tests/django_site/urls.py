@@ -1,0 +1,15 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    *[path(p.lstrip("/"), views.ok) for p in ("/health", "/ready", "/exact", "/policy", "/login", "/open", "/retry",
+                                             "/free", "/big", "/flood", "/gone", "/extra")],
+    path("api/<str:name>", views.ok),
+    path("slow", views.slow),
+    path("counts", views.counts),
+    path("fail", views.fail),
+    path("pfail", views.fail),
+    path("decorated", views.decorated),
+    path("decorated_async", views.decorated_async),
+]

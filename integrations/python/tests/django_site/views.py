@@ -1,0 +1,48 @@
+import asyncio
+import dataclasses
+import time
+
+from django.conf import settings
+from django.db import connection
+from django.http import JsonResponse
+
+from ratelimit_web import Route
+from ratelimit_web.django import rate_limit
+from routes import NEVER_REFILLS
+
+
+def ok(request, name=None):
+    return JsonResponse({"ok": True, "path": request.path})
+
+
+def slow(request):
+    time.sleep(float(request.GET.get("seconds", "0.5")))
+    return JsonResponse({"ok": True})
+
+
+def fail(request):
+    if request.GET.get("how") == "503":
+        return JsonResponse({"ok": False}, status=503)
+    if request.GET.get("how") == "ok":
+        return JsonResponse({"ok": True})
+    raise RuntimeError("the handler failed")
+
+
+def counts(request):
+    return JsonResponse(dataclasses.asdict(settings.RATELIMIT["counters"]))
+
+
+# Limited by the decorator instead of the middleware (routes.py does not name them).
+@rate_limit(Route(limits=[{"burst": 3, "refill_per_minute": NEVER_REFILLS}], name="decorated"))
+def decorated(request):
+    """Writes a row, then fails as asked: under ATOMIC_REQUESTS a raise rolls both back."""
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS visits (who text)")
+        cur.execute("INSERT INTO visits VALUES (%s)", [request.headers.get("x-user", "")])
+    return fail(request)
+
+
+@rate_limit(Route(limits=[{"burst": 3, "refill_per_minute": NEVER_REFILLS}], name="decorated_async"))
+async def decorated_async(request):
+    await asyncio.sleep(0)
+    return JsonResponse({"ok": True})
