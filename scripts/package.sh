@@ -14,11 +14,12 @@
 # Expects scripts/setup.sh --pg to have run; builds what it packages.
 #   dist/ratelimit_web-<version>-py3-none-any.whl               the web middleware for Python (ASGI)
 #   dist/ratelimit-web-<version>.tgz                            the web middleware for Node (Express, Next.js)
+#   dist/ratelimit-web-<version>.gem                            the web middleware for Ruby (Rack, Rails)
 #   bash scripts/package.sh --sql     the two SQL edition files only: needs cargo, no cargo-pgrx
 #                                     and no PostgreSQL (seconds once the core is built)
 #   bash scripts/package.sh --sqlite  the SQL edition files, the SQLite extension's wheel and npm
-#                                     package and the two web packages: cargo, python3-venv and
-#                                     npm, no cargo-pgrx and no PostgreSQL
+#                                     package and the three web packages: cargo, python3-venv,
+#                                     npm and gem, no cargo-pgrx and no PostgreSQL
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
@@ -87,11 +88,15 @@ sqlite_and_web_packages() {
       && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
   fi
   (cd integrations/node && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
+  command -v gem >/dev/null || { echo "package.sh: gem is needed for the Ruby package (apt-get install ruby)" >&2; exit 1; }
+  gem_version=$(sed -n 's/.*VERSION = "\(.*\)"/\1/p' integrations/ruby/lib/ratelimit_web/version.rb)
+  [ "$gem_version" = "$version" ] || { echo "package.sh: integrations/ruby says $gem_version, Cargo.toml $version" >&2; exit 1; }
+  (cd integrations/ruby && gem build --silent ratelimit_web.gemspec -o "$OLDPWD/dist/ratelimit-web-$version.gem" >/dev/null)
 }
 sqlite_and_web_packages
 if [ "${1:-}" = "--sqlite" ]; then
   ls dist/sqlite_ratelimit-"$version"-*.whl dist/sqlite-ratelimit-"$version".tgz dist/ratelimit_web-"$version"-*.whl \
-    dist/ratelimit-web-"$version".tgz
+    dist/ratelimit-web-"$version".tgz dist/ratelimit-web-"$version".gem
   exit 0
 fi
 source scripts/pg_versions.sh

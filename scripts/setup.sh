@@ -26,6 +26,9 @@ for p in sqlite3 libsqlite3-dev python3 python3-pytest gcc pkg-config; do need_p
 if [ "$want_pg" = 1 ]; then
   for p in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo python3-psycopg2 \
            libreadline-dev zlib1g-dev libssl-dev bison flex python3-venv equivs patchelf gdb; do need_pkg "$p"; done
+  # the Rack and Rails integration (integrations/ruby) and its tests: Debian's Ruby 3.1,
+  # Rails 6.1 and puma (no gem comes from rubygems.org)
+  for p in ruby ruby-rack ruby-pg ruby-sqlite3 ruby-rails puma; do need_pkg "$p"; done
 fi
 if [ "$want_bench" = 1 ]; then
   for p in redis-server redis-tools python3-matplotlib; do need_pkg "$p"; done
@@ -86,15 +89,25 @@ if [ "$want_pg" = 1 ]; then
     CC=clang cargo pgrx init "${init_args[@]}" >/dev/null
   fi
 fi
-# The web integrations' tests (integrations/python): Starlette, uvicorn, httpx and psycopg 3
-# from PyPI in a virtualenv of Debian's python3 (whose sqlite3 can load extensions).
+# The web integrations' tests (integrations/python): Starlette, uvicorn, Django, Flask,
+# gunicorn, httpx and psycopg 3 from PyPI in a virtualenv of Debian's python3 (whose sqlite3
+# can load extensions).
 if [ "$want_pg" = 1 ]; then
-  if [ -x "$WEB_VENV/bin/python" ] && "$WEB_VENV/bin/python" -c 'import starlette, uvicorn, httpx, psycopg_pool, pytest, prometheus_client' 2>/dev/null; then
+  if [ -x "$WEB_VENV/bin/python" ] && "$WEB_VENV/bin/python" -c 'import starlette, uvicorn, httpx, psycopg_pool, pytest, prometheus_client, django, flask, gunicorn' 2>/dev/null; then
     log "web test packages already in $WEB_VENV"
   else
     log "pip install the web test packages into $WEB_VENV"
     /usr/bin/python3 -m venv "$WEB_VENV"
     "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check "${WEB_TEST_PACKAGES[@]}"
+  fi
+  if [ -x "$DJANGO6_VENV/bin/python" ] && "$DJANGO6_VENV/bin/python" -c 'import django, gunicorn, uvicorn, httpx, psycopg_pool, pytest' 2>/dev/null; then
+    log "Django 6 test packages already in $DJANGO6_VENV"
+  elif py312=$(python312); then
+    log "pip install Django 6 and its test packages into $DJANGO6_VENV ($py312)"
+    "$py312" -m venv "$DJANGO6_VENV"
+    "$DJANGO6_VENV/bin/pip" install --quiet --disable-pip-version-check "${DJANGO6_TEST_PACKAGES[@]}"
+  else
+    log "no Python 3.12 or later here: Django 6 will not be tested (Django 5.2 is, on Debian's 3.11)"
   fi
 fi
 log "done"

@@ -86,7 +86,7 @@ for v in "${PG_VERSIONS[@]}"; do
     RL_DIFF_CALLS="${RL_DIFF_CALLS:-$([ "$first" = 1 ] && echo 100000 || echo 20000)}" "${PYTEST[@]}" -v tests
   if [ "$first" = 1 ]; then
     step "postgres $v: the web integrations (uvicorn, real HTTP clients; SQLite's too)"
-    "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests
+    RL_REQUIRE_RUBY=1 "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests
     if [ -x "$DJANGO6_VENV/bin/python" ]; then
       step "postgres $v: Django 6 on Python $("$DJANGO6_VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])') (gunicorn and uvicorn; PostgreSQL only: this Python cannot load SQLite extensions)"
       "$DJANGO6_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python

@@ -2,10 +2,13 @@
 real HTTP clients, on SQLite and (when a cluster is up: PGHOST) PostgreSQL."""
 import json
 import os
+import re
+import shutil
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -76,25 +79,34 @@ def db(request, tmp_path):
     return Database(request.param, tmp_path)
 
 
+RUBY_TESTS = os.path.join(ROOT, "integrations", "ruby", "test")
+
+
 def server_command(framework, port):
-    """How each test application is served: uvicorn for ASGI, gunicorn (8 threads) for WSGI."""
+    """How each test application is served: uvicorn for ASGI, gunicorn (8 threads) for WSGI,
+    puma (8 threads) for Rack and Rails (integrations/ruby/test)."""
     where = ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
     gunicorn = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "8",
                 "--log-level", "warning"]
+    puma = ["puma", "--bind", f"tcp://127.0.0.1:{port}", "--threads", "8:8", "--quiet"]
     return {"asgi": [sys.executable, "-m", "uvicorn", "app:app", *where],
             "django-async": [sys.executable, "-m", "uvicorn", "django_site.asgi:application", *where],
             "django": [*gunicorn, "django_site.wsgi:application"],
-            "flask": [*gunicorn, "flask_app:app"]}[framework]
+            "flask": [*gunicorn, "flask_app:app"],
+            "rack": [*puma, os.path.join(RUBY_TESTS, "rack_app.ru")],
+            "rails": [*puma, os.path.join(RUBY_TESTS, "rails_app.ru")]}[framework]
 
 
 class Server:
     def __init__(self, db, timeout, framework="asgi", **settings):
         self.port = free_port()
+        # a file, not a pipe: a server that logs much (Rails' traces) never blocks on it
+        self.log = tempfile.TemporaryFile()
         env = dict(os.environ, RL_WEB_ENGINE=db.engine, RL_WEB_DB=db.dsn, RL_WEB_EXTENSION=EXTENSION,
                    RL_WEB_TIMEOUT=str(timeout), PYTHONPATH=HERE, DJANGO_SETTINGS_MODULE="django_site.settings",
-                   **settings)
+                   RUBYLIB=os.path.join(ROOT, "integrations", "ruby", "lib"), **settings)
         self.process = subprocess.Popen(server_command(framework, self.port), env=env, cwd=HERE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                        stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
         while True:
@@ -103,12 +115,18 @@ class Server:
                 return
             except httpx.TransportError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{framework} did not start: " + self.process.stdout.read())
+                    self.process.kill()
+                    raise RuntimeError(f"{framework} did not start: " + self.read_log())
                 time.sleep(0.1)
+
+    def read_log(self):
+        self.process.wait(timeout=30)
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")
 
     def output(self):
         self.process.terminate()
-        return self.process.communicate(timeout=30)[0]
+        return self.read_log()
 
 
 @pytest.fixture
@@ -118,12 +136,23 @@ def server(db):
     s.output()
 
 
-# The same rules under every framework: ASGI (Starlette), WSGI (Flask), Django (WSGI and ASGI)
-FRAMEWORKS = ["asgi", "flask", "django", "django-async"]
+# The same rules under every framework: ASGI (Starlette), WSGI (Flask), Django (WSGI and
+# ASGI), Rack and Rails (the Ruby gem, served by puma; its rules are a port of rules.py's)
+FRAMEWORKS = ["asgi", "flask", "django", "django-async", "rack", "rails"]
+
+
+def need_puma():
+    if shutil.which("puma"):
+        return
+    if os.environ.get("RL_REQUIRE_RUBY") == "1":
+        pytest.fail("puma (Debian's) is not installed: bash scripts/setup.sh --pg")
+    pytest.skip("no puma here (Debian's ruby, ruby-rails and puma: setup.sh --pg installs them)")
 
 
 @pytest.fixture(params=FRAMEWORKS)
 def framework(request):
+    if request.param in ("rack", "rails"):
+        need_puma()
     return request.param
 
 
@@ -315,7 +344,9 @@ def test_an_unreachable_database_fails_closed_on_sensitive_routes_and_open_elsew
 def test_a_route_whose_policy_is_missing_stops_the_application_at_startup(db, framework):
     with pytest.raises(RuntimeError) as started:
         Server(db, timeout=5.0, framework=framework, RL_WEB_EXTRA_POLICY="no_such_policy")
-    assert "route '/extra': there is no policy named 'no_such_policy' in the database" in str(started.value)
+    # (Ruby quotes names as "...")
+    assert re.search("""route (['"])/extra\\1: there is no policy named (['"])no_such_policy\\2 in the database""",
+                     str(started.value)), str(started.value)
 
 
 def test_a_policy_dropped_later_answers_a_json_500_logged_once(any_server, db):
@@ -329,7 +360,7 @@ def test_a_policy_dropped_later_answers_a_json_500_logged_once(any_server, db):
         assert c.get("/open").status_code == 200, "other routes go on"
         assert c.get("/counts").json()["missing_policies"] == 5
     log = server.output()
-    assert log.count("route '/gone': there is no policy named 'web_gone'") == 1, log
+    assert len(re.findall("""route (['"])/gone\\1: there is no policy named (['"])web_gone\\2""", log)) == 1, log
 
 
 def test_the_refused_identifier_cache_spares_the_database_a_flood(db):

@@ -38,7 +38,7 @@ def run_shell_block(venv, folder, title):
 @pytest.fixture(scope="module")
 def packages():
     wheels = [glob.glob(os.path.join(ROOT, "dist", f"{name}-{VERSION}-*.whl")) for name in ("sqlite_ratelimit", "ratelimit_web")]
-    if not all(wheels):
+    if not all(wheels) or not os.path.exists(os.path.join(ROOT, "dist", f"ratelimit-web-{VERSION}.gem")):
         subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sqlite"], check=True, capture_output=True)
         wheels = [glob.glob(os.path.join(ROOT, "dist", f"{name}-{VERSION}-*.whl")) for name in ("sqlite_ratelimit", "ratelimit_web")]
     return [w[0] for w in wheels]
@@ -139,3 +139,73 @@ def test_the_django_quick_start_runs_as_pasted(tmp_path, packages):
     settings.write_text(settings.read_text() + "\n" + quick_start("Django", "python", 0))
     (tmp_path / "mysite" / "urls.py").write_text(quick_start("Django", "python", 1))
     assert hello_statuses(*serve(venv, tmp_path, None, command=("gunicorn", "mysite.wsgi"))) == [200, 200, 200, 429]
+
+
+RUBY_README = os.path.join(ROOT, "integrations", "ruby", "README.md")
+
+
+def ruby_quick_start(tmp_path, title):
+    """The Ruby README's install line (the built gem into a gem folder of the project's
+    own) and its `title` quick start as config.ru, served by puma: its URL and process."""
+    from test_middleware import need_puma
+
+    need_puma()
+    text = open(RUBY_README).read()
+    install = next(line for line in re.search(r"```sh\n(.*?)```", text, re.S).group(1).splitlines()
+                   if line.startswith("gem install"))
+    section = text[text.index(f"## Quick start: {title}"):]
+    (tmp_path / "config.ru").write_text(re.search(r"```ruby\n(.*?)```", section, re.S).group(1))
+    gems = str(tmp_path / "gems")
+    default = subprocess.run(["gem", "env", "gempath"], capture_output=True, text=True, check=True).stdout.strip()
+    env = dict(os.environ, GEM_HOME=gems, GEM_PATH=f"{gems}:{default}")
+    env.pop("RUBYLIB", None)  # the gem as installed, not the checkout
+    subprocess.run(["bash", "-c", install + " --quiet"], cwd=ROOT, env=env, check=True)
+    return env
+
+
+def test_the_rack_quick_start_runs_as_pasted(tmp_path, packages):
+    name = login_database(tmp_path)
+    env = ruby_quick_start(tmp_path, "Rack")
+    code = (tmp_path / "config.ru").read_text().replace('"dbname=app"', f'"dbname={name}"')
+    (tmp_path / "config.ru").write_text(code)
+    port = free_port()
+    process = subprocess.Popen(["puma", "--bind", f"tcp://127.0.0.1:{port}", "config.ru"], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = wait_for(process, port)
+        assert [httpx.post(url + "/login").status_code for _ in range(6)] == [200] * 5 + [429]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        drop_database(name)
+
+
+def test_the_rails_quick_start_runs_as_pasted(tmp_path, packages):
+    name = login_database(tmp_path)
+    env = ruby_quick_start(tmp_path, "Rails")
+    env["DATABASE_URL"] = f"postgresql:///{name}"
+    port = free_port()
+    process = subprocess.Popen(["puma", "--bind", f"tcp://127.0.0.1:{port}", "config.ru"], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = wait_for(process, port)
+        responses = [httpx.get(url + "/api/hello") for _ in range(4)]
+        assert [r.status_code for r in responses] == [200, 200, 200, 429]
+        assert responses[3].headers["Retry-After"] == "1"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        drop_database(name)
+
+
+def wait_for(process, port):
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(url + "/", timeout=1)
+            return url
+        except httpx.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"puma did not start (exit {process.poll()})")
+            time.sleep(0.2)
