@@ -1,13 +1,11 @@
 // Limits checked before any route runs (Next.js 16's proxy, on the Node.js runtime).
 import { NextResponse } from "next/server";
 import { withRateLimit } from "ratelimit-web";
-import { identify, limiter, trustedProxies } from "./lib/ratelimit";
+import { shared } from "./lib/ratelimit";
 
 export const proxy = withRateLimit(
   {
-    limiter,
-    identify,
-    trustedProxies,
+    ...shared,
     tier: (request: Request) => request.headers.get("x-plan") ?? undefined,
     routes: {
       "POST /login": { policy: "web_login", sensitive: true },

@@ -19,5 +19,12 @@ export const identify = (request: Request) => {
   return user ? `user:${user}` : undefined;
 };
 
-// `next start` sets X-Forwarded-For to the peer: believe what a local proxy adds before it.
-export const trustedProxies = ["127.0.0.1/32", "::1/128"];
+// The options every limited place shares. `next start` sets X-Forwarded-For to the peer:
+// believe what a local proxy adds before it. A check the database has not answered within
+// checkTimeoutMs falls back (the tests, which count admissions exactly, allow 5 s).
+export const shared = {
+  limiter,
+  identify,
+  trustedProxies: ["127.0.0.1/32", "::1/128"],
+  checkTimeoutMs: Number(process.env.RATELIMIT_CHECK_TIMEOUT_MS ?? 50),
+};

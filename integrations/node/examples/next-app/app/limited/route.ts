@@ -1,10 +1,10 @@
 // Limited in the route handler itself: the handler runs only when the database admits.
 import { withRateLimit } from "ratelimit-web";
-import { identify, limiter, trustedProxies } from "../../lib/ratelimit";
+import { shared } from "../../lib/ratelimit";
 
 export const dynamic = "force-dynamic";
 
 export const GET = withRateLimit(
-  { limiter, identify, trustedProxies, routes: { "/limited": { limits: [{ burst: 200, refill_per_minute: 1e-6 }] } } },
+  { ...shared, routes: { "/limited": { limits: [{ burst: 200, refill_per_minute: 1e-6 }] } } },
   async () => Response.json({ ok: true }),
 );
