@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (a longer run, ~20 minutes): rl_take / rl_spend against a hand-written SQL
-# bucket, a bare UPDATE, SELECT 1, a Redis Lua bucket, and a bare SQLite UPSERT.
+# bucket, a bare UPDATE, SELECT 1, a Redis Lua bucket, redis-cell's CL.THROTTLE, and a bare
+# SQLite UPSERT.
 # Installs and starts everything it needs; writes bench/results/results.md and chart.png.
 #   RL_BENCH_SECONDS (3), RL_BENCH_REPS (3), RL_BENCH_SCALES (1000000,10000000) tune it;
 #   RL_BENCH_ONLY=memory runs only the memory store section (a few minutes).
@@ -13,6 +14,7 @@ bash scripts/pg_cluster.sh stop
 bash scripts/build.sh
 export RL_SQLITE_DRIVER=/tmp/rl_sqlite_driver RL_REDIS_PORT=56379
 gcc -O2 -o "$RL_SQLITE_DRIVER" bench/sqlite_driver.c -lsqlite3
+redis_cell=$(bash scripts/redis_cell.sh)
 
 # PostgreSQL: a throwaway cluster with stated settings (fsync and synchronous_commit on;
 # each run sets synchronous_commit for its own sessions).
@@ -35,9 +37,10 @@ CONF
 runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$RL_PG_DIR/data" -w restart -m fast >/dev/null
 psql -X -At -c "SELECT 'PostgreSQL settings: ' || string_agg(name || '=' || setting, ', ') FROM pg_settings WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync', 'max_wal_size', 'wal_level')" postgres
 
-# Redis: loopback only, no persistence (its fastest configuration).
+# Redis: loopback only, no persistence (its fastest configuration), with redis-cell loaded.
 redis-server --port "$RL_REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
-  --dir "$redis_dir" --logfile "$redis_dir/redis.log"
+  --dir "$redis_dir" --logfile "$redis_dir/redis.log" --loadmodule "$redis_cell"
 for _ in $(seq 50); do redis-cli -p "$RL_REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis-cli -p "$RL_REDIS_PORT" ping >/dev/null 2>&1 || { echo "bench.sh: Redis did not start:" >&2; tail -5 "$redis_dir/redis.log" >&2; exit 1; }
 
 /usr/bin/python3 bench/bench.py
