@@ -232,12 +232,15 @@ def admin(sql):
 
 
 @contextlib.contextmanager
-def pg_test_database(buckets="table"):
+def pg_test_database(buckets="table", direct_writes=True):
     """A fresh database with pg_ratelimit created, the explicit clock allowed and buckets
-    in `buckets` ('table' or 'memory'), set for every session of the database as a
-    superuser would. Yields a connection (a superuser's) and the database's name."""
+    in `buckets` ('table' or 'memory'), the table store's bucket rows changed in the heap
+    directly or (`direct_writes` False) by its guarded UPDATE, set for every session of the
+    database as a superuser would. Yields a connection (a superuser's) and the database's name."""
     if EDITION == "sql" and buckets == "memory":
         pytest.skip("the SQL edition has no memory store")
+    if EDITION == "sql" and not direct_writes:
+        pytest.skip("the SQL edition has one way to write")
     with pg_database() as name:
         conn = pg_connect(name)
         try:
@@ -246,7 +249,9 @@ def pg_test_database(buckets="table"):
             if EDITION != "sql":
                 with conn.cursor() as cur:
                     cur.execute("LOAD 'pg_ratelimit'")  # its settings exist once the library is loaded
-                    for setting, value in (("allow_explicit_clock", "on"), ("buckets", buckets)):
+                    settings = (("allow_explicit_clock", "on"), ("buckets", buckets),
+                                ("direct_writes", "on" if direct_writes else "off"))
+                    for setting, value in settings:
                         cur.execute(f"ALTER DATABASE {name} SET pg_ratelimit.{setting} = '{value}'")
                         cur.execute(f"SET pg_ratelimit.{setting} = '{value}'")
             yield conn, name
@@ -261,10 +266,12 @@ def pg_db():
         yield db
 
 
-@pytest.fixture(params=["table", "memory"])
+@pytest.fixture(params=["table", "table by statement", "memory"])
 def pg_store_db(request):
-    """A fresh database for each store of buckets."""
-    with pg_test_database(request.param) as db:
+    """A fresh database for each store of buckets, and for the table store's two ways of
+    changing a bucket row (in the heap directly, the default, or by its guarded UPDATE)."""
+    buckets = request.param.split()[0]
+    with pg_test_database(buckets, direct_writes=request.param != "table by statement") as db:
         yield db
 
 

@@ -273,6 +273,57 @@ def test_sixteen_sessions_admit_exactly_the_limit(pg_store_db, sql):
     assert sum(admitted) == 100
 
 
+@native_only
+@pytest.mark.parametrize("direct_writes", ["on", "off"])
+@pytest.mark.parametrize("outcome", ["COMMIT", "ROLLBACK"])
+def test_a_take_that_waited_decides_on_the_row_the_other_transaction_left(pg_db, direct_writes, outcome):
+    """The re-check a guarded UPDATE gets from EvalPlanQual, and the heap write
+    (pg_ratelimit.direct_writes) does by hand: a take that waits for another transaction's
+    take of the last token is refused once that one commits, admitted once it rolls back."""
+    conn, name = pg_db
+    take = "SELECT rl_take('waited', 2, 0.000001)"
+    holder, waiter = pg_connect(name), pg_connect(name)
+    try:
+        for c in (holder, waiter):
+            with c.cursor() as cur:
+                cur.execute(f"SET pg_ratelimit.direct_writes = {direct_writes}")
+        assert one(conn, take)["remaining"] == 1
+        holder.autocommit = False
+        assert one(holder, take)["remaining"] == 0  # holds the row until it ends
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            holder_pid = cur.fetchone()[0]
+        answer = {}
+        thread = threading.Thread(target=lambda: answer.update(one(waiter, take)))
+        thread.start()
+        with conn.cursor() as cur:  # the waiter is blocked on the holder's row
+            for _ in range(200):
+                cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND pid OPERATOR(pg_catalog.<>) %s",
+                            (holder_pid,))
+                if cur.fetchone()[0]:
+                    break
+                threading.Event().wait(0.02)
+            else:
+                pytest.fail("the second take never waited for the first")
+        getattr(holder, outcome.lower())()
+        thread.join(10)
+        assert answer["admitted"] == (outcome == "ROLLBACK"), answer
+        assert answer["remaining"] == 0
+        assert one(conn, "SELECT rl_peek('waited', 2, 0.000001, 0)")["remaining"] == 0
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_direct_writes_is_for_superusers_only(pg_db, app_role):
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute(f"SET ROLE {app_role}")
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            cur.execute("SET pg_ratelimit.direct_writes = off")
+    conn.rollback()
+
+
 def test_32_sessions_mixed_keys_exact_totals(pg_store_db):
     """Many keys and one hot key, buckets and budgets mixed, every key's first use by all
     sessions at once: exact admitted totals, no deadlock, no unique violation."""

@@ -4,14 +4,16 @@
 //! [`spi`] runs the core's statements through SPI with plans prepared once per backend;
 //! [`jsonb`] turns answers into `jsonb` and reads `jsonb` arguments within a bound;
 //! [`invalidation`] follows policy changes and Citus's distribution through the relcache;
-//! [`shared_memory`] is the memory store; [`settings`] the `pg_ratelimit.*` settings;
+//! [`shared_memory`] is the memory store; [`heap_change`] changes the table store's bucket
+//! rows without a statement; [`settings`] the `pg_ratelimit.*` settings;
 //! [`citus_guard`] keeps calls in shapes that crash Citus's delegation from reaching it.
 //! The core's errors are raised with their SQLSTATE. `unsafe` is denied by the workspace
-//! and allowed, with the reason, in `jsonb`, `invalidation`, `shared_memory`,
+//! and allowed, with the reason, in `jsonb`, `invalidation`, `shared_memory`, `heap_change`,
 //! `citus_guard`, and one function each of `settings` and `spi` (and in what pgrx's macros
 //! expand to).
 
 mod citus_guard;
+mod heap_change;
 mod invalidation;
 mod jsonb;
 mod settings;

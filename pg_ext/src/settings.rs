@@ -22,6 +22,11 @@ pub static BUCKETS: GucSetting<BucketHome> = GucSetting::<BucketHome>::new(Bucke
 /// turn it off could restart the coordinator, so only a superuser may.
 pub static CITUS_GUARD: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// Whether the table store changes bucket rows in the heap directly ([`crate::heap_change`])
+/// rather than through its guarded UPDATE. Both give the same answers; off is for
+/// comparing them (the benchmarks) and as a way back, so only a superuser may set it.
+pub static DIRECT_WRITES: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// Registers the settings; from _PG_init, once per process.
 pub fn define() {
     GucRegistry::define_bool_guc(
@@ -46,6 +51,15 @@ pub fn define() {
         c"A NULL key, or arguments from a subquery or VALUES list in FROM, in a call Citus would delegate. \
           Turn off only with a Citus that has the fix (citus/function_call_delegation.patch).",
         &CITUS_GUARD,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_ratelimit.direct_writes",
+        c"Changes the table store's bucket rows in the heap directly instead of through a guarded UPDATE.",
+        c"The same lookup, decision, write and re-check on a concurrently changed row as the UPDATE, without its \
+          executor; used in read committed transactions only.",
+        &DIRECT_WRITES,
         GucContext::Suset,
         GucFlags::default(),
     );

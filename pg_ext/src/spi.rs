@@ -8,9 +8,12 @@ use crate::invalidation;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::PgOid;
+use ratelimit_core::bucket::BucketState;
+use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::functions::SqlType;
 use ratelimit_core::sql::{self, Statement, Value};
 use ratelimit_core::sql_store::{SqlEngine, SqlStore};
+use ratelimit_core::store::ChangeResult;
 use ratelimit_core::{StoreError, StoreResult};
 
 thread_local! {
@@ -199,6 +202,10 @@ impl SqlEngine for PgEngine<'_, '_> {
         invalidation::state_is_distributed(sharded)
             .map(|distributed| !distributed)
             .map_err(|message| StoreError { message, engine_code: None })
+    }
+
+    fn change_bucket_in_place(&mut self, key: &str, decide: &Decide<BucketState>) -> Option<ChangeResult<BucketState>> {
+        crate::heap_change::change_bucket(key, decide)
     }
 
     fn checks_changed(&mut self) -> StoreResult<()> {

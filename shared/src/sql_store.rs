@@ -34,6 +34,16 @@ pub trait SqlEngine {
     fn runs_guarded_updates(&mut self) -> StoreResult<bool> {
         Ok(true)
     }
+    /// Changes the bucket row of `key` as the guarded UPDATE would, without a statement:
+    /// the engine finds the row, decides on it, writes, and decides again on a newer
+    /// version it meets. None: the engine cannot here, so the guarded UPDATE runs.
+    fn change_bucket_in_place(
+        &mut self,
+        _key: &str,
+        _decide: &Decide<BucketState>,
+    ) -> Option<ChangeResult<BucketState>> {
+        None
+    }
     /// Runs a statement that returns rows, of the types in `statement.columns()`.
     fn query_rows(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Vec<Vec<Value<'static>>>>;
     /// See [`TableRows::CHECKS_EPOCH_IN_MEMORY`].
@@ -108,6 +118,9 @@ impl<E: SqlEngine> BucketRows for SqlStore<E> {
         if !self.0.runs_guarded_updates()? {
             let row = self.bucket(Statement::BucketLock, key)?;
             return change_held(row, decide, |new, old| self.replace_bucket(key, old, new));
+        }
+        if let Some(changed) = self.0.change_bucket_in_place(key, &decide) {
+            return changed;
         }
         let (written, decided_on) = decision_slot::with_decision(&decision_slot::BUCKET, decide, || {
             self.0.execute(Statement::BucketChange, &[Value::Text(key)])
