@@ -1,6 +1,7 @@
-//! Results handed to PostgreSQL as `jsonb`, built value by value, and `jsonb` arguments read
-//! as JSON text within a bound. Writes `unsafe` (the workspace denies it elsewhere): the
-//! jsonb builder and iterator are C functions over raw pointers.
+//! Results handed to PostgreSQL as `jsonb`, laid out in its binary format, and `jsonb`
+//! arguments read as JSON text within a bound. Writes `unsafe` (the workspace denies it
+//! elsewhere): the result is a palloc'd varlena holding PostgreSQL's own numerics, and the
+//! iterator is a C function over raw pointers.
 
 #![allow(unsafe_code)]
 
@@ -11,22 +12,33 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 };
 use pgrx::{pg_sys, FromDatum, IntoDatum};
 use ratelimit_core::render::{number_form, Json, NumberForm};
+use std::cell::RefCell;
 use std::ffi::CString;
-use std::ptr::null_mut;
+use std::rc::Rc;
 
-/// A result of the core, returned as `jsonb` built value by value (PostgreSQL's
-/// pushJsonbValue): no JSON text is printed only to be parsed again by `jsonb_in`.
+/// A result of the core, returned as `jsonb` laid out here in jsonb's binary format (what
+/// PostgreSQL's `JsonbValueToJsonb` writes: see [`Layout`]), so no JSON text is printed
+/// only to be parsed again and no tree of `JsonbValue`s is pushed and then converted.
 pub struct JsonbResult(pub Json);
 
 impl IntoDatum for JsonbResult {
     fn into_datum(self) -> Option<pg_sys::Datum> {
-        let mut state: *mut pg_sys::JsonbParseState = null_mut();
-        // SAFETY: push hands pushJsonbValue a well-formed sequence of tokens (objects and
-        // arrays opened and closed in order, keys before values) whose strings live until
-        // JsonbValueToJsonb has copied them into the palloc'd result.
+        let mut layout = Layout { bytes: Vec::with_capacity(256) };
+        layout.bytes.resize(VARHDRSZ, 0);
+        let entry = layout.value(&self.0);
+        if entry & JENTRY_TYPEMASK != JENTRY_ISCONTAINER {
+            // a scalar alone is stored as an array of one marked as a scalar
+            layout.bytes.truncate(VARHDRSZ);
+            layout.array(std::slice::from_ref(&self.0), JB_FSCALAR);
+        }
+        let len = layout.bytes.len();
+        // SAFETY: palloc returns `len` writable bytes in the call's memory context; the
+        // header is a 4-byte varlena header (SET_VARSIZE) of the whole value.
         unsafe {
-            let root = push(&mut state, &self.0, None);
-            Some(pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(root)))
+            let out = pg_sys::palloc(len) as *mut u8;
+            std::ptr::copy_nonoverlapping(layout.bytes.as_ptr(), out, len);
+            pgrx::set_varsize_4b(out.cast(), len as i32);
+            Some(pg_sys::Datum::from(out))
         }
     }
 
@@ -35,93 +47,214 @@ impl IntoDatum for JsonbResult {
     }
 }
 
-fn scalar(type_: pg_sys::jbvType::Type) -> pg_sys::JsonbValue {
-    // SAFETY: an all-zero JsonbValue is a valid jbvNull; the caller sets type and value.
-    let mut v: pg_sys::JsonbValue = unsafe { std::mem::zeroed() };
-    v.type_ = type_;
-    v
+// jsonb's binary format (src/include/utils/jsonb.h): a container is a header word (its
+// count and kind) and one JEntry word per element (an object's keys first, in jsonb's key
+// order, then its values), then the elements' bytes. A JEntry holds its element's type and
+// length, or, at every 32nd element, the end offset of the data so far.
+const VARHDRSZ: usize = 4;
+const JB_FSCALAR: u32 = 0x1000_0000;
+const JB_FOBJECT: u32 = 0x2000_0000;
+const JB_FARRAY: u32 = 0x4000_0000;
+const JB_OFFSET_STRIDE: usize = 32;
+const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
+const JENTRY_TYPEMASK: u32 = 0x7000_0000;
+const JENTRY_HAS_OFF: u32 = 0x8000_0000;
+const JENTRY_ISSTRING: u32 = 0x0000_0000;
+const JENTRY_ISNUMERIC: u32 = 0x1000_0000;
+const JENTRY_ISBOOL_FALSE: u32 = 0x2000_0000;
+const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
+const JENTRY_ISNULL: u32 = 0x4000_0000;
+const JENTRY_ISCONTAINER: u32 = 0x5000_0000;
+
+// numeric's short format (src/backend/utils/adt/numeric.c): a 4-byte varlena header, a
+// 16-bit header (sign, display scale, weight) and base-10,000 digits, most significant
+// first, without leading or trailing zero digits.
+const NBASE: u64 = 10_000;
+const NUMERIC_SHORT: u16 = 0x8000;
+const NUMERIC_SHORT_SIGN_MASK: u16 = 0x2000;
+
+/// Appends `n` as the numeric int64_to_numeric makes (scale 0, so always the short format).
+fn short_numeric(out: &mut Vec<u8>, n: i64) {
+    let mut digits = [0u16; 5]; // i64's 19 decimal digits need at most 5
+    let (mut rest, mut count) = (n.unsigned_abs(), 0);
+    while rest > 0 {
+        digits[count] = (rest % NBASE) as u16;
+        rest /= NBASE;
+        count += 1;
+    }
+    // weight: the power of NBASE of the first digit; trailing zero digits are dropped
+    let weight = count.saturating_sub(1) as u16;
+    let first_kept = digits[..count].iter().position(|&d| d != 0).unwrap_or(count);
+    let kept = &digits[first_kept..count];
+    let len = VARHDRSZ + 2 + 2 * kept.len();
+    out.extend_from_slice(&((len as u32) << 2).to_ne_bytes()); // SET_VARSIZE, 4-byte header
+    let sign = if n < 0 { NUMERIC_SHORT_SIGN_MASK } else { 0 };
+    out.extend_from_slice(&(NUMERIC_SHORT | sign | weight).to_ne_bytes());
+    for digit in kept.iter().rev() {
+        out.extend_from_slice(&digit.to_ne_bytes());
+    }
 }
 
-fn numeric(form: NumberForm) -> pg_sys::JsonbValue {
-    let mut v = scalar(pg_sys::jbvType::jbvNumeric);
-    v.val.numeric = match form {
-        NumberForm::Null => return scalar(pg_sys::jbvType::jbvNull),
-        // SAFETY: int64_to_numeric returns a palloc'd numeric.
-        NumberForm::Int(n) => unsafe { pg_sys::int64_to_numeric(n) },
-        NumberForm::Decimal(text) => {
-            let text = CString::new(text).expect("a number has no NUL");
-            // SAFETY: numeric_in(cstring, typelem, typmod -1) parses the decimal the core wrote.
-            let datum = unsafe {
-                pgrx::direct_function_call_as_datum(
-                    pg_sys::numeric_in,
-                    &[Some(text.as_ptr().into()), Some(pg_sys::InvalidOid.into()), Some((-1i32).into())],
-                )
-            };
-            datum.expect("numeric_in returns a value for a decimal").cast_mut_ptr()
-        }
+/// The positions of `keys` in jsonb's key order (shorter first, then bytewise), a
+/// repeated key keeping its last value, as PostgreSQL's own builder orders an object.
+fn jsonb_order(keys: &[&str]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..keys.len()).rev().collect();
+    order.sort_by(|&a, &b| keys[a].len().cmp(&keys[b].len()).then(keys[a].as_bytes().cmp(keys[b].as_bytes())));
+    order.dedup_by(|a, b| keys[*a] == keys[*b]);
+    order
+}
+
+/// The addresses of an answer's keys, and their jsonb order.
+type KnownOrder = (Vec<usize>, Rc<[usize]>);
+
+thread_local! {
+    /// jsonb_order of each kind of answer seen in this backend, by its keys (the core's
+    /// static names, so their addresses tell the kinds apart): an answer's keys are
+    /// ordered once per backend, not once per call.
+    static OBJECT_ORDERS: RefCell<Vec<KnownOrder>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`jsonb_order`] of an object's static keys, remembered.
+fn object_order(fields: &[(&'static str, Json)]) -> Rc<[usize]> {
+    let same = |addresses: &[usize]| {
+        addresses.len() == fields.len() && addresses.iter().zip(fields).all(|(&a, (k, _))| a == k.as_ptr() as usize)
     };
-    v
+    OBJECT_ORDERS.with_borrow_mut(|orders| {
+        if let Some((_, order)) = orders.iter().find(|(addresses, _)| same(addresses)) {
+            return order.clone();
+        }
+        let keys: Vec<&str> = fields.iter().map(|(k, _)| *k).collect();
+        let order: Rc<[usize]> = jsonb_order(&keys).into();
+        orders.push((fields.iter().map(|(k, _)| k.as_ptr() as usize).collect(), order.clone()));
+        order
+    })
 }
 
-/// Pushes `value` (after `key`, inside an object) and returns what pushJsonbValue returned
-/// for its last token: the finished value once the outermost container is closed.
-///
-/// # Safety
-/// See [`JsonbResult::into_datum`].
-unsafe fn push(state: &mut *mut pg_sys::JsonbParseState, value: &Json, key: Option<&str>) -> *mut pg_sys::JsonbValue {
-    use pg_sys::JsonbIteratorToken::*;
-    // SAFETY: as the function's contract says.
-    unsafe {
-        if let Some(key) = key {
-            let mut k = scalar(pg_sys::jbvType::jbvString);
-            k.val.string.len = key.len() as i32;
-            k.val.string.val = key.as_ptr().cast_mut().cast();
-            pg_sys::pushJsonbValue(state, WJB_KEY, &mut k);
-        }
-        let in_object = key.is_some();
-        let mut item = match value {
-            Json::Null => scalar(pg_sys::jbvType::jbvNull),
-            // The string stays alive (in `value`) until JsonbValueToJsonb has copied it.
-            Json::Str(s) => {
-                let mut v = scalar(pg_sys::jbvType::jbvString);
-                v.val.string.len = s.len() as i32;
-                v.val.string.val = s.as_ptr().cast_mut().cast();
-                v
-            }
+/// A jsonb value being laid out, varlena header first (filled in at the end).
+struct Layout {
+    bytes: Vec<u8>,
+}
+
+impl Layout {
+    /// Pads to a 4-byte boundary (of the whole value); returns the padding's length.
+    fn pad(&mut self) -> u32 {
+        let pad = (4 - self.bytes.len() % 4) % 4;
+        self.bytes.resize(self.bytes.len() + pad, 0);
+        pad as u32
+    }
+
+    /// Appends `value`; returns its JEntry (type and length).
+    fn value(&mut self, value: &Json) -> u32 {
+        let start = self.bytes.len();
+        match value {
+            Json::Null => JENTRY_ISNULL,
             Json::Bool(b) => {
-                let mut v = scalar(pg_sys::jbvType::jbvBool);
-                v.val.boolean = *b;
-                v
-            }
-            Json::Int(n) => numeric(NumberForm::Int(*n)),
-            Json::Number(x) => numeric(number_form(*x)),
-            Json::Array(items) => {
-                pg_sys::pushJsonbValue(state, WJB_BEGIN_ARRAY, null_mut());
-                for item in items {
-                    push(state, item, None);
+                if *b {
+                    JENTRY_ISBOOL_TRUE
+                } else {
+                    JENTRY_ISBOOL_FALSE
                 }
-                return pg_sys::pushJsonbValue(state, WJB_END_ARRAY, null_mut());
+            }
+            Json::Str(s) => self.string(s),
+            Json::Int(n) => self.numeric(NumberForm::Int(*n)),
+            Json::Number(x) => match number_form(*x) {
+                NumberForm::Null => JENTRY_ISNULL,
+                form => self.numeric(form),
+            },
+            Json::Array(items) => {
+                self.array(items, 0);
+                JENTRY_ISCONTAINER | (self.bytes.len() - start) as u32
             }
             Json::Object(fields) => {
-                // In jsonb's key order (shorter first, then bytewise), the sort that
-                // closing the object runs finds its input sorted at once.
-                let mut fields: Vec<&(&str, Json)> = fields.iter().collect();
-                fields.sort_unstable_by(|(a, _), (b, _)| a.len().cmp(&b.len()).then(a.cmp(b)));
-                pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, null_mut());
-                for (k, v) in fields {
-                    push(state, v, Some(k));
-                }
-                return pg_sys::pushJsonbValue(state, WJB_END_OBJECT, null_mut());
+                let order = object_order(fields);
+                self.object(order.iter().map(|&i| (fields[i].0, &fields[i].1)));
+                JENTRY_ISCONTAINER | (self.bytes.len() - start) as u32
             }
             Json::Map(fields) => {
-                pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, null_mut());
-                for (k, v) in fields {
-                    push(state, v, Some(k));
-                }
-                return pg_sys::pushJsonbValue(state, WJB_END_OBJECT, null_mut());
-            } // Only rl_headers answers with text, and only at the top: parse it there.
+                let keys: Vec<&str> = fields.iter().map(|(k, _)| k.as_str()).collect();
+                self.object(jsonb_order(&keys).into_iter().map(|i| (fields[i].0.as_str(), &fields[i].1)));
+                JENTRY_ISCONTAINER | (self.bytes.len() - start) as u32
+            }
+        }
+    }
+
+    fn string(&mut self, s: &str) -> u32 {
+        self.bytes.extend_from_slice(s.as_bytes());
+        JENTRY_ISSTRING | s.len() as u32
+    }
+
+    /// A numeric at a 4-byte boundary, the padding counted in its length: an integer laid
+    /// out here as PostgreSQL's int64_to_numeric makes it, a decimal by numeric_in.
+    fn numeric(&mut self, form: NumberForm) -> u32 {
+        let pad = self.pad();
+        let start = self.bytes.len();
+        match form {
+            NumberForm::Int(n) => short_numeric(&mut self.bytes, n),
+            NumberForm::Decimal(text) => {
+                let text = CString::new(text).expect("a number has no NUL");
+                // SAFETY: numeric_in(cstring, typelem, typmod -1) returns a palloc'd numeric
+                // varlena; varsize_any reads its header.
+                let bytes = unsafe {
+                    let numeric: *const pg_sys::varlena = pgrx::direct_function_call_as_datum(
+                        pg_sys::numeric_in,
+                        &[Some(text.as_ptr().into()), Some(pg_sys::InvalidOid.into()), Some((-1i32).into())],
+                    )
+                    .expect("numeric_in returns a value for a decimal")
+                    .cast_mut_ptr();
+                    std::slice::from_raw_parts(numeric.cast::<u8>(), pgrx::varsize_any(numeric))
+                };
+                self.bytes.extend_from_slice(bytes);
+            }
+            NumberForm::Null => unreachable!("a null number is written as null"),
+        }
+        JENTRY_ISNUMERIC | (pad + (self.bytes.len() - start) as u32)
+    }
+
+    /// Reserves a container's header and `count` JEntries; returns where the JEntries start.
+    fn begin(&mut self, header: u32, count: usize) -> usize {
+        self.pad();
+        self.bytes.extend_from_slice(&header.to_ne_bytes());
+        let entries = self.bytes.len();
+        self.bytes.resize(entries + 4 * count, 0);
+        entries
+    }
+
+    /// Writes the JEntry of element `i` (of the container whose JEntries are at
+    /// `entries`), `data_len` being the length of the elements' data so far, this one's included.
+    fn entry(&mut self, entries: usize, i: usize, entry: u32, data_len: u32) {
+        let entry = if i.is_multiple_of(JB_OFFSET_STRIDE) {
+            (entry & JENTRY_TYPEMASK) | data_len | JENTRY_HAS_OFF
+        } else {
+            entry
         };
-        pg_sys::pushJsonbValue(state, if in_object { WJB_VALUE } else { WJB_ELEM }, &mut item)
+        self.bytes[entries + 4 * i..entries + 4 * i + 4].copy_from_slice(&entry.to_ne_bytes());
+    }
+
+    fn array(&mut self, items: &[Json], flags: u32) {
+        let entries = self.begin(items.len() as u32 | JB_FARRAY | flags, items.len());
+        let mut data_len = 0;
+        for (i, item) in items.iter().enumerate() {
+            let entry = self.value(item);
+            data_len += entry & JENTRY_OFFLENMASK;
+            self.entry(entries, i, entry, data_len);
+        }
+    }
+
+    /// An object of `fields` given in jsonb's key order (see [`jsonb_order`]).
+    fn object<'j>(&mut self, fields: impl ExactSizeIterator<Item = (&'j str, &'j Json)> + Clone) {
+        let n = fields.len();
+        let entries = self.begin(n as u32 | JB_FOBJECT, 2 * n);
+        let mut data_len = 0;
+        for (i, (key, _)) in fields.clone().enumerate() {
+            let entry = self.string(key);
+            data_len += entry & JENTRY_OFFLENMASK;
+            self.entry(entries, i, entry, data_len);
+        }
+        for (i, (_, value)) in fields.enumerate() {
+            let entry = self.value(value);
+            data_len += entry & JENTRY_OFFLENMASK;
+            self.entry(entries, n + i, entry, data_len);
+        }
     }
 }
 
@@ -258,6 +391,72 @@ unsafe fn push_scalar(out: &mut String, v: &pg_sys::JsonbValue) {
                 let text = String::from_utf8_lossy(bytes);
                 out.push_str(&serde_json::to_string(&text).unwrap_or_else(|_| "\"\"".into()));
             }
+        }
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::JsonbResult;
+    use pgrx::prelude::*;
+    use pgrx::IntoDatum;
+    use ratelimit_core::render::Json;
+
+    /// The bytes of a jsonb datum.
+    fn bytes_of(datum: pg_sys::Datum) -> Vec<u8> {
+        // SAFETY: a plain (untoasted) varlena built in this call's memory context.
+        unsafe {
+            let ptr = datum.cast_mut_ptr::<pg_sys::varlena>();
+            std::slice::from_raw_parts(ptr.cast::<u8>(), pgrx::varsize_any(ptr)).to_vec()
+        }
+    }
+
+    /// The layout gives, byte for byte, what PostgreSQL's jsonb_in makes of the same JSON text.
+    #[pg_test]
+    fn jsonb_layout_is_the_one_jsonb_in_makes() {
+        let mut many: Vec<Json> = (0..70).map(|i| Json::Int(i * 1_000_003 - 35)).collect();
+        for n in [0, 1, -1, 9_999, 10_000, 10_001, 100_000_000, -20_000_000_000, i64::MAX, i64::MIN] {
+            many.push(Json::Int(n));
+        }
+        let keys: Vec<(String, Json)> = (0..40).map(|i| (format!("k{}", 97 * i % 41), Json::Int(i))).collect();
+        let values = vec![
+            Json::Object(vec![
+                ("limit", Json::Number(1e9)),
+                ("admitted", Json::Bool(true)),
+                ("remaining", Json::Number(999_999_999.0)),
+                ("exceeds_limit", Json::Bool(false)),
+                ("retry_after_ms", Json::Int(0)),
+                ("level", Json::Number(-0.000123)),
+                ("huge", Json::Number(1.5e300)),
+                ("nan", Json::Number(f64::NAN)),
+                ("null", Json::Null),
+            ]),
+            Json::Object(vec![]),
+            Json::Array(vec![]),
+            Json::Array(many),
+            Json::Map(keys),
+            Json::Map(vec![("é \"quoted\"\n".into(), Json::Str("tier ✓".into())), ("a".into(), Json::Null)]),
+            Json::Map(vec![("same".into(), Json::Int(1)), ("same".into(), Json::Int(2))]),
+            Json::Object(vec![
+                ("items", Json::Array(vec![Json::Object(vec![("x", Json::Number(0.5))]), Json::Str("s".into())])),
+                ("nested", Json::Array(vec![Json::Array(vec![Json::Bool(false), Json::Number(3.25)])])),
+            ]),
+            Json::Int(42),
+            Json::Str("alone".into()),
+            Json::Null,
+            Json::Bool(true),
+        ];
+        for value in values {
+            let text = value.to_text();
+            let cstring = std::ffi::CString::new(text.clone()).unwrap();
+            // SAFETY: jsonb_in takes a NUL-terminated JSON text and returns a palloc'd jsonb.
+            let expected =
+                unsafe { pgrx::direct_function_call_as_datum(pg_sys::jsonb_in, &[Some(cstring.as_ptr().into())]) }
+                    .expect("jsonb_in returns a value");
+            let expected = bytes_of(expected);
+            let built = bytes_of(JsonbResult(value).into_datum().unwrap());
+            assert_eq!(built, expected, "{text}");
         }
     }
 }

@@ -82,6 +82,10 @@ pub fn wait_for(state: Option<&BucketState>, limits: &BucketLimits, now: i64, ta
         return MAX_WAIT_MS;
     }
     let mut wait = (estimate as i64).max(1);
+    // Mostly the estimate is the edge itself: say so without the stepping below.
+    if ready(wait) && (wait <= 1 || !ready(wait - 1)) {
+        return wait.min(MAX_WAIT_MS);
+    }
     // Float rounding can put the estimate a few ms off either way; step to the exact edge.
     for _ in 0..64 {
         if ready(wait) {

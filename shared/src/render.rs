@@ -328,7 +328,8 @@ struct JsonObject {
 
 impl JsonObject {
     fn new() -> Self {
-        JsonObject { fields: Vec::with_capacity(7) }
+        // room for the longest answer (rl_take has 8 keys), so building one never reallocates
+        JsonObject { fields: Vec::with_capacity(12) }
     }
 
     fn field(mut self, key: &'static str, value: Json) -> Self {
