@@ -3,7 +3,8 @@ instead, measured side by side in one run and reported as ratios.
 
 Run through scripts/bench.sh, which installs and starts everything this needs (a
 throwaway PostgreSQL 15 cluster, a Redis server on loopback, the built extensions, the
-SQLite driver). Writes bench/results/results.md and bench/results/chart.png.
+SQLite driver). Writes bench/results/results.md and chart.png, memory_store.md, kinds.md
+and targets.md (the speed targets from one interleaved run, with profiles).
 
 Every cell is the median of RL_BENCH_REPS runs (default 3) of RL_BENCH_SECONDS each
 (default 3); the runs of all systems are interleaved so that drift affects all alike."""
@@ -11,11 +12,14 @@ import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import call_profile  # noqa: E402  (bench/call_profile.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -63,13 +67,14 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
 
 
-def pgbench(script, clients, keys, sync, buckets="table", transactions=None, db=DB):
+def pgbench(script, clients, keys, sync, buckets="table", transactions=None, db=DB, seconds=None, options=""):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "script.sql")
         with open(path, "w") as f:
             f.write(f"\\set k random(1, {keys})\n{script}\n")
-        env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'} -c pg_ratelimit.buckets={buckets}")
-        length = ["-t", str(transactions)] if transactions else ["-T", str(max(1, round(SECONDS)))]
+        env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={'on' if sync else 'off'} -c pg_ratelimit.buckets={buckets} "
+                                         f"{options}")
+        length = ["-t", str(transactions)] if transactions else ["-T", str(max(1, round(seconds or SECONDS)))]
         cmd = ["pgbench", "-n", "-M", "prepared", "-f", path, "-c", str(clients), "-j", str(min(clients, 2)),
                *length, "--log", "--sampling-rate=0.2", "--log-prefix", os.path.join(tmp, "log"), db]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=tmp).stdout
@@ -88,29 +93,30 @@ def redis_bench(sha, clients, keys, flood=False):
         cmd = ["EVALSHA", sha, "1", "k:1", *BIG.replace(" ", "").split(","), "1"]
     else:
         cmd = ["-r", str(keys), "EVALSHA", sha, "1", "k:__rand_int__", *BIG.replace(" ", "").split(","), "1"]
-    return redis_benchmark(clients, cmd)
+    return redis_benchmark(clients, cmd, expected_rate=50_000)
 
 
-def redis_benchmark(clients, cmd):
-    """redis-benchmark of one command (about SECONDS long at 40,000 calls/s)."""
-    out = subprocess.run(["redis-benchmark", "-p", str(REDIS_PORT), "-c", str(clients), "-n", str(int(40000 * SECONDS)),
+def redis_benchmark(clients, cmd, seconds=None, expected_rate=100_000):
+    """redis-benchmark of one command, about `seconds` long if it runs `expected_rate` calls/s."""
+    out = subprocess.run(["redis-benchmark", "-p", str(REDIS_PORT), "-c", str(clients),
+                          "-n", str(int(expected_rate * (seconds or SECONDS))),
                           "--csv", *cmd], check=True, capture_output=True, text=True).stdout
     row = [line for line in out.splitlines() if line and not line.startswith('"test"')][-1]
     fields = [x.strip('"') for x in row.split(",")]
     return {"calls_per_s": float(fields[1]), "p50_ms": float(fields[4]), "p99_ms": float(fields[6])}
 
 
-def redis_cell_bench(clients, keys):
+def redis_cell_bench(clients, keys, seconds=None):
     """redis-cell's CL.THROTTLE (a GCRA bucket in a Redis module, the fastest peer): a burst
     no run drains, 1e9, refilled at 6e7 per 60 s (rl_take's 6e8 overflows its arithmetic:
     it answers a remaining count of 2^63 - 1). Its keys are apart from the Lua bucket's
     hashes (the same name would be a WRONGTYPE error)."""
     return redis_benchmark(clients, ["-r", str(keys), "CL.THROTTLE", "cell:__rand_int__", "1000000000", "60000000",
-                                     "60", "1"])
+                                     "60", "1"], seconds)
 
 
-def sqlite_bench(path, journal, sql, keys):
-    out = subprocess.run([SQLITE_DRIVER, path, SQLITE_EXT, journal, sql, str(keys), str(SECONDS)],
+def sqlite_bench(path, journal, sql, keys, seconds=None):
+    out = subprocess.run([SQLITE_DRIVER, path, SQLITE_EXT, journal, sql, str(keys), str(seconds or SECONDS)],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -296,6 +302,99 @@ def edition_section():
     return run_matrix(matrix)
 
 
+BIG_KEYS = int(os.environ.get("RL_BENCH_BIG_KEYS", "10000000"))
+BIG_DB = "rl_bench_big"
+# rl_take's answer to every admitted call of the runs below, as a constant: what returning
+# the same jsonb costs with no call at all (the ceiling of any jsonb-answering function)
+CONSTANT_ANSWER = ('SELECT \'{"limit": 1000000000, "admitted": true, "remaining": 999999999, "exceeds_limit": false, '
+                   '"refill_seconds": 100, "retry_after_ms": 0, "reset_after_seconds": 1, "retry_after_seconds": 0}\'::jsonb;')
+STATEMENT_WRITES = "-c pg_ratelimit.direct_writes=off"
+
+
+def fill_database(db, keys):
+    """rl_bucket and counters with a row for each of `keys` keys, vacuumed and read into
+    shared_buffers (which holds every table of the run, so none evicts another)."""
+    psql(f"DROP DATABASE IF EXISTS {db}", db="postgres")
+    psql(f"CREATE DATABASE {db}", db="postgres")
+    psql("CREATE EXTENSION pg_ratelimit; CREATE EXTENSION pg_prewarm", db=db)
+    with open(os.path.join(ROOT, "bench", "pg_baseline.sql")) as f:
+        psql(f.read(), db=db)
+    psql(f"INSERT INTO ratelimit.rl_bucket SELECT 'k' || g, 1000000000, 0, 0 FROM generate_series(1, {keys}) g", db=db)
+    psql(f"INSERT INTO counters SELECT 'k' || g, 0 FROM generate_series(1, {keys}) g", db=db)
+    psql("VACUUM ANALYZE", db=db)
+    psql("SELECT pg_prewarm(c) FROM unnest(ARRAY['ratelimit.rl_bucket', 'ratelimit.rl_bucket_pkey', 'counters', "
+         "'counters_pkey']::regclass[]) c", db=db)
+    # every key also has a memory-store bucket, as in steady state
+    subprocess.run(["psql", "-X", "-q", "-d", db, "-c", "SET pg_ratelimit.buckets = 'memory'", "-c",
+                    f"SELECT count(rl_take('k' || g, {BIG})) FROM generate_series(1, {keys}) g"], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def targets_section():
+    """Every ratio of the speed targets from one interleaved run: the memory store beside
+    redis-cell and SELECT 1, the table store (its heap write and its guarded UPDATE)
+    beside a bare UPDATE, SQLite beside a bare UPSERT, and 10,000,000 keys beside 100,000
+    (two databases of one cluster whose tables all fit in shared_buffers). Then a profile
+    of each system: where the microseconds of a call go."""
+    print(f"targets: setup (100,000 and {BIG_KEYS:,} keys)", file=sys.stderr)
+    fill_database(DB, KEYS)
+    fill_database(BIG_DB, BIG_KEYS)
+    psql("CHECKPOINT", db="postgres")
+    take, update = PG_SCRIPTS["rl_take"], PG_SCRIPTS["bare UPDATE"]
+    # after the checkpoint, the first change of each page writes it whole to the WAL: touch
+    # most pages of the big tables before measuring
+    for script in (take, update):
+        pgbench(script, 8, BIG_KEYS, False, db=BIG_DB, seconds=20)
+    tmp = tempfile.mkdtemp()
+    sqlite_path = os.path.join(tmp, "targets.db")
+    subprocess.run(["sqlite3", sqlite_path, ".load " + SQLITE_EXT, "PRAGMA journal_mode=wal",
+                    "CREATE TABLE up(k TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID", "BEGIN IMMEDIATE",
+                    f"WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {KEYS}) "
+                    "INSERT INTO up SELECT 'k' || i, 0 FROM g",
+                    f"SELECT count(rl_take('k' || value, {BIG})) FROM generate_series(1, {KEYS})", "COMMIT"],
+                   check=True, capture_output=True)
+    sqlite_take, sqlite_upsert = (f"SELECT rl_take(?1, {BIG})",
+                                  "INSERT INTO up(k, n) VALUES (?1, 1) ON CONFLICT(k) DO UPDATE SET n = n + 1")
+    loads = {
+        ("memory", 8, "rl_take memory"): lambda **kw: pgbench(take, 8, KEYS, False, "memory", **kw),
+        ("memory", 32, "rl_take memory"): lambda **kw: pgbench(take, 32, KEYS, False, "memory", **kw),
+        ("memory", 8, "redis-cell"): lambda **kw: redis_cell_bench(8, KEYS, **kw),
+        ("memory", 32, "redis-cell"): lambda **kw: redis_cell_bench(32, KEYS, **kw),
+        ("memory", 8, "SELECT 1"): lambda **kw: pgbench("SELECT 1;", 8, KEYS, False, **kw),
+        ("memory", 32, "SELECT 1"): lambda **kw: pgbench("SELECT 1;", 32, KEYS, False, **kw),
+        ("memory", 8, "rl_take's answer as a constant"): lambda **kw: pgbench(CONSTANT_ANSWER, 8, KEYS, False, **kw),
+        ("memory, big", 8, "rl_take memory"): lambda **kw: pgbench(take, 8, BIG_KEYS, False, "memory", db=BIG_DB, **kw),
+        ("table, big", 8, "rl_take table, sync off"): lambda **kw: pgbench(take, 8, BIG_KEYS, False, db=BIG_DB, **kw),
+        ("table, big", 8, "bare UPDATE, sync off"): lambda **kw: pgbench(update, 8, BIG_KEYS, False, db=BIG_DB, **kw),
+        ("sqlite", 1, "rl_take"): lambda **kw: sqlite_bench(sqlite_path, "wal", sqlite_take, KEYS, **kw),
+        ("sqlite", 1, "bare UPSERT"): lambda **kw: sqlite_bench(sqlite_path, "wal", sqlite_upsert, KEYS, **kw),
+    }
+    for sync in (False, True):
+        label = "on" if sync else "off"
+        loads[("table", 8, f"rl_take table, sync {label}")] = lambda y=sync, **kw: pgbench(take, 8, KEYS, y, **kw)
+        loads[("table", 8, f"rl_take table by statement, sync {label}")] = \
+            lambda y=sync, **kw: pgbench(take, 8, KEYS, y, options=STATEMENT_WRITES, **kw)
+        loads[("table", 8, f"bare UPDATE, sync {label}")] = lambda y=sync, **kw: pgbench(update, 8, KEYS, y, **kw)
+    print(f"targets: {len(loads)} cells x {REPS} runs", file=sys.stderr)
+    cells = run_matrix({key: load for key, load in loads.items()})
+    profiles = {}
+    if call_profile.available():
+        for key in PROFILED:
+            print(f"targets: profile of {key[2]} ({key[1]} clients)", file=sys.stderr)
+            shares = call_profile.profile(lambda k=key: loads[k](seconds=4))
+            profiles[key] = call_profile.microseconds(shares, cells[key]["calls_per_s"])
+    shutil.rmtree(tmp, ignore_errors=True)
+    stats = json.loads(psql_value("SELECT rl_memory_stats()"))
+    return cells, profiles, stats
+
+
+# The systems whose microseconds the README breaks down.
+PROFILED = [("memory", 8, "SELECT 1"), ("memory", 8, "rl_take's answer as a constant"),
+            ("memory", 8, "rl_take memory"), ("memory", 8, "redis-cell"),
+            ("table", 8, "rl_take table, sync off"), ("table", 8, "rl_take table by statement, sync off"),
+            ("table", 8, "bare UPDATE, sync off"), ("sqlite", 1, "rl_take"), ("sqlite", 1, "bare UPSERT")]
+
+
 def main():
     os.makedirs(RESULTS, exist_ok=True)
     import report  # noqa: E402  (bench/report.py)
@@ -305,6 +404,9 @@ def main():
         return
     if os.environ.get("RL_BENCH_ONLY") == "edition":
         report.write_edition(edition_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "targets":
+        report.write_targets(*targets_section())
         return
     memory_cells, wal, stats = memory_store_section()
     report.write_memory_store(memory_cells, wal, stats)
@@ -381,6 +483,7 @@ def main():
         json.dump({"cells": [[list(k), v] for k, v in cells.items()], "sizes": sizes}, f, indent=1)
     report.write(cells, sizes)
     report.write_kinds(*kinds_section())
+    report.write_targets(*targets_section())
 
 
 if __name__ == "__main__":

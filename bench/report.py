@@ -197,3 +197,74 @@ def write_edition(cells):
     lines.append("")
     with open(os.path.join(RESULTS, "edition.md"), "w") as f:
         f.write("\n".join(lines))
+
+
+def speed_targets(cells):
+    """(description, measured ratio, wanted ratio or None for a figure shown beside) of
+    the speed targets, all from the targets section's one interleaved run."""
+    def r(*key):
+        return rate(cells, *key)
+    rows = []
+    for clients in (8, 32):
+        memory = r("memory", clients, "rl_take memory")
+        rows.append((f"{clients} clients, 100,000 keys: rl_take (memory) / redis-cell CL.THROTTLE",
+                     ratio(memory, r("memory", clients, "redis-cell")), 1.0))
+        rows.append((f"{clients} clients, 100,000 keys: rl_take (memory) / SELECT 1",
+                     ratio(memory, r("memory", clients, "SELECT 1")), 0.75))
+    constant = r("memory", 8, "rl_take's answer as a constant")
+    rows.append(("8 clients: rl_take's answer as a constant jsonb / SELECT 1 (the ceiling of a jsonb answer)",
+                 ratio(constant, r("memory", 8, "SELECT 1")), None))
+    rows.append(("8 clients: rl_take (memory) / its answer as a constant jsonb",
+                 ratio(r("memory", 8, "rl_take memory"), constant), None))
+    for sync in ("off", "on"):
+        table = r("table", 8, f"rl_take table, sync {sync}")
+        rows.append((f"sync {sync}, 8 clients: rl_take (table) / bare UPDATE",
+                     ratio(table, r("table", 8, f"bare UPDATE, sync {sync}")), 0.9 if sync == "off" else None))
+        rows.append((f"sync {sync}, 8 clients: rl_take (table, heap write) / rl_take (table, guarded UPDATE)",
+                     ratio(table, r("table", 8, f"rl_take table by statement, sync {sync}")), 1.0 if sync == "on" else None))
+    rows.append(("SQLite WAL: rl_take / bare UPSERT", ratio(r("sqlite", 1, "rl_take"), r("sqlite", 1, "bare UPSERT")), 0.9))
+    for store, system in (("table", "rl_take table, sync off"), ("memory", "rl_take memory"),
+                          ("table", "bare UPDATE, sync off")):
+        wanted = None if system.startswith("bare") else 0.8
+        rows.append((f"{system}: 10,000,000 keys / 100,000 keys",
+                     ratio(r(f"{store}, big", 8, system), r(store, 8, system)), wanted))
+    return rows
+
+
+def write_targets(cells, profiles, stats):
+    lines = ["# Speed targets: one interleaved run", "",
+             "`RL_BENCH_ONLY=targets bash scripts/bench.sh` (RL_BENCH_REPS runs of RL_BENCH_SECONDS per cell, "
+             "medians): 2 cores; pgbench with prepared statements, redis-benchmark with redis-cell 0.2.2's "
+             "CL.THROTTLE, the in-process SQLite driver (WAL, synchronous=normal). Two databases of one cluster, "
+             "with 100,000 and 10,000,000 keys, every key already with a row and a memory-store bucket; "
+             "shared_buffers holds every table of both (read in with pg_prewarm), and the big tables' pages were "
+             "each changed once since the last checkpoint before the run. Every call admits.", "",
+             "## Targets", "", "| target | measured | wanted | |", "|---|---|---|---|"]
+    for text, measured, wanted in speed_targets(cells):
+        verdict = "" if wanted is None else ("met" if measured >= wanted else "missed")
+        lines.append(f"| {text} | {measured:.2f}x | {'' if wanted is None else f'>= {wanted}x'} | {verdict} |")
+    lines += ["", "## Every cell", "", "| workload | clients | system | calls/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+    for key in sorted(cells):
+        c = cells[key]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {c['calls_per_s']:,.0f} | {c['p50_ms']:.3f} | {c['p99_ms']:.3f} |")
+    if profiles:
+        systems = list(profiles)
+        categories = sorted({k for p in profiles.values() for k in p},
+                            key=lambda k: -max(p.get(k, 0) for p in profiles.values()))
+        lines += ["", "## Where the microseconds of a call go", "",
+                  "CPU time of the whole machine per call (both cores: the client, the server, the kernel), "
+                  "from `perf record -a --call-graph dwarf` during a load of each system (bench/call_profile.py puts "
+                  "each sample in the first category whose function is on its stack) and that system's calls/s "
+                  "above. Columns add up to 2 cores x 1e6 / calls/s, less idle time.", "",
+                  "| | " + " | ".join(f"{k[2]} ({k[1]})" for k in systems) + " |",
+                  "|---|" + "---|" * len(systems)]
+        for category in categories:
+            lines.append(f"| {category} | " + " | ".join(f"{profiles[k].get(category, 0):.1f}" for k in systems) + " |")
+        lines.append("| **total µs per call** | " + " | ".join(f"**{sum(profiles[k].values()):.1f}**" for k in systems) + " |")
+    lines += ["", f"rl_memory_stats() after the run: `{json.dumps(stats, sort_keys=True)}`", ""]
+    with open(os.path.join(RESULTS, "targets.md"), "w") as f:
+        f.write("\n".join(lines))
+    with open(os.path.join(RESULTS, "targets.json"), "w") as f:
+        json.dump({"cells": [[list(k), v] for k, v in cells.items()],
+                   "profiles": [[list(k), v] for k, v in profiles.items()], "rl_memory_stats": stats}, f, indent=1)
+    print("\n".join(lines))

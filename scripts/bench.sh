@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Benchmarks (a longer run, ~20 minutes): rl_take / rl_spend against a hand-written SQL
+# Benchmarks (a longer run, about 45 minutes): rl_take / rl_spend against a hand-written SQL
 # bucket, a bare UPDATE, SELECT 1, a Redis Lua bucket, redis-cell's CL.THROTTLE, and a bare
 # SQLite UPSERT.
 # Installs and starts everything it needs; writes bench/results/results.md and chart.png.
 #   RL_BENCH_SECONDS (3), RL_BENCH_REPS (3), RL_BENCH_SCALES (1000000,10000000) tune it;
-#   RL_BENCH_ONLY=memory runs only the memory store section (a few minutes).
+#   RL_BENCH_ONLY=memory runs only the memory store section (a few minutes);
+#   RL_BENCH_ONLY=targets only the speed targets, every ratio from one interleaved run and
+#   a profile of each system (about 12 minutes; shared_buffers holds all of its tables).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --bench
@@ -28,11 +30,11 @@ trap cleanup EXIT
 bash scripts/pg_cluster.sh stop
 eval "$(bash scripts/pg_cluster.sh start)"
 cat >> "$RL_PG_DIR/data/postgresql.conf" <<'CONF'
-shared_buffers = 2GB
+shared_buffers = 6GB
 max_connections = 120
 checkpoint_timeout = 30min
 max_wal_size = 8GB
-pg_ratelimit.memory_buckets = 2000000
+pg_ratelimit.memory_buckets = 12000000
 CONF
 runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$RL_PG_DIR/data" -w restart -m fast >/dev/null
 psql -X -At -c "SELECT 'PostgreSQL settings: ' || string_agg(name || '=' || setting, ', ') FROM pg_settings WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync', 'max_wal_size', 'wal_level')" postgres
