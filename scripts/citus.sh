@@ -42,10 +42,36 @@ installed() {
     && [ "$(cat "$PATCH_MARK" 2>/dev/null)" = "$(patch_sum)" ]
 }
 
+# What a build installs, kept once per machine under a name made of the checksums of the
+# tarball, the patch and the server's headers, so that a server tree set up again (setup.sh)
+# gets the same build back without compiling it: /opt/pg_ratelimit/cache/citus-....tar.gz
+cache_file() {
+  local key
+  key=$(cat "$TARBALL" "$PATCH" "$("$PG_CONFIG" --includedir-server)/pg_config.h" 2>/dev/null | sha256sum | cut -c1-16)
+  echo "/opt/pg_ratelimit/cache/citus-$VERSION-pg$PG_MAJOR-$key.tar.gz"
+}
+
+# The files of a Citus install: its library and bitcode, and its extension files.
+citus_files() {
+  local lib share
+  lib=$("$PG_CONFIG" --pkglibdir) share=$("$PG_CONFIG" --sharedir)
+  find "$lib" -maxdepth 1 -name 'citus*' -print
+  [ ! -d "$lib/bitcode" ] || find "$lib/bitcode" -maxdepth 1 -name 'citus*' -print
+  find "$share/extension" -maxdepth 1 -name 'citus*' -print
+}
+
 build() {
   if installed; then
     log "Citus $VERSION already installed for PostgreSQL $PG_MAJOR"
     return
+  fi
+  local cached
+  cached=$(cache_file)
+  if [ -f "$cached" ]; then
+    log "Citus $VERSION for PostgreSQL $PG_MAJOR from the cache ($cached)"
+    tar -xzf "$cached" -C /
+    installed && return
+    log "the cached build did not install; building again"
   fi
   local missing=() pkg
   for pkg in postgresql-15 postgresql-server-dev-15 build-essential patch clang liblz4-dev libzstd-dev libcurl4-openssl-dev \
@@ -84,6 +110,8 @@ PY
   rm -rf "$(dirname "$src")"
   patch_sum > "$PATCH_MARK"
   installed || { log "Citus did not install"; exit 1; }
+  mkdir -p "$(dirname "$cached")"
+  citus_files | sed 's|^/||' | tar -czf "$cached.tmp" -C / -T - && mv "$cached.tmp" "$cached"
 }
 
 psql_on() { as_pg "$BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$DIR" -p "$1" "${@:2}"; }

@@ -4,7 +4,7 @@
 # with a crate that links SQLite normally, and pg_ratelimit builds through pgrx's setup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+step() { printf '\n\033[1m== [%s, %ds] %s\033[0m\n' "$(date +%T)" "$SECONDS" "$*"; }
 step "lint: cargo fmt --check"
 cargo fmt --all --check
 for crate in ratelimit_core sqlite_ratelimit pg_ratelimit; do

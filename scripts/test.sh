@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
 # The test suite.
-#   bash scripts/test.sh          everything, as root on a fresh Debian 12 machine: installs what it
-#                                 needs (apt packages, cargo-pgrx, PostgreSQL 15, 16, 17 and 18), runs the
-#                                 core's tests, then for each PostgreSQL version in turn the in-server
-#                                 pgrx tests and the client tests of both built extensions against a
-#                                 throwaway cluster of that version (and the PostgreSQL tests again
-#                                 against the SQL edition), the packages of every major, then
-#                                 the Citus target (scripts/test_citus.sh) on 15 and on 18 when
-#                                 Citus or its source tarball is at hand. CI runs this.
-#   bash scripts/test.sh --fast   the core's tests and the SQLite client tests: no root, no apt, no
-#                                 PostgreSQL; under a minute once built. Needs cargo, sqlite3 and
-#                                 Debian's python3 with pytest (scripts/setup.sh installs them once).
+#   bash scripts/test.sh             everything (what CI runs after the lint), as root on a fresh
+#                                    Debian 12 machine with the Rust toolchain; installs what it
+#                                    needs (scripts/setup.sh --pg), then
+#                                    1. the core's tests; the SQLite extension and every package
+#                                       built once (scripts/package.sh: one compile per PostgreSQL
+#                                       major, whose package tree the tests install from);
+#                                    2. for each major 15 to 18, a throwaway cluster of it: the
+#                                       client suite against the native extension (with its in-server
+#                                       checks, rl_self_test()), then against the SQL edition; the
+#                                       suites that do not depend on the major
+#                                       (SQLite, the packages, the web integrations, the quick
+#                                       starts) on the first only;
+#                                    3. on 15 also the SQL edition through pg_tle, and the SQL edition
+#                                       on 13 and 14, each with a differential run against 15's
+#                                       native extension;
+#                                    4. the .deb and the tarball of every major as a user installs
+#                                       them; Citus 13.2.2 on 15 and 14.0.1 on 18.
+#   bash scripts/test.sh --fast      the core's tests and the SQLite client tests: no root, no apt,
+#                                    no PostgreSQL; under a minute once built.
+#   bash scripts/test.sh --edition   the SQL edition on PostgreSQL 15 against the native extension:
+#                                    its suite and a 10,000-call differential run (a few minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=(/usr/bin/python3 -m pytest -p no:cacheprovider)
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+step() { printf '\n\033[1m== [%s, %ds] %s\033[0m\n' "$(date +%T)" "$SECONDS" "$*"; }
+# The suites every edition runs (the native pass runs all of tests/).
+EDITION_SUITES=(tests/test_sql_edition.py tests/test_conformance.py tests/test_windows_and_leases.py tests/test_policies.py
+                tests/test_postgres.py tests/test_take_all.py tests/test_fuzz.py tests/test_hostile.py tests/test_backup.py
+                tests/test_platforms.py)
 
 if [ "${1:-}" = "--fast" ]; then
   for need in cargo sqlite3 /usr/bin/python3; do
@@ -30,8 +44,47 @@ if [ "${1:-}" = "--fast" ]; then
   exit 0
 fi
 
+source scripts/pg_versions.sh
+clusters=()
+cleanup() {
+  for c in "${clusters[@]}"; do
+    RL_PG_BIN=${c%%=*} RL_PG_DIR=${c#*=} bash scripts/pg_cluster.sh stop
+  done
+}
+trap cleanup EXIT
+
+# A throwaway cluster of major $1 (folder /tmp/pg_ratelimit_cluster$1, port 543$1) preloading
+# $2 (pg_ratelimit unless said); its settings exported for the client tests.
+cluster_start() {
+  local v=$1
+  export RL_PG_BIN RL_PG_DIR=/tmp/pg_ratelimit_cluster$v RL_PG_PORT=$((54300 + v)) PG_CONFIG
+  RL_PG_BIN=$(pg_bin_of "$v")
+  PG_CONFIG=$(pg_config_of "$v")
+  clusters+=("$RL_PG_BIN=$RL_PG_DIR")
+  eval "$(RL_PG_PRELOAD=${2-pg_ratelimit} bash scripts/pg_cluster.sh start)"
+}
+cluster_stop() {
+  RL_PG_BIN=$(pg_bin_of "$1") RL_PG_DIR=/tmp/pg_ratelimit_cluster$1 bash scripts/pg_cluster.sh stop
+}
+
+if [ "${1:-}" = "--edition" ]; then
+  bash scripts/setup.sh --pg
+  cargo build --quiet --release -p sqlite_ratelimit
+  cluster_stop 15
+  bash scripts/pg_install.sh 15 --build
+  cluster_start 15
+  step "postgres 15: the SQL edition against the native extension (10,000 random calls) and its suite"
+  RL_PG_EDITION=sql RL_REQUIRE_PG=1 RL_SQLITE=0 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-5000}" "${PYTEST[@]}" -q \
+    "${EDITION_SUITES[@]}"
+  RL_REQUIRE_PG=1 RL_DIFF_CALLS="${RL_DIFF_CALLS:-10000}" "${PYTEST[@]}" -q tests/test_differential.py
+  exit 0
+fi
+
 step "setup"
 bash scripts/setup.sh --pg
+# better-sqlite3 compiled once per machine and unpacked by every npm install that wants it
+npm_config_better_sqlite3_local_prebuilds=$(bash scripts/better_sqlite3.sh)
+export npm_config_better_sqlite3_local_prebuilds
 
 step "core: unit and property tests"
 cargo test -p ratelimit_core
@@ -39,53 +92,20 @@ cargo test -p ratelimit_core
 step "Rust: register(&conn) on an application's own rusqlite connection (its own build)"
 cargo test -p sqlite_ratelimit --no-default-features
 
-step "build: SQLite extension; packages (bash scripts/package.sh)"
+step "build: the SQLite extension and every package, each PostgreSQL major compiled once (bash scripts/package.sh)"
 cargo build --release -p sqlite_ratelimit
 bash scripts/package.sh
-
-source scripts/pg_versions.sh
-step "the Python web package (integrations/python) into $WEB_VENV: examples/service.py runs on it"
 "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
 
-# Each PostgreSQL version's cluster and pgrx data folder, stopped and removed whatever happens;
-# if the in-server tests stopped the run, their test build is still installed: put the
-# release build back.
-pending_release=
-cleanup() {
-  [ -z "$pending_release" ] || CC=clang cargo pgrx install -p pg_ratelimit --release --no-default-features \
-    --features "pg$pending_release" --pg-config "$(pg_config_of "$pending_release")" >/dev/null
-  for v in "${PG_VERSIONS[@]}"; do
-    RL_PG_BIN=$(dirname "$(pg_config_of "$v")") RL_PG_DIR=/tmp/pg_ratelimit_cluster$v bash scripts/pg_cluster.sh stop
-  done
-  rm -rf /tmp/pg_ratelimit_pgrx.*
-}
-trap cleanup EXIT
-
-# For each version: the in-server tests, then the release build installed (replacing the
-# test build the pgrx tests install) and the whole client suite against a cluster of that
-# version (the SQLite tests, which do not depend on it, run each time too).
+first=${PG_VERSIONS[0]}
 for v in "${PG_VERSIONS[@]}"; do
-  pg_config=$(pg_config_of "$v")
-  export RL_PG_BIN RL_PG_DIR=/tmp/pg_ratelimit_cluster$v RL_PG_PORT=$((54300 + v)) PG_CONFIG=$pg_config
-  RL_PG_BIN=$(dirname "$pg_config")
-  step "postgres $v: in-server tests (cargo pgrx test --release)"
-  pgrx_data=$(mktemp -d /tmp/pg_ratelimit_pgrx.XXXXXX)
-  chown postgres:postgres "$pgrx_data"
-  # The cluster preloads the library: never overwrite the file under a running server.
-  bash scripts/pg_cluster.sh stop
-  pending_release=$v
-  CC=clang cargo pgrx test --release "pg$v" -p pg_ratelimit --runas postgres --pgdata "$pgrx_data"
-  CC=clang cargo pgrx install -p pg_ratelimit --release --pg-config "$pg_config" --no-default-features --features "pg$v"
-  pending_release=
-
-  step "postgres $v: client tests (with SQLite's)"
-  eval "$(bash scripts/pg_cluster.sh start)"
-  first=$([ "$v" = "${PG_VERSIONS[0]}" ] && echo 1 || echo 0)
-  # the differential run (native against the SQL edition): 100,000 calls on the first version
-  RL_REQUIRE_PG=1 RL_REQUIRE_PACKAGES=$first RL_SKIP_PACKAGES=$((1 - first)) \
-    RL_DIFF_CALLS="${RL_DIFF_CALLS:-$([ "$first" = 1 ] && echo 100000 || echo 20000)}" "${PYTEST[@]}" -v tests
-  if [ "$first" = 1 ]; then
-    step "postgres $v: the web integrations (uvicorn, real HTTP clients; SQLite's too)"
+  cluster_stop "$v"  # the cluster preloads the library: never overwrite it under a running server
+  bash scripts/pg_install.sh "$v"
+  cluster_start "$v"
+  if [ "$v" = "$first" ]; then
+    step "postgres $v: client tests of the native extension, with SQLite's and the packages' (once)"
+    RL_REQUIRE_PG=1 RL_REQUIRE_PACKAGES=1 RL_DIFF_CALLS="${RL_DIFF_CALLS:-100000}" "${PYTEST[@]}" -v tests
+    step "postgres $v: the web integrations (uvicorn, gunicorn, Django, Flask, Rack, Rails; real HTTP clients; SQLite's too)"
     RL_REQUIRE_RUBY=1 "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests
     if [ -x "$DJANGO6_VENV/bin/python" ]; then
       step "postgres $v: Django 6 on Python $("$DJANGO6_VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])') (gunicorn and uvicorn; PostgreSQL only: this Python cannot load SQLite extensions)"
@@ -95,35 +115,45 @@ for v in "${PG_VERSIONS[@]}"; do
     else
       echo "skipped: Django 6 (no Python 3.12 or later on this machine; see setup.sh)"
     fi
-    step "postgres $v: the Node web integrations (Express, Fetch API; real HTTP clients; SQLite's too)"
-    # better-sqlite3 builds against the local Node headers (no download)
-    (cd integrations/node && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
-      && npm ci --no-audit --no-fund --loglevel=error && npm test)
-    step "postgres $v: the Next.js 16 app (next build, next start; proxy.ts and route handlers; SQLite's too)"
-    (cd integrations/node/examples/next-app && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
-      && npm ci --no-audit --no-fund --loglevel=error) && (cd integrations/node && npm run test:next)
+    step "postgres $v: the Node web integrations (Express, Fetch API, the Next.js 16 app; real HTTP clients; SQLite's too)"
+    # package.sh installed integrations/node's own dependencies (npm ci)
+    (cd integrations/node/examples/next-app && npm ci --no-audit --no-fund --loglevel=error) \
+      && (cd integrations/node && npm test && npm run test:next)
+  else
+    step "postgres $v: client tests of the native extension (the major's own; SQLite's ran on $first)"
+    RL_REQUIRE_PG=1 RL_SQLITE=0 RL_SKIP_PACKAGES=1 RL_DIFF_CALLS="${RL_DIFF_CALLS:-20000}" "${PYTEST[@]}" -v tests
   fi
   step "postgres $v: the SQL edition (installed from its plain script by an owner that is no superuser)"
-  RL_PG_EDITION=sql RL_REQUIRE_PG=1 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v tests/test_sql_edition.py \
-    tests/test_conformance.py tests/test_windows_and_leases.py tests/test_policies.py tests/test_postgres.py \
-    tests/test_take_all.py tests/test_fuzz.py tests/test_hostile.py tests/test_backup.py
-  bash scripts/pg_cluster.sh stop
-  if [ "$v" = 15 ] && bash scripts/pg_tle.sh available; then
-    step "postgres $v: the SQL edition through pg_tle (pg_tle $(bash scripts/pg_tle.sh version) built from ../shared/vendor)"
-    bash scripts/pg_tle.sh build
-    eval "$(RL_PG_PRELOAD=pg_ratelimit,pg_tle bash scripts/pg_cluster.sh start)"
-    RL_PG_EDITION=pg_tle RL_REQUIRE_PG=1 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v \
-      tests/test_sql_edition.py tests/test_conformance.py tests/test_windows_and_leases.py tests/test_policies.py \
-      tests/test_postgres.py tests/test_take_all.py tests/test_fuzz.py tests/test_hostile.py tests/test_backup.py
-    bash scripts/pg_cluster.sh stop
+  RL_PG_EDITION=sql RL_REQUIRE_PG=1 RL_SQLITE=0 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v "${EDITION_SUITES[@]}"
+  if [ "$v" = 15 ]; then
+    # the SQL edition on 13 and 14, beside 15's cluster, whose native extension the
+    # differential run compares them with
+    native=(RL_DIFF_NATIVE_HOST="$RL_PG_DIR" RL_DIFF_NATIVE_PORT="$RL_PG_PORT")
+    for old in "${EDITION_ONLY_VERSIONS[@]}"; do
+      step "postgres $old: the SQL edition (its suite, and a differential run against 15's native extension)"
+      clusters+=("$(pg_bin_of "$old")=/tmp/pg_ratelimit_cluster$old")
+      (cluster_start "$old" "" && RL_PG_EDITION=sql RL_REQUIRE_PG=1 RL_SQLITE=0 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" \
+         "${PYTEST[@]}" -v "${EDITION_SUITES[@]}" \
+       && env "${native[@]}" RL_REQUIRE_PG=1 RL_DIFF_CALLS="${RL_DIFF_CALLS_OLD:-20000}" "${PYTEST[@]}" -v tests/test_differential.py)
+      cluster_stop "$old"
+    done
+    cluster_stop 15
+    if bash scripts/pg_tle.sh available; then
+      step "postgres $v: the SQL edition through pg_tle (pg_tle $(bash scripts/pg_tle.sh version) built from ../shared/vendor)"
+      bash scripts/pg_tle.sh build
+      cluster_start 15 pg_ratelimit,pg_tle
+      RL_PG_EDITION=pg_tle RL_REQUIRE_PG=1 RL_SQLITE=0 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v \
+        "${EDITION_SUITES[@]}"
+    fi
   fi
+  cluster_stop "$v"
 done
 
 step "postgres packages: the .deb and the tarball of each major, installed and tested"
 bash scripts/test_system_packages.sh
 
 # Citus 13.2.2 on 15 and 14.0.1 on 18 (the two Citus releases the vendor folder holds, on the
-# oldest and newest majors each supports here)
+# oldest and newest majors each supports here), each built once per machine (citus.sh)
 for major in 15 18; do
   step "Citus on PostgreSQL $major: a coordinator and two workers (RL_CITUS_PG=$major bash scripts/test_citus.sh)"
   if RL_CITUS_PG=$major bash scripts/citus.sh available; then

@@ -9,8 +9,8 @@ major=${RL_CITUS_PG:-15}
 bash scripts/setup.sh --pg
 bash scripts/citus.sh stop
 cargo build --quiet --release -p sqlite_ratelimit
-CC=clang cargo pgrx install -p pg_ratelimit --release --pg-config "$(pg_config_of "$major")" \
-  --no-default-features --features "pg$major" >/dev/null
+# the package tree scripts/package.sh built (compiled here only when it is missing or stale)
+bash scripts/pg_install.sh "$major" --build
 trap 'bash scripts/citus.sh stop' EXIT
 eval "$(bash scripts/citus.sh start)"
 RL_CITUS=1 /usr/bin/python3 -m pytest -p no:cacheprovider -v tests/test_citus.py

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The PostgreSQL packages as a user installs them (as root, after scripts/package.sh), for each
-# supported major, each followed by the conformance suite against a cluster using it:
+# supported major, each followed by the conformance suite and the in-server checks
+# (rl_self_test) against a cluster using it:
 # - the .deb with dpkg -i over a server of that major in the PostgreSQL project's apt layout
 #   (/usr/lib/postgresql/NN/{bin,lib}, /usr/share/postgresql/NN): 15 is Debian's own; for the
 #   others this machine has no package, so the relocatable server the tests use is arranged in
@@ -8,7 +9,7 @@
 #   afterwards); dpkg -r must then leave none of the package's files behind;
 # - the tarball's files copied where its INSTALL says, into the tree the tests use (from which
 #   the files a `cargo pgrx install` put in place are removed first).
-# The release build is installed again afterwards, as before.
+# The release build the tests use is installed again afterwards (scripts/pg_install.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/pg_versions.sh
@@ -34,7 +35,8 @@ conformance() {  # $1: the server's bin folder, $2: the library folder it must l
   loads_from=$(psql -XAtc "SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'")
   [ "$(realpath "$loads_from")" = "$(realpath "$2")" ] \
     || { echo "the server loads libraries from $loads_from, not $2" >&2; exit 1; }
-  RL_REQUIRE_PG=1 /usr/bin/python3 -m pytest -p no:cacheprovider -q tests/test_conformance.py
+  RL_REQUIRE_PG=1 RL_SQLITE=0 /usr/bin/python3 -m pytest -p no:cacheprovider -q tests/test_conformance.py \
+    tests/test_postgres.py::test_the_in_server_checks_pass_on_this_server
   bash scripts/pg_cluster.sh stop
 }
 
@@ -117,5 +119,5 @@ for v in "${PG_VERSIONS[@]}"; do
     && cp share/extension/* "$("$pg_config" --sharedir)/extension/")
   conformance "$(dirname "$pg_config")" "$("$pg_config" --pkglibdir)"
   echo "PostgreSQL $v: the tarball installed as its INSTALL says, conformance passed"
-  CC=clang cargo pgrx install -p pg_ratelimit --release --pg-config "$pg_config" --no-default-features --features "pg$v" >/dev/null
+  bash scripts/pg_install.sh "$v"
 done

@@ -41,19 +41,24 @@ REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ra
 CREATE INDEX rl_entries_strikes ON ratelimit.rl_entries (key) WHERE kind = 'block';
 COMMENT ON INDEX ratelimit.rl_entries_strikes IS 'the rows of strikes and blocks, which rl_check lists while they are few';
 -- Who may change policies, lift blocks and reset keys: members of rl_admin (a role of the
--- cluster, made once by the first CREATE EXTENSION) and the owner. Application roles may
--- check policies but never loosen their own limits.
+-- cluster, made once by the first install) and the owner. Application roles may check
+-- policies but never loosen their own limits. An installing role that may not create
+-- roles (no CREATEROLE) installs all the same: administration is then its own, and
+-- running the install again once rl_admin exists grants it (the privileges block at the end).
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'rl_admin') THEN
-        CREATE ROLE rl_admin NOLOGIN;
+        BEGIN
+            CREATE ROLE rl_admin NOLOGIN;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE WARNING 'pg_ratelimit: % may not create the role rl_admin, so administration is its own alone', current_user
+                USING HINT = 'A role with CREATEROLE can run CREATE ROLE rl_admin NOLOGIN; then install again to grant it.';
+        END;
     END IF;
 END
 $$;
 CREATE VIEW rl_policies AS
     SELECT name, definition::jsonb AS definition FROM ratelimit.rl_policy;
-REVOKE ALL ON rl_policies FROM PUBLIC;
-GRANT SELECT ON rl_policies TO rl_admin;
 COMMENT ON VIEW rl_policies IS 'every policy and its definition (rl_policy_set, rl_policy_drop); readable by rl_admin';
 CREATE VIEW rl_blocks AS
     SELECT key AS subject, (entries::jsonb ->> 'strikes')::bigint AS strikes,
@@ -64,8 +69,6 @@ CREATE VIEW rl_blocks AS
       AND (jsonb_typeof(entries::jsonb -> 'blocked_until') = 'null'
            OR (jsonb_typeof(entries::jsonb -> 'blocked_until') = 'number'
                AND (entries::jsonb ->> 'blocked_until')::bigint > (extract(epoch FROM clock_timestamp()) * 1000)::bigint));
-REVOKE ALL ON rl_blocks FROM PUBLIC;
-GRANT SELECT ON rl_blocks TO rl_admin;
 COMMENT ON VIEW rl_blocks IS 'subjects blocked now (rl_penalize, rl_block): strikes, and the block''s end in epoch ms (NULL: until rl_unblock); readable by rl_admin';
 -- State is data: pg_dump saves the rows, so a restored backup keeps every level and spend.
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_bucket', '');

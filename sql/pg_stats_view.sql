@@ -3,6 +3,4 @@ CREATE VIEW rl_stats AS
     SELECT key AS policy, (value ->> 'admitted')::bigint AS admitted, (value ->> 'refused')::bigint AS refused,
            (value ->> 'would_refuse')::bigint AS would_refuse, (value ->> 'refused_blocked')::bigint AS refused_blocked
     FROM pg_catalog.jsonb_each(rl_policy_stats() -> 'policies');
-REVOKE ALL ON rl_stats FROM PUBLIC;
-GRANT SELECT ON rl_stats TO rl_admin;
 COMMENT ON VIEW rl_stats IS 'rl_check counts per policy since rl_stats_reset (see rl_policy_stats for their scope); readable by rl_admin';

@@ -42,6 +42,22 @@ native_only = pytest.mark.skipif(EDITION == "sql", reason="about the native exte
 PG_VERSION_ANSWER = CARGO_VERSION + ("-sql" if EDITION == "sql" else "")
 
 
+# The tests that do not depend on the PostgreSQL major (SQLite's, the packages' and the
+# README's on SQLite) run once per test command: RL_SQLITE=0 skips them on the other majors.
+SQLITE_ONLY_FILES = {"test_sqlite.py", "test_sqlite_faults.py", "test_packages.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("RL_SQLITE") != "0":
+        return
+    skip = pytest.mark.skip(reason="RL_SQLITE=0: SQLite's tests ran on the first major already")
+    for item in items:
+        name = item.name.lower()
+        if (os.path.basename(str(item.fspath)) in SQLITE_ONLY_FILES or "sqlite" in name
+                or "sqlite_db" in getattr(item, "fixturenames", ()) or "[sqlite" in name):
+            item.add_marker(skip)
+
+
 def sqlite_connect(path, timeout=30.0):
     conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
     conn.enable_load_extension(True)
@@ -185,17 +201,36 @@ def install_sql_edition(name, owner, through=None):
             cur.execute("CREATE EXTENSION IF NOT EXISTS pg_tle")
             cur.execute(f"GRANT pgtle_admin TO {owner}")
         superuser.close()
+    if through != "pg_tle":
+        run_plain_script(name, owner)
+        return
     conn = psycopg2.connect(dbname=name, user=owner)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            if through == "pg_tle":
-                cur.execute(sql_edition_script("pg_tle.sql"))
-                cur.execute("CREATE EXTENSION pg_ratelimit_sql")
-            else:
-                cur.execute(sql_edition_script())
+            cur.execute(sql_edition_script("pg_tle.sql"))
+            cur.execute("CREATE EXTENSION pg_ratelimit_sql")
     finally:
         conn.close()
+
+
+def psql_program():
+    """psql of the server's own major where its bin folder has one, else the machine's."""
+    own = os.path.join(os.environ.get("RL_PG_BIN", ""), "psql")
+    return own if os.path.exists(own) else "psql"
+
+
+def run_plain_script(name, role, *options, script=None, check=True):
+    """The SQL edition's plain script (or `script`, a path) run as users run it: psql -f,
+    as `role` on database `name`, with psql `options` such as ("-v", "rl_schema=x")."""
+    import subprocess
+
+    path = script or sql_edition_script_path()
+    out = subprocess.run([psql_program(), "-X", "-q", "-U", role, "-d", name, *options, "-f", path],
+                         capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise AssertionError(f"the script failed as {role}: {out.stderr}")
+    return out
 
 
 def pg_tle_preloaded():
@@ -317,7 +352,7 @@ def one(conn, sql, args=()):
 _SQL_EDITION_BUILT = []
 
 
-def sql_edition_script(form="sql"):
+def sql_edition_script_path(form="sql"):
     """The SQL edition's install script as scripts/package.sh --sql writes it ('sql': for
     psql -f; 'pg_tle.sql': pg_tle's registration), built once per test run."""
     import subprocess
@@ -326,7 +361,11 @@ def sql_edition_script(form="sql"):
         subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
                        stdout=subprocess.DEVNULL)
         _SQL_EDITION_BUILT.append(True)
-    with open(os.path.join(ROOT, "dist", f"pg_ratelimit_sql-{CARGO_VERSION}.{form}")) as f:
+    return os.path.join(ROOT, "dist", f"pg_ratelimit_sql-{CARGO_VERSION}.{form}")
+
+
+def sql_edition_script(form="sql"):
+    with open(sql_edition_script_path(form)) as f:
         return f.read()
 
 

@@ -3,12 +3,14 @@ arguments included and an explicit clock, against the native extension and the S
 in two databases; every answer and every error (SQLSTATE and message) must be the same.
 
 RL_DIFF_CALLS sets the number of calls (default 100000)."""
+import contextlib
 import os
 import random
+import uuid
 
 import pytest
 
-from conftest import EDITION, FUNCTIONS, PgEngine
+from conftest import EDITION, FUNCTIONS, PgEngine, pg_test_database, sql_edition_database
 from test_fuzz import CLOCKS, pg_value, random_call
 
 psycopg2 = pytest.importorskip("psycopg2")
@@ -97,10 +99,42 @@ def without_secret(answer):
     return answer
 
 
+@contextlib.contextmanager
+def native_database():
+    """A database with the native extension and the explicit clock allowed: on this cluster,
+    or (RL_DIFF_NATIVE_HOST and RL_DIFF_NATIVE_PORT, for the SQL edition on PostgreSQL 13 and
+    14, where there is no native extension) on another cluster's. Yields a connection."""
+    host = os.environ.get("RL_DIFF_NATIVE_HOST")
+    if not host:
+        with pg_test_database() as (conn, _):
+            yield conn
+        return
+    where = dict(host=host, port=os.environ["RL_DIFF_NATIVE_PORT"], user="postgres")
+    name = f"rl_diff_{uuid.uuid4().hex[:12]}"
+    server = psycopg2.connect(dbname="postgres", **where)
+    server.autocommit = True
+    server.cursor().execute(f"CREATE DATABASE {name}")
+    try:
+        conn = psycopg2.connect(dbname=name, **where)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("CREATE EXTENSION pg_ratelimit")
+            cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+        yield conn
+        conn.close()
+    finally:
+        server.cursor().execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        server.close()
+
+
 @pytest.mark.skipif(EDITION == "sql", reason="compares the SQL edition with the native extension")
-def test_the_editions_answer_every_call_alike(pg_db, pg_sql_db):
-    native, ours = PgEngine(pg_db[0]), PgEngine(pg_sql_db[0], "postgres-sql")
-    functions = [f["name"] for f in FUNCTIONS if f["kind"] not in ("internal",) and f["name"] not in LEFT_OUT]
+def test_the_editions_answer_every_call_alike():
+    with native_database() as native_conn, sql_edition_database() as (sql_conn, _):
+        compare(PgEngine(native_conn), PgEngine(sql_conn, "postgres-sql"))
+
+
+def compare(native, ours):
+    functions = [f["name"] for f in FUNCTIONS if f["kind"] not in ("internal", "server") and f["name"] not in LEFT_OUT]
     rng = random.Random(20261201)
     clock = 1_000_000_000_000
     leases = {id(native): {}, id(ours): {}}

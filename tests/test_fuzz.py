@@ -60,7 +60,7 @@ def json_text(rng):
 
 def random_call(rng, functions):
     function = rng.choice(functions)
-    if function in ("rl_memory_stats", "rl_version", "rl_policy_stats", "rl_stats_reset"):
+    if function in ("rl_memory_stats", "rl_version", "rl_policy_stats", "rl_stats_reset", "rl_self_test"):
         args = []
     elif function == "rl_sweep":
         args = [rng.choice(CLOCKS) for _ in range(rng.choice([0, 1, 1, 2]))]
@@ -158,6 +158,9 @@ def check_answer(function, value):
     if function == "rl_memory_stats":
         r = value
         assert sorted(r) == sorted(RESULT_KEYS[function]) and 0 <= r["in_use"] <= r["capacity"]
+        return
+    if function == "rl_self_test":
+        assert sorted(value) == sorted(RESULT_KEYS[function]) and value["failed"] == []
         return
     if function in ("rl_sweep", "rl_reset", "rl_in_flight", "rl_stats_reset"):
         assert isinstance(value, int) and value >= 0

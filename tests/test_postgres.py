@@ -8,7 +8,7 @@ import pytest
 
 psycopg2 = pytest.importorskip("psycopg2")
 
-from conftest import INTERNAL, PUBLIC, assert_refused_read_only, native_only, one, pg_connect, run_sessions
+from conftest import EDITION, FUNCTIONS, INTERNAL, PUBLIC, assert_refused_read_only, native_only, one, pg_connect, run_sessions
 
 
 
@@ -155,7 +155,7 @@ def test_an_upgrade_script_run_by_hand_only_says_how_to_run_it(pg_db):
 
 
 @native_only
-@pytest.mark.parametrize("old", ["0.1.0", "0.2.0"])
+@pytest.mark.parametrize("old", ["0.1.0", "0.2.0", "0.3.0"])
 def test_upgrade_keeps_state_and_equals_a_fresh_install(pg_db, old):
     conn, name = pg_db
     pg_config = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
@@ -315,6 +315,7 @@ def test_a_take_that_waited_decides_on_the_row_the_other_transaction_left(pg_db,
         waiter.close()
 
 
+@native_only
 def test_direct_writes_is_for_superusers_only(pg_db, app_role):
     conn, _ = pg_db
     with conn.cursor() as cur:
@@ -374,3 +375,41 @@ def test_32_sessions_mixed_keys_exact_totals(pg_store_db):
         used = one(conn, f"SELECT rl_budget('p{n}', 'day', 5, 0.000001) ->> 'used'")  # counts the peek's cost
         assert round(float(used) - 0.000001, 6) == admitted[label], (label, used, admitted[label])
     print(f"\n32 sessions: {sum(attempted.values())} calls, {sum(admitted.values())} admitted over {len(attempted)} limits")
+
+
+def test_every_function_is_labelled_as_it_behaves(pg_db):
+    """Volatility and parallel labels in the catalog are the function table's, in both
+    editions, and they hold under a plan that runs what it may in parallel workers: the
+    counters are the leader's (rl_stats_reset changes them, the edition through a setting,
+    which a worker may not set)."""
+    conn, _ = pg_db
+    with conn.cursor() as cur:
+        cur.execute("SELECT p.proname, p.provolatile, p.proparallel FROM pg_proc p "
+                    "WHERE p.proname LIKE 'rl\\_%' AND p.pronamespace IN ('public'::regnamespace, 'ratelimit'::regnamespace)")
+        labels = {name: (volatile, parallel) for name, volatile, parallel in cur.fetchall()}
+        for f in FUNCTIONS:
+            if f["name"] in labels:
+                assert labels[f["name"]] == (f["volatility"][0].lower(), f["parallel"][0].lower()), f["name"]
+        assert labels["rl_stats_reset"] == ("v", "u") and labels["rl_policy_stats"] == ("v", "r")
+        cur.execute("SHOW server_version_num")
+        forced = "debug_parallel_query" if int(cur.fetchone()[0]) >= 160000 else "force_parallel_mode"
+        cur.execute(f"SET {forced} = on")
+        cur.execute("SET max_parallel_workers_per_gather = 2")
+        cur.execute("SELECT rl_stats_reset(), rl_policy_stats() ->> 'scope', rl_key('a', 'b'), rl_version() IS NOT NULL")
+        assert cur.fetchone()[1:] == (("session" if EDITION == "sql" else "server"), '["a","b"]', True)
+        cur.execute(f"RESET {forced}")
+
+
+@native_only
+def test_the_in_server_checks_pass_on_this_server(pg_db, app_role):
+    """rl_self_test(): this build's jsonb answers are byte for byte what this server's
+    jsonb_in makes of their text, and the catalog is the function table's. For rl_admin
+    only."""
+    conn, _ = pg_db
+    report = one(conn, "SELECT rl_self_test()")
+    assert report["failed"] == [] and report["checks"] > len(FUNCTIONS)
+    with conn.cursor() as cur:
+        cur.execute(f"SET ROLE {app_role}")
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            cur.execute("SELECT rl_self_test()")
+    conn.rollback()

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import (CARGO_VERSION, FUNCTIONS, INSTALL, PgEngine, admin, install_sql_edition, pg_connect, pg_database, pg_tle_preloaded,
-                      sql_edition_script)
+                      run_plain_script, sql_edition_script)
 from test_conformance import STEPS, run
 
 psycopg2 = pytest.importorskip("psycopg2")
@@ -192,15 +192,17 @@ def next_release(script):
     return script.replace(f"{CARGO_VERSION}-sql", "9.9.9-sql")
 
 
-def test_a_newer_plain_script_run_over_an_install_keeps_its_state(pg_sql_db):
+def test_a_newer_plain_script_run_over_an_install_keeps_its_state(pg_sql_db, tmp_path):
     if INSTALL == "pg_tle":
         pytest.skip("a pg_tle install updates along its update path (the next test)")
-    conn, _ = pg_sql_db
+    conn, name = pg_sql_db
     run_all(conn, MAKE_STATE)
+    newer = tmp_path / "next.sql"
+    newer.write_text(next_release(sql_edition_script()))
     with conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM ratelimit.rl_bucket")
         rows = cur.fetchone()
-        cur.execute(next_release(sql_edition_script()))
+        run_plain_script(name, conn.get_dsn_parameters()["user"], script=str(newer))
         cur.execute("SELECT rl_version(), count(*) FROM ratelimit.rl_bucket")
         assert cur.fetchone() == ("9.9.9-sql", rows[0])
     assert run_all(conn, READ_STATE)[1][0][0]["admitted"] is False, "the drained bucket stays drained"

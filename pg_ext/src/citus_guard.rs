@@ -141,7 +141,7 @@ fn refuse_crashing_shapes(call: &Call) {
     }
     if call.key_is_null_constant {
         let null_key = ratelimit_core::args::key(&ratelimit_core::Arg::Null).map(|_| ());
-        crate::raise(null_key.expect_err("a NULL key is refused").in_function(function.name));
+        crate::dispatch::raise(null_key.expect_err("a NULL key is refused").in_function(function.name));
     }
     pg_sys::panic::ErrorReport::new(
         PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,

@@ -1,8 +1,9 @@
 //! One SQL function per entry of the core's table, each a few lines: PostgreSQL's
 //! arguments converted to the core's [`Arg`]s in the descriptor's order, then [`run`].
 
+use crate::dispatch::{raise, run};
 use crate::jsonb::{JsonbArg, JsonbResult};
-use crate::{raise, run, shared_memory};
+use crate::shared_memory;
 use pgrx::prelude::*;
 use ratelimit_core::functions::{self as f, Function};
 use ratelimit_core::render::ToJson;
@@ -167,12 +168,12 @@ fn rl_memory_stats() -> JsonbResult {
     }
 }
 
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(volatile, parallel_restricted)]
 fn rl_policy_stats() -> JsonbResult {
     run(&f::RL_POLICY_STATS, &[])
 }
 
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn rl_stats_reset() -> i64 {
     run(&f::RL_STATS_RESET, &[])
 }

@@ -56,7 +56,7 @@ fn without_store(entry: Entry, args: &[Arg]) -> Result<Answer> {
         Entry::Internal(InternalCall::BudgetNewUsed) => decided_budget().map(|r| Answer::Int(r.used)),
         Entry::Internal(InternalCall::BudgetNewResetsAt) => decided_budget().map(|r| Answer::Int(r.resets_at)),
         Entry::State(_) => Err(Error::storage("needs the database it is called in")),
-        Entry::Server => Err(Error::storage("is answered by the PostgreSQL server")),
+        Entry::Server(_) => Err(Error::storage("is answered by the PostgreSQL server")),
     }
 }
 

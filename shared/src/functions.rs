@@ -79,10 +79,17 @@ pub enum Entry {
     /// database. PostgreSQL: VOLATILE, PARALLEL SAFE. SQLite: not deterministic;
     /// INNOCUOUS when it only reads (views may call it), DIRECTONLY when it changes them.
     Process(ProcessCall),
-    /// About the PostgreSQL server itself (its shared memory), answered by its glue.
-    /// PostgreSQL: VOLATILE, PARALLEL SAFE, EXECUTE for PUBLIC. SQLite has no server and
-    /// does not register it.
-    Server,
+    /// About the PostgreSQL server itself (its shared memory, its build), answered by its
+    /// glue. PostgreSQL: VOLATILE, EXECUTE for PUBLIC unless `admin_only`. SQLite has no
+    /// server and does not register it; the SQL edition has no library to answer it.
+    Server(ServerCall),
+}
+
+/// The functions about the PostgreSQL server itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerCall {
+    MemoryStats,
+    SelfTest,
 }
 
 /// The functions that read or write state, each run over a store.
@@ -225,6 +232,28 @@ impl Function {
 
     pub fn is_internal(&self) -> bool {
         matches!(self.entry, Entry::Internal(_))
+    }
+
+    /// PostgreSQL's volatility for it (`IMMUTABLE` or `VOLATILE`), in both editions.
+    pub fn volatility(&self) -> &'static str {
+        match self.entry {
+            Entry::Pure(_) => "IMMUTABLE",
+            _ => "VOLATILE",
+        }
+    }
+
+    /// PostgreSQL's parallel label for it, in both editions, from what it does: state is
+    /// read and written by the leader alone (UNSAFE); the counters of this process are the
+    /// leader's (a worker has its own, empty, and may not change settings: rl_policy_stats
+    /// RESTRICTED, rl_stats_reset UNSAFE); pure functions and the server's shared memory
+    /// read the same anywhere (SAFE).
+    pub fn parallel(&self) -> &'static str {
+        match self.entry {
+            Entry::Pure(_) | Entry::Server(ServerCall::MemoryStats) => "SAFE",
+            // its checks read the catalog through SPI: the leader's
+            Entry::Process(ProcessCall::PolicyStats) | Entry::Server(ServerCall::SelfTest) => "RESTRICTED",
+            Entry::Process(ProcessCall::StatsReset) | Entry::State(_) | Entry::Internal(_) => "UNSAFE",
+        }
     }
 }
 
@@ -372,8 +401,11 @@ mod table {
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
         result_keys: &["capacity", "in_use", "evicted_full", "evicted_early", "saved", "loaded", "bytes_per_bucket"],
-        ..function("rl_memory_stats", Entry::Server, &[], Jsonb, NOT_AN_OBJECT,
+        ..function("rl_memory_stats", Entry::Server(ServerCall::MemoryStats), &[], Jsonb, NOT_AN_OBJECT,
         "the memory store (pg_ratelimit.buckets = memory): buckets it can hold and holds, new keys that replaced a bucket full again or early, buckets saved at the last clean shutdown and loaded at start; returns jsonb") };
+    pub const RL_SELF_TEST: Function = Function { result_keys: &["checks", "failed"], admin_only: true,
+        ..function("rl_self_test", Entry::Server(ServerCall::SelfTest), &[], Jsonb, NOT_AN_OBJECT,
+        "checks this build of the library against this server: each answer it lays out in jsonb is byte for byte what the server's jsonb_in makes of its text, and each function's catalog entry is what the library's table says; returns the number of checks and the failures (rl_admin only)") };
     pub const RL_HEADERS: Function = function("rl_headers", Entry::Pure(PureCall::Headers),
         &[required("result", Jsonb)], Jsonb, NOT_AN_OBJECT,
         "HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result");
@@ -437,6 +469,7 @@ pub const ALL: &[Function] = &[
     RL_HEADERS,
     RL_VERSION,
     RL_MEMORY_STATS,
+    RL_SELF_TEST,
     RL_BUCKET_GUARD,
     RL_BUCKET_NEW_LEVEL,
     RL_BUCKET_NEW_REFILLED_AT,

@@ -14,7 +14,8 @@
 //! - [`memory`]: the memory store's table of buckets (PostgreSQL shared memory), pure;
 //!   [`memory_store`]: the store that keeps buckets there and budgets in SQL.
 //! - [`functions`]: every SQL function described once; [`calls`]: what each one runs;
-//!   [`generated`]: the files written from the table.
+//!   [`generated`]: the files written from the table; [`privileges`]: who may use each
+//!   installed object, whatever the platform granted by default.
 //! - [`sql`]: the statement texts in `sql/`; [`sql_store`]: the store of both SQL engines.
 //! - [`sql_edition`]: the install script of the SQL edition (PL/pgSQL, for managed PostgreSQL).
 #![forbid(unsafe_code)]
@@ -38,6 +39,7 @@ pub mod multi;
 pub mod penalty;
 pub mod policy;
 pub mod policy_cache;
+pub mod privileges;
 pub mod protocol;
 pub mod render;
 pub mod sql;

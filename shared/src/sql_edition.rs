@@ -5,6 +5,7 @@
 //! `scripts/package.sh --sql` ships; a test keeps the checked-in copy current.
 
 use crate::functions::{Entry, Function, ALL};
+use crate::privileges;
 
 const SCHEMA: &str = include_str!("../../sql/pg_schema.sql");
 const STATS_VIEW: &str = include_str!("../../sql/pg_stats_view.sql");
@@ -19,7 +20,7 @@ pub const EXTENSION_NAME: &str = "pg_ratelimit_sql";
 /// Every function the native extension offers that this edition declares too: all public
 /// ones but those about the server's shared memory.
 pub fn offered() -> impl Iterator<Item = &'static Function> {
-    ALL.iter().filter(|f| !f.is_internal() && !matches!(f.entry, Entry::Server))
+    ALL.iter().filter(|f| !f.is_internal() && !matches!(f.entry, Entry::Server(_)))
 }
 
 /// The PL/pgSQL body of each function, by name, in the order of `sql/edition/functions.sql`.
@@ -43,14 +44,10 @@ pub fn missing() -> Vec<&'static str> {
 }
 
 /// How PostgreSQL is told to run it: the native extension's volatility and parallel
-/// safety; every function runs as the installing role with a pinned search_path, since
+/// label; every function runs as the installing role with a pinned search_path, since
 /// PL/pgSQL resolves every operator and function of its statements through it.
-fn attributes(f: &Function) -> &'static str {
-    match f.entry {
-        Entry::Pure(_) => "IMMUTABLE PARALLEL SAFE SECURITY DEFINER",
-        Entry::Process(_) => "VOLATILE PARALLEL SAFE SECURITY DEFINER",
-        _ => "VOLATILE PARALLEL UNSAFE SECURITY DEFINER",
-    }
+fn attributes(f: &Function) -> String {
+    format!("{} PARALLEL {} SECURITY DEFINER", f.volatility(), f.parallel())
 }
 
 /// The schema, made so that running a newer script over an older install keeps the state.
@@ -67,18 +64,87 @@ fn schema() -> String {
         .join("\n")
 }
 
-/// The install script: the plain one a database owner runs with `psql -f`, or (for
-/// pg_tle, `extension` true) the extension script, which also marks the state tables'
-/// rows for pg_dump.
+/// The plain script's opening, for psql: stop at the first error, and take the schema of
+/// the application functions from `-v rl_schema=NAME` when given.
+const PSQL_OPENING: &str = r"\set ON_ERROR_STOP on
+\if :{?rl_schema}
+\else
+\set rl_schema ''
+\endif
+BEGIN;
+SET LOCAL client_min_messages = warning;
+SELECT pg_catalog.set_config('pg_ratelimit_install.schema', :'rl_schema', true) AS rl_schema \gset
+";
+
+/// Before anything is created: the schema the application functions go in (the plain
+/// script's `rl_schema`, made if missing, else the first of `search_path`; an extension's
+/// own under pg_tle), and what would be in the way, named before anything is made.
+const PREFLIGHT: &str = r#"-- Where the functions go, and what is in the way (nothing is created before this passes).
+DO $rl_install$
+DECLARE
+    target text := nullif(pg_catalog.current_setting('pg_ratelimit_install.schema', true), '');
+    found record;
+BEGIN
+    IF target IS NOT NULL THEN
+        EXECUTE pg_catalog.format('CREATE SCHEMA IF NOT EXISTS %I', target);
+        PERFORM pg_catalog.set_config('search_path', pg_catalog.quote_ident(target), true);
+    ELSIF pg_catalog.current_schema() IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '3F000',
+            MESSAGE = 'pg_ratelimit_sql: no schema of search_path exists to create the functions in',
+            HINT = 'Run the script with psql -v rl_schema=NAME, or set search_path to an existing schema.';
+    END IF;
+    IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user) THEN
+        RAISE WARNING 'pg_ratelimit_sql: installed by the superuser %, every rl_* function runs as a superuser', current_user
+            USING HINT = 'Install as a role of its own instead (docs/managed-postgres.md, "any install by a superuser").';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_ratelimit') THEN
+        RAISE EXCEPTION USING ERRCODE = '42710',
+            MESSAGE = 'pg_ratelimit_sql: the native extension pg_ratelimit is installed in this database, '
+                      'and its functions and schema ratelimit are the ones the SQL edition would create';
+    END IF;
+    FOR found IN
+        SELECT c.oid::regclass::text AS name, c.relkind, 'view' AS wanted
+        FROM pg_catalog.pg_class AS c
+        WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
+          AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_policies', 'rl_blocks', 'rl_stats']) AND c.relkind <> 'v'
+        UNION ALL
+        SELECT c.oid::regclass::text, c.relkind, 'table'
+        FROM pg_catalog.pg_class AS c
+        WHERE c.relnamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) 'ratelimit')
+          AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_bucket', 'rl_budget', 'rl_entries', 'rl_policy']) AND c.relkind <> 'r'
+    LOOP
+        RAISE EXCEPTION USING ERRCODE = '42P07',
+            MESSAGE = pg_catalog.format('pg_ratelimit_sql: %s exists and is not a %s (relkind %s): it is in the way of the %s the edition creates',
+                                        found.name, found.wanted, found.relkind, found.wanted),
+            HINT = 'Rename or drop it, then run the install again; nothing was installed.';
+    END LOOP;
+END
+$rl_install$;
+"#;
+
+/// The install script: the plain one a database owner runs with `psql -f` (in one
+/// transaction: a failure leaves nothing behind), or (for pg_tle, `extension` true) the
+/// extension script, which also marks the state tables' rows for pg_dump.
 pub fn script(extension: bool) -> String {
     let version = env!("CARGO_PKG_VERSION");
     let quote = |s: &str| s.replace('\'', "''");
     let mut out = format!(
         "-- pg_ratelimit {version}, SQL edition ({EXTENSION_NAME}): generated by shared/src/sql_edition.rs from\n\
-         -- sql/pg_schema.sql, sql/edition/ and the function table; do not edit.\n\
-         -- Run by the database owner (CREATEDB and CREATEROLE suffice; no superuser):\n\
-         --   psql -v ON_ERROR_STOP=1 -f {EXTENSION_NAME}-{version}.sql\n\n"
+         -- sql/pg_schema.sql, sql/edition/ and the function table; do not edit.\n"
     );
+    if extension {
+        out += "-- Registered with pg_tle (see the .pg_tle.sql file), then CREATE EXTENSION pg_ratelimit_sql [SCHEMA s].\n\n";
+    } else {
+        out += &format!(
+            "-- Run by a role with CREATE on the database and on the target schema (the owner, a managed\n\
+             -- service's master user; no superuser), in one transaction:\n\
+             --   psql -v ON_ERROR_STOP=1 [-v rl_schema=NAME] -f {EXTENSION_NAME}-{version}.sql\n\n{PSQL_OPENING}\n"
+        );
+    }
+    out += PREFLIGHT;
+    out += "\n";
+    out += &privileges::remember_existing(offered());
+    out += "\n";
     out += &schema();
     out += "\n\n";
     if extension {
@@ -100,14 +166,14 @@ pub fn script(extension: bool) -> String {
             attributes(f),
             body.trim().replace("@VERSION@", version)
         );
-        out += &format!("COMMENT ON FUNCTION {} IS\n  '{}';\n", f.pg_signature(), quote(f.comment));
-        if f.admin_only {
-            out += &format!("REVOKE ALL ON FUNCTION {} FROM PUBLIC;\n", f.pg_signature());
-            out += &format!("GRANT EXECUTE ON FUNCTION {} TO rl_admin;\n", f.pg_signature());
-        }
-        out += "\n";
+        out += &format!("COMMENT ON FUNCTION {} IS\n  '{}';\n\n", f.pg_signature(), quote(f.comment));
     }
     out += &STATS_VIEW.replace("CREATE VIEW ", "CREATE OR REPLACE VIEW ");
+    out += "\n";
+    out += &privileges::normalize(offered());
+    if !extension {
+        out += "\nCOMMIT;\n";
+    }
     out
 }
 

@@ -27,3 +27,17 @@ fn pg_finalize_sql_is_generated_from_the_table() {
 fn tests_functions_json_is_generated_from_the_table() {
     check("tests/functions.json", generated::tests_json());
 }
+
+#[test]
+fn the_open_upgrade_script_carries_the_generated_privileges() {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pg_ext/sql");
+    let suffix = format!("--{}.sql", env!("CARGO_PKG_VERSION"));
+    let newest = std::fs::read_dir(&folder)
+        .expect("pg_ext/sql")
+        .map(|e| e.expect("an entry").file_name().into_string().expect("a UTF-8 name"))
+        .find(|name| name.ends_with(&suffix))
+        .expect("an upgrade script to this version");
+    let text = std::fs::read_to_string(folder.join(&newest)).expect("the upgrade script");
+    assert!(text.contains("-- generated: remember ") && text.contains("-- generated: privileges "), "{newest}");
+    check(&format!("pg_ext/sql/{newest}"), generated::upgrade_script(&text));
+}

@@ -220,7 +220,9 @@ BEGIN
             || ratelimit.rl__describe(now_ms));
     END IF;
     caller := ratelimit.rl__caller();
-    IF NOT (caller = current_user OR pg_has_role(caller, 'rl_admin', 'MEMBER')) THEN
+    -- (rl_admin may not exist: an installing role without CREATEROLE administers alone)
+    IF NOT (caller = current_user OR (EXISTS (SELECT FROM pg_roles WHERE rolname = 'rl_admin')
+                                       AND pg_has_role(caller, 'rl_admin', 'MEMBER'))) THEN
         RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = fn
             || ': an explicit now_ms is allowed only for the owner of pg_ratelimit_sql and members of rl_admin';
     END IF;
@@ -586,48 +588,44 @@ BEGIN
 END
 $$;
 
--- A whole number as Rust's i64 parser reads it (an optional sign, digits), else NULL.
+-- A whole number as Rust's i64 parser reads it (an optional sign, digits), else NULL. No
+-- exception block (each would be a subtransaction): the range is checked as a numeric.
 CREATE OR REPLACE FUNCTION ratelimit.rl__int(t text) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    IF t ~ '^[+-]?[0-9]{1,19}$' THEN
-        RETURN t::numeric::bigint;
-    END IF;
-    RETURN NULL;
-EXCEPTION WHEN numeric_value_out_of_range THEN
-    RETURN NULL;
-END
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN t ~ '^[+-]?[0-9]{1,19}$' AND t::numeric BETWEEN -9223372036854775808 AND 9223372036854775807
+                THEN t::numeric::bigint END
 $$;
 
--- A window's stored entries (window::decode): times in order and their millionths.
+-- A window's stored entries (window::decode): times in order and their millionths; each
+-- item is a delta from the one before (the first from 0), optionally `:micros`.
 CREATE OR REPLACE FUNCTION ratelimit.rl__window_decode(fn text, entries text, OUT ats bigint[], OUT micros bigint[])
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    item text;
-    delta bigint;
-    units bigint;
-    at bigint := 0;
-    i int := 0;
+    damaged boolean;
 BEGIN
     ats := '{}';
     micros := '{}';
     IF entries IS NULL OR entries = '' THEN RETURN; END IF;
-    FOREACH item IN ARRAY string_to_array(entries, ',') LOOP
-        IF position(':' IN item) > 0 THEN
-            delta := ratelimit.rl__int(split_part(item, ':', 1));
-            units := ratelimit.rl__int(substr(item, position(':' IN item) + 1));
-        ELSE
-            delta := ratelimit.rl__int(item);
-            units := 1000000;
-        END IF;
-        IF delta IS NULL OR units IS NULL OR units <= 0 OR NOT (delta > 0 OR (i = 0 AND delta = 0)) THEN
-            PERFORM ratelimit.rl__damaged(fn, 'window');
-        END IF;
-        at := at + delta;
-        ats := ats || at;
-        micros := micros || units;
-        i := i + 1;
-    END LOOP;
+    -- as written: numbers that fit, every delta after the first above 0 (checked below)
+    IF entries ~ '^[0-9]{1,15}(:[0-9]{1,15})?(,[0-9]{1,15}(:[0-9]{1,15})?)*$' THEN
+        SELECT bool_or(u <= 0 OR NOT (d > 0 OR (n = 1 AND d = 0))), array_agg(s ORDER BY n), array_agg(u ORDER BY n)
+        INTO damaged, ats, micros
+        FROM (SELECT n, d, u, sum(d) OVER (ORDER BY n) AS s
+              FROM (SELECT n, split_part(item, ':', 1)::bigint AS d,
+                           CASE WHEN position(':' IN item) > 0 THEN split_part(item, ':', 2)::bigint ELSE 1000000 END AS u
+                    FROM unnest(string_to_array(entries, ',')) WITH ORDINALITY AS t(item, n)) AS parsed) AS summed;
+        IF damaged THEN PERFORM ratelimit.rl__damaged(fn, 'window'); END IF;
+        RETURN;
+    END IF;
+    SELECT bool_or(d IS NULL OR u IS NULL OR u <= 0 OR NOT (d > 0 OR (n = 1 AND d = 0))),
+           array_agg(s ORDER BY n), array_agg(u ORDER BY n)
+    INTO damaged, ats, micros
+    FROM (SELECT n, d, u, sum(d) OVER (ORDER BY n) AS s
+          FROM (SELECT n, ratelimit.rl__int(split_part(item, ':', 1)) AS d,
+                       CASE WHEN position(':' IN item) > 0 THEN ratelimit.rl__int(substr(item, position(':' IN item) + 1))
+                            ELSE 1000000 END AS u
+                FROM unnest(string_to_array(entries, ',')) WITH ORDINALITY AS t(item, n)) AS parsed) AS summed;
+    IF damaged THEN PERFORM ratelimit.rl__damaged(fn, 'window'); END IF;
 END
 $$;
 
@@ -742,28 +740,34 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__leases_decode(fn text, entries text, OU
                                                        OUT issued bigint[], OUT expires bigint[], OUT secrets text[])
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    parts text[];
-    fields text[];
+    damaged boolean;
 BEGIN
     seqs := '{}'; issued := '{}'; expires := '{}'; secrets := '{}';
     IF entries IS NULL THEN next_seq := 1; RETURN; END IF;
-    parts := string_to_array(entries, ';');
-    next_seq := ratelimit.rl__int(parts[1]);
+    next_seq := ratelimit.rl__int(split_part(entries, ';', 1));
     IF next_seq IS NULL THEN PERFORM ratelimit.rl__damaged(fn, 'lease'); END IF;
-    FOR i IN 2..coalesce(array_length(parts, 1), 1) LOOP
-        fields := string_to_array(parts[i], ':');
-        IF array_length(fields, 1) NOT IN (3, 4) OR ratelimit.rl__int(fields[1]) IS NULL
-           OR ratelimit.rl__int(fields[2]) IS NULL OR ratelimit.rl__int(fields[3]) IS NULL
-           OR (array_length(fields, 1) = 4 AND fields[4] !~ '^[0-9a-fA-F]{1,16}$') THEN
-            PERFORM ratelimit.rl__damaged(fn, 'lease');
-        END IF;
-        seqs := seqs || ratelimit.rl__int(fields[1]);
-        issued := issued || ratelimit.rl__int(fields[2]);
-        expires := expires || ratelimit.rl__int(fields[3]);
-        -- the secret as the id writes it: 16 hex digits (none for a lease stored without one)
-        secrets := secrets || CASE WHEN array_length(fields, 1) = 4 AND ltrim(fields[4], '0') <> ''
-                                   THEN lpad(lower(ltrim(fields[4], '0')), 16, '0') END;
-    END LOOP;
+    IF position(';' IN entries) = 0 THEN RETURN; END IF;
+    -- as this edition and the native library write it: every number fits, no field to check
+    IF entries ~ '^[0-9]{1,18}(;[0-9]{1,18}:[0-9]{1,18}:[0-9]{1,18}(:[0-9a-f]{1,16})?)+$' THEN
+        SELECT array_agg(split_part(item, ':', 1)::bigint ORDER BY n), array_agg(split_part(item, ':', 2)::bigint ORDER BY n),
+               array_agg(split_part(item, ':', 3)::bigint ORDER BY n),
+               array_agg(CASE WHEN split_part(item, ':', 4) NOT IN ('', '0') THEN lpad(split_part(item, ':', 4), 16, '0') END
+                         ORDER BY n)
+        INTO seqs, issued, expires, secrets
+        FROM unnest((string_to_array(entries, ';'))[2:]) WITH ORDINALITY AS t(item, n);
+        RETURN;
+    END IF;
+    SELECT bool_or(cardinality(f) NOT IN (3, 4) OR ratelimit.rl__int(f[1]) IS NULL OR ratelimit.rl__int(f[2]) IS NULL
+                   OR ratelimit.rl__int(f[3]) IS NULL OR (cardinality(f) = 4 AND f[4] !~ '^[0-9a-fA-F]{1,16}$')),
+           array_agg(ratelimit.rl__int(f[1]) ORDER BY n), array_agg(ratelimit.rl__int(f[2]) ORDER BY n),
+           array_agg(ratelimit.rl__int(f[3]) ORDER BY n),
+           -- the secret as the id writes it: 16 hex digits (none for a lease stored without one)
+           array_agg(CASE WHEN cardinality(f) = 4 AND ltrim(f[4], '0') <> '' THEN lpad(lower(ltrim(f[4], '0')), 16, '0') END
+                     ORDER BY n)
+    INTO damaged, seqs, issued, expires, secrets
+    FROM (SELECT n, string_to_array(item, ':') AS f
+          FROM unnest((string_to_array(entries, ';'))[2:]) WITH ORDINALITY AS t(item, n)) AS items;
+    IF damaged THEN PERFORM ratelimit.rl__damaged(fn, 'lease'); END IF;
 END
 $$;
 
@@ -776,17 +780,11 @@ $$;
 -- Leases as stored (Leases::encode), the unexpired ones at now only (pruned) unless now is NULL.
 CREATE OR REPLACE FUNCTION ratelimit.rl__leases_encode(next_seq bigint, seqs bigint[], issued bigint[],
                                                        expires bigint[], secrets text[], now bigint)
-RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    out text := next_seq::text;
-BEGIN
-    FOR i IN 1..coalesce(array_length(seqs, 1), 0) LOOP
-        CONTINUE WHEN now IS NOT NULL AND expires[i] <= now;
-        out := out || ';' || seqs[i] || ':' || issued[i] || ':' || expires[i] || ':'
-            || coalesce(ltrim(secrets[i], '0'), '0');
-    END LOOP;
-    RETURN out;
-END
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT next_seq::text || coalesce((
+        SELECT string_agg(';' || s || ':' || i || ':' || e || ':' || coalesce(ltrim(x, '0'), '0'), '' ORDER BY n)
+        FROM unnest(seqs, issued, expires, secrets) WITH ORDINALITY AS t(s, i, e, x, n)
+        WHERE now IS NULL OR e > now), '')
 $$;
 
 -- When the last lease expires (Leases::empty_at), of the unexpired ones at now.
@@ -804,6 +802,8 @@ RETURNS jsonb LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan
 DECLARE
     seen text;
     seen_empty_at bigint;
+    held text;
+    held_empty_at bigint;
     found_row boolean;
     d record;
 BEGIN
@@ -820,9 +820,13 @@ BEGIN
         INSERT INTO ratelimit.rl_entries (key, kind, entries, empty_at) VALUES (k, entry_kind, empty, 0)
         ON CONFLICT (key, kind) DO NOTHING;
     END IF;
-    SELECT t.entries, t.empty_at INTO seen, seen_empty_at FROM ratelimit.rl_entries AS t
+    SELECT t.entries, t.empty_at INTO held, held_empty_at FROM ratelimit.rl_entries AS t
     WHERE t.key = k AND t.kind = entry_kind FOR UPDATE;
-    d := ratelimit.rl__entries_step(step, fn, seen, seen_empty_at, true, args, now);
+    -- decided again on the row as held, unless it is the row already decided on (the
+    -- decision is a function of the row: the same row, the same decision)
+    IF NOT found_row OR held IS DISTINCT FROM seen OR held_empty_at IS DISTINCT FROM seen_empty_at THEN
+        d := ratelimit.rl__entries_step(step, fn, held, held_empty_at, true, args, now);
+    END IF;
     IF d.new_entries IS NOT NULL THEN
         UPDATE ratelimit.rl_entries AS t SET entries = d.new_entries, empty_at = d.new_empty_at
         WHERE t.key = k AND t.kind = entry_kind;
@@ -945,12 +949,12 @@ BEGIN
     END IF;
     IF step IN ('acquire', 'release', 'renew', 'in_flight') THEN
         l := ratelimit.rl__leases_decode(fn, entries);
-        FOR i IN 1..coalesce(array_length(l.seqs, 1), 0) LOOP
-            IF l.expires[i] > now THEN
-                held := held || i;
-                IF ratelimit.rl__lease_id(l.issued[i], l.seqs[i], l.secrets[i]) = args ->> 'lease' THEN hit := i; END IF;
-            END IF;
-        END LOOP;
+        -- the leases held at now, and the one named (one query: a loop over the record's
+        -- arrays would copy them at every step)
+        SELECT coalesce(array_agg(n ORDER BY n) FILTER (WHERE e > now), '{}'),
+               CASE WHEN args ? 'lease' THEN max(n) FILTER (WHERE e > now AND ratelimit.rl__lease_id(i, q, x) = args ->> 'lease') END
+        INTO held, hit
+        FROM unnest(l.seqs, l.issued, l.expires, l.secrets) WITH ORDINALITY AS t(q, i, e, x, n);
         IF step = 'in_flight' THEN
             answer := to_jsonb(coalesce(array_length(held, 1), 0));
             RETURN;

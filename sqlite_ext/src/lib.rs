@@ -52,7 +52,7 @@ fn register_all(db: Connection) -> rusqlite::Result<bool> {
             }
             Entry::Process(_) => register_without_store(&h, f, STATEFUL)?,
             // The database file is the state every connection shares: no server memory.
-            Entry::Server => {}
+            Entry::Server(_) => {}
         }
     }
     Ok(false)

@@ -1,0 +1,43 @@
+# One door for every job; each target runs one script of scripts/ (read them for the
+# settings they take). `make` alone lists them.
+.DEFAULT_GOAL := help
+.PHONY: help demo demo-postgres setup test-fast test edition lint package package-sqlite package-sql bench chaos
+
+help: ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  make %-16s %s\n", $$1, $$2 }'
+
+demo: ## the main job: build the SQLite extension and walk through limits, refusals and a budget
+	bash scripts/demo.sh
+
+demo-postgres: ## the same walk on PostgreSQL 15 (as root; a throwaway cluster)
+	bash scripts/demo.sh --postgres
+
+setup: ## install what the build and the tests need (as root; idempotent)
+	bash scripts/setup.sh --pg
+
+test-fast: ## the core's tests and the SQLite client tests: no root, no PostgreSQL; under a minute once built
+	bash scripts/test.sh --fast
+
+test: ## everything CI runs after the lint (as root; installs what it needs)
+	bash scripts/test.sh
+
+edition: ## the SQL edition against the native extension: 10,000 random calls on a local cluster, and its suite
+	bash scripts/test.sh --edition
+
+lint: ## cargo fmt --check and clippy -D warnings on every crate
+	bash scripts/lint.sh
+
+package: ## every package into dist/: .debs and tarballs per major, the SQL edition, SQLite and web packages
+	bash scripts/package.sh
+
+package-sqlite: ## the SQLite extension's and the web packages alone (no cargo-pgrx, no PostgreSQL)
+	bash scripts/package.sh --sqlite
+
+package-sql: ## the SQL edition's two files alone (seconds)
+	bash scripts/package.sh --sql
+
+bench: ## the benchmark harness (about 45 minutes; RL_BENCH_ONLY=targets|memory|kinds|edition for one section)
+	bash scripts/bench.sh
+
+chaos: ## clients under killed backends, restarts and a stopped pgbouncer (10 minutes; RL_CHAOS_SECONDS)
+	bash scripts/chaos.sh
