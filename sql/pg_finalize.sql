@@ -38,6 +38,8 @@ COMMENT ON FUNCTION rl_charge_budget(text, text, double precision, double precis
   'add amount to the current period of a budget, past its quota if need be (a cost known after the work); returns jsonb';
 COMMENT ON FUNCTION rl_policy_set(text, jsonb) IS
   'insert or replace a policy: limits (buckets, budgets, windows), tiers (name to multiplier) and shadow, validated whole; returns the stored definition (rl_admin only)';
+COMMENT ON FUNCTION rl_policy_validate(jsonb) IS
+  'validate a policy definition as rl_policy_set does, storing nothing: the same errors, naming the field; returns the definition with every field';
 COMMENT ON FUNCTION rl_policy_drop(text) IS
   'delete a policy; returns whether it existed (rl_admin only)';
 COMMENT ON FUNCTION rl_check(text, text, double precision, text, double precision) IS
@@ -138,6 +140,7 @@ BEGIN
          'rl_in_flight(text, double precision)',
          'rl_charge(text, double precision, double precision, double precision, double precision)',
          'rl_charge_budget(text, text, double precision, double precision)',
+         'rl_policy_validate(jsonb)',
          'rl_check(text, text, double precision, text, double precision)',
          'rl_refund_check(text, text, double precision, text, double precision)',
          'rl_penalize(text, bigint, double precision, double precision, double precision, double precision)',

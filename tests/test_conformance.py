@@ -290,6 +290,25 @@ STEPS = [
     ("rl_headers", ('{"admitted":true,"used":0.5,"limit":1,"remaining":0.5,"resets_at":86400,"retry_after_seconds":0}',),
      {"RateLimit-Policy": '"budget";q=1', "RateLimit": '"budget";r=0', "X-RateLimit-Limit": "1",
       "X-RateLimit-Remaining": "0.5", "X-RateLimit-Reset": "86400"}),
+    # a policy's check: items named by the policy and the kind, a kind that recurs numbered,
+    # the policy's name as a structured field's string holds it
+    ("rl_headers", (json.dumps({"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0, "items": [
+        {"admitted": True, "remaining": 4, "limit": 5, "retry_after_ms": 0, "retry_after_seconds": 0, "reset_after_seconds": 12,
+         "exceeds_limit": False, "refill_seconds": 60},
+        {"admitted": True, "used": 3, "limit": 50, "remaining": 47, "resets_at": 86400, "retry_after_seconds": 0,
+         "exceeds_limit": False, "period_seconds": 86400},
+        {"admitted": True, "remaining": 99, "limit": 100, "retry_after_ms": 0, "retry_after_seconds": 0, "reset_after_seconds": 1,
+         "exceeds_limit": False, "refill_seconds": 600}],
+        "policy": 'lo"gin é', "tier": None, "shadow": False, "would_refuse": False, "blocked": False}),),
+     {"RateLimit-Policy": '"lo\\"gin _-bucket-1";q=5;w=60, "lo\\"gin _-budget";q=50;w=86400, "lo\\"gin _-bucket-2";q=100;w=600',
+      "RateLimit": '"lo\\"gin _-bucket-1";r=4;t=12, "lo\\"gin _-budget";r=47, "lo\\"gin _-bucket-2";r=99;t=1',
+      "X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "4", "X-RateLimit-Reset": "12"}),
+    ("rl_headers", (json.dumps({"admitted": False, "retry_after_ms": 1000, "retry_after_seconds": 1, "items": [
+        {"admitted": False, "remaining": 0, "limit": 5, "retry_after_ms": 1000, "retry_after_seconds": 1, "reset_after_seconds": 5,
+         "exceeds_limit": False, "refill_seconds": 60}], "policy": "login", "tier": None, "shadow": False,
+        "would_refuse": True, "blocked": False}),),
+     {"RateLimit-Policy": '"login-bucket";q=5;w=60', "RateLimit": '"login-bucket";r=0;t=5', "X-RateLimit-Limit": "5",
+      "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "5", "Retry-After": "1"}),
     ("rl_headers", ('{"used":1}',), ("error", "rl_headers: result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all")),
     # sliding window: at most 3 in any 10 s; entries of one millisecond merge
     ("rl_window", ("win", 3, 10, 1, 0), window(True, 2, 3, 0, 10, 10)),
@@ -436,9 +455,9 @@ STEPS = [
         "items": [{"remaining": 25, "limit": 25, "reset_after_seconds": 0}, {"used": 0, "resets_at": 86400}]})] * 2,
     ("rl_refund_check", ("login", "bea", 1, "gold", 0),
      ("error", "rl_refund_check: tier 'gold' is not one of this policy's tiers (pro)")),
-    ("rl_refund_check", ("nope", "bea"), ("error", "rl_refund_check: there is no policy named 'nope'")),
+    ("rl_refund_check", ("nope", "bea"), ("error", "rl_refund_check: there is no policy named 'nope'", "42704")),
     ("rl_check", ("login", "ann", 1, "gold", 0), ("error", "rl_check: tier 'gold' is not one of this policy's tiers (pro)")),
-    ("rl_check", ("nope", "ann"), ("error", "rl_check: there is no policy named 'nope'")),
+    ("rl_check", ("nope", "ann"), ("error", "rl_check: there is no policy named 'nope'", "42704")),
     ("rl_check", ("login", None), ("error", "rl_check: subject must be text, got NULL")),
     ("rl_check", ("login", "ann", 0), ("error", "rl_check: cost must be a finite number greater than 0, got 0")),
     # two policies never share state, and neither meets a raw key
@@ -467,6 +486,24 @@ STEPS = [
      {"policy": "trial", "tier": None, "items": [{**window(True, 1, 1, 0, 0, 10), "exceeds_limit": False}]}),
     ("rl_check", ("trial", "cy", 1, None, 10_000), checked([{**window(True, 0, 1, 0, 10, 10), "exceeds_limit": False}], "trial")),
     # a definition is validated whole; a bad one writes nothing
+    # rl_policy_validate: rl_policy_set's validation, storing nothing (the web packages check
+    # a route's explicit limits with it at startup)
+    ("rl_policy_validate", ('{"limits": [{"burst": 5, "refill_per_minute": 5}, {"limit": 3, "window_seconds": 60}], '
+                            '"tiers": {"pro": 2}}',),
+     {"limits": [{"burst": 5, "refill_per_minute": 5}, {"limit": 3, "window_seconds": 60}], "tiers": {"pro": 2},
+      "shadow": False}),
+    ("rl_policy_validate", ('{"limits": [{"burst": 0, "refill_per_minute": 5}]}',),
+     ("error", "rl_policy_validate: definition.limits item 1: burst must be a finite number greater than 0, got 0")),
+    ("rl_policy_validate", ('{"limits": [{"burst": 3, "refill": 5}]}',),
+     ("error", 'rl_policy_validate: definition.limits item 1: unknown field "refill" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds)')),
+    # a number written as text is read as the number, as every argument is; the answer has it as one
+    ("rl_policy_validate", ('{"limits": [{"burst": "3", "refill_per_minute": 5}]}',),
+     {"limits": [{"burst": 3, "refill_per_minute": 5}], "tiers": {}, "shadow": False}),
+    ("rl_policy_validate", ('{"limits": [{"period": "hour", "quota": 5}]}',),
+     ("error", "rl_policy_validate: definition.limits item 1: period must be 'day' or 'month', got 'hour'")),
+    ("rl_policy_validate", ("[]",), ("error", "rl_policy_validate: definition must be a JSON object with limits, and optionally tiers and shadow")),
+    ("rl_policy_validate", (None,), ("error", "rl_policy_validate: definition must be JSON, got NULL")),
+    ("rl_check", ("x", "ann"), ("error", "rl_check: there is no policy named 'x'", "42704")),
     ("rl_policy_set", ("x", '{"limits": []}'), ("error", "rl_policy_set: definition.limits must hold 1 to 16 items, got 0")),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 0, "refill_per_minute": 5}]}'),
      ("error", "rl_policy_set: definition.limits item 1: burst must be a finite number greater than 0, got 0")),
@@ -490,10 +527,10 @@ STEPS = [
      ("error", 'rl_policy_set: definition: unknown field "tier" (a policy has limits, tiers, shadow)')),
     ("rl_policy_set", ("x", "nope"), ("error", "rl_policy_set: definition must be valid JSON: expected ident at line 1 column 2"), "sqlite"),
     ("rl_policy_set", ("", "{}"), ("error", "rl_policy_set: name must not be empty")),
-    ("rl_check", ("x", "ann"), ("error", "rl_check: there is no policy named 'x'")),
+    ("rl_check", ("x", "ann"), ("error", "rl_check: there is no policy named 'x'", "42704")),
     ("rl_policy_drop", ("generate",), True),
     ("rl_policy_drop", ("generate",), False),
-    ("rl_check", ("generate", "ann"), ("error", "rl_check: there is no policy named 'generate'")),
+    ("rl_check", ("generate", "ann"), ("error", "rl_check: there is no policy named 'generate'", "42704")),
     # penalties: three free strikes, then 120 s, 240 s, ... (the seed's formula)
     *[("rl_penalize", ("eve", 3, 60, 3600, 3600, t), strikes(i + 1)) for i, t in enumerate((0, 1000, 2000))],
     ("rl_penalize", ("eve", 3, 60, 3600, 3600, 3000), strikes(4, 123, 120)),

@@ -97,9 +97,9 @@ def test_service_limits_refunds_and_exempts_health(service):
 def test_service_applies_policies_tiers_and_penalties(service):
     port = service
     # the tier comes from the user's row: pro has five times the webhook limits
-    assert get(port, "/webhooks?user=alice")[1]["RateLimit-Policy"] == '"bucket-1";q=200;w=60'
+    assert get(port, "/webhooks?user=alice")[1]["RateLimit-Policy"] == '"webhooks-bucket";q=200;w=60'
     status, headers, body = get(port, "/webhooks?user=pat")
-    assert (status, body["tier"], headers["RateLimit-Policy"]) == (200, "pro", '"bucket-1";q=1000;w=60')
+    assert (status, body["tier"], headers["RateLimit-Policy"]) == (200, "pro", '"webhooks-bucket";q=1000;w=60')
     # wrong passwords: three free strikes, the fourth blocks, and the block refuses at once
     assert get(port, "/login?user=alice&password=secret")[0] == 200
     strikes = [get(port, "/login?user=alice&password=nope")[2]["strikes"] for _ in range(4)]

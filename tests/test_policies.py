@@ -110,15 +110,20 @@ def test_postgres_counts_and_only_rl_admin_reads_or_resets_them(pg_db, roles):
     app, admin = roles
     with conn.cursor() as cur:
         cur.execute("SELECT rl_stats_reset()")
-        cur.execute("SELECT rl_policy_set('enforced', %s)", (COUNTED,))
+        cur.execute("SELECT rl_policy_set('enforced', %s), rl_policy_set('shadowed', %s)",
+                    (COUNTED, COUNTED.replace("}]}", "}], \"shadow\": true}")))
         cur.execute(f"SET ROLE {app}")
         cur.execute("SELECT rl_check('enforced', 'u'), rl_check('enforced', 'u'), rl_check('enforced', 'u')")
+        cur.execute("SELECT rl_check('shadowed', 'u'), rl_check('shadowed', 'u'), rl_check('shadowed', 'u')")
         for sql in ["SELECT * FROM rl_stats", "SELECT rl_stats_reset()", "SELECT rl_policy_stats()"]:
             with pytest.raises(psycopg2.errors.InsufficientPrivilege):
                 cur.execute(sql)
         cur.execute(f"SET ROLE {admin}")
         cur.execute("SELECT admitted, refused, would_refuse, refused_blocked FROM rl_stats WHERE policy = 'enforced'")
         assert cur.fetchone() == (2, 1, 0, 0)
+        # a shadow policy admits, and counts what it would refuse
+        cur.execute("SELECT admitted, refused, would_refuse, refused_blocked FROM rl_stats WHERE policy = 'shadowed'")
+        assert cur.fetchone() == (3, 0, 1, 0)
         cur.execute("RESET ROLE")
 
 
@@ -159,7 +164,7 @@ def test_policy_changes_roll_back(pg_db):
     tx = pg_connect(name, autocommit=False)
     one(tx, "SELECT rl_policy_set('login', %s)", (LIMITS,))
     tx.rollback()
-    with pytest.raises(psycopg2.errors.InvalidParameterValue):
+    with pytest.raises(psycopg2.errors.UndefinedObject):
         one(tx, "SELECT rl_check('login', 'ann')")
     tx.rollback()
     tx.close()

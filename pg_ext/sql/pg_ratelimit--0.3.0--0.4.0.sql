@@ -5,6 +5,8 @@
 -- and the state); an application function keeps the privileges its owner gave it.
 -- rl_policy_stats is PARALLEL RESTRICTED and rl_stats_reset PARALLEL UNSAFE: both are
 -- about the leader's own counters. rl_self_test(): the in-server checks.
+-- rl_policy_validate(definition): rl_policy_set's validation alone. A check of a policy
+-- that does not exist fails with SQLSTATE 42704 (undefined_object), not 22023.
 
 -- complain if this script is run in psql rather than by ALTER EXTENSION
 \echo Use "ALTER EXTENSION pg_ratelimit UPDATE TO '0.4.0'" to load this file. \quit
@@ -14,12 +16,19 @@ DO $rl_existing$ BEGIN
     PERFORM pg_catalog.set_config('pg_ratelimit_install.existing_functions', coalesce((
         SELECT pg_catalog.string_agg(p.oid::text, ' ') FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
-          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
+          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
 END $rl_existing$;
 -- end generated
 
 ALTER FUNCTION rl_policy_stats() PARALLEL RESTRICTED;
 ALTER FUNCTION rl_stats_reset() PARALLEL UNSAFE;
+
+-- A policy definition validated as rl_policy_set validates it, storing nothing.
+CREATE FUNCTION "rl_policy_validate"("definition" jsonb) RETURNS jsonb
+IMMUTABLE PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_policy_validate_wrapper';
+COMMENT ON FUNCTION rl_policy_validate(jsonb) IS
+  'validate a policy definition as rl_policy_set does, storing nothing: the same errors, naming the field; returns the definition with every field';
 
 -- The in-server checks, run by the library a user installed on the server it runs on.
 CREATE FUNCTION "rl_self_test"() RETURNS jsonb
@@ -90,6 +99,7 @@ BEGIN
          'rl_in_flight(text, double precision)',
          'rl_charge(text, double precision, double precision, double precision, double precision)',
          'rl_charge_budget(text, text, double precision, double precision)',
+         'rl_policy_validate(jsonb)',
          'rl_check(text, text, double precision, text, double precision)',
          'rl_refund_check(text, text, double precision, text, double precision)',
          'rl_penalize(text, bigint, double precision, double precision, double precision, double precision)',

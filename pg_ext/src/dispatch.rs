@@ -26,6 +26,7 @@ pub(crate) fn raise(e: ratelimit_core::Error) -> ! {
         ErrorKind::LimitExceeded => PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
         ErrorKind::OutOfRange => PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
         ErrorKind::Storage => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        ErrorKind::UnknownPolicy => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
     };
     ereport!(ERROR, code, e.to_string());
 }

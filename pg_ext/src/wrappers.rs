@@ -185,6 +185,12 @@ fn rl_headers(result: Option<JsonbArg>) -> JsonbResult {
 }
 
 #[pg_extern(immutable, parallel_safe)]
+fn rl_policy_validate(definition: Option<JsonbArg>) -> JsonbResult {
+    let definition = json_text(&f::RL_POLICY_VALIDATE, "definition", definition);
+    run(&f::RL_POLICY_VALIDATE, &[text(definition.as_deref())])
+}
+
+#[pg_extern(immutable, parallel_safe)]
 fn rl_key(parts: Option<VariadicArray<'_, &str>>) -> String {
     let args: Vec<Arg> = match &parts {
         Some(p) => p.iter().map(text).collect(),

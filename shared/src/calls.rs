@@ -46,6 +46,10 @@ fn without_store(entry: Entry, args: &[Arg]) -> Result<Answer> {
         Entry::Pure(PureCall::Key) => key::encode_key(args).map(Answer::Text),
         Entry::Pure(PureCall::Version) => Ok(Answer::Text(env!("CARGO_PKG_VERSION").to_owned())),
         Entry::Pure(PureCall::Headers) => rl_headers(args),
+        Entry::Pure(PureCall::PolicyValidate) => match args::nth(args, 0) {
+            Arg::Text(t) => crate::policy::Policy::parse(t).map(|p| Answer::Json(p.to_json())),
+            other => Err(Error::invalid(format!("definition must be JSON, got {}", other.describe()))),
+        },
         Entry::Process(ProcessCall::PolicyStats) => Ok(Answer::Json(crate::stats::to_json(crate::stats::sink()))),
         Entry::Process(ProcessCall::StatsReset) => Ok(Answer::Int(crate::stats::sink().reset() as i64)),
         Entry::Internal(InternalCall::BucketGuard) => bucket_guard(args),

@@ -22,6 +22,10 @@ pub enum ErrorKind {
     OutOfRange,
     /// The memory store is chosen but the server did not load it at start: PostgreSQL 55000.
     MemoryStoreNotLoaded,
+    /// A check of a policy that does not exist: PostgreSQL 42704 undefined_object (SQLite,
+    /// which has no SQLSTATE: the message's stable start, "<function>: there is no policy
+    /// named"), so that callers tell it from a bad argument by its code.
+    UnknownPolicy,
 }
 
 /// An error whose text starts with the SQL function's name, in lower case. Rules build it
@@ -45,6 +49,10 @@ impl Error {
 
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::InvalidArgument, message)
+    }
+
+    pub fn unknown_policy(name: &str) -> Self {
+        Error::new(ErrorKind::UnknownPolicy, format!("there is no policy named '{name}'"))
     }
 
     pub fn out_of_range(message: impl Into<String>) -> Self {

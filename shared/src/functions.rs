@@ -146,6 +146,7 @@ pub enum PureCall {
     Key,
     Version,
     Headers,
+    PolicyValidate,
 }
 
 /// The internal functions of the guarded UPDATEs: their WHERE guards and SET values.
@@ -368,6 +369,9 @@ mod table {
     pub const RL_POLICY_SET: Function = Function { admin_only: true,
         ..state("rl_policy_set", StateCall::PolicySet, &[required("name", Text), required("definition", Jsonb)],
         "insert or replace a policy: limits (buckets, budgets, windows), tiers (name to multiplier) and shadow, validated whole; returns the stored definition (rl_admin only)") };
+    pub const RL_POLICY_VALIDATE: Function = function("rl_policy_validate", Entry::Pure(PureCall::PolicyValidate),
+        &[required("definition", Jsonb)], Jsonb, &["limits", "tiers", "shadow"],
+        "validate a policy definition as rl_policy_set does, storing nothing: the same errors, naming the field; returns the definition with every field");
     pub const RL_POLICY_DROP: Function = Function { returns: Bool, admin_only: true,
         ..state("rl_policy_drop", StateCall::PolicyDrop, &[required("name", Text)],
         "delete a policy; returns whether it existed (rl_admin only)") };
@@ -458,6 +462,7 @@ pub const ALL: &[Function] = &[
     RL_CHARGE,
     RL_CHARGE_BUDGET,
     RL_POLICY_SET,
+    RL_POLICY_VALIDATE,
     RL_POLICY_DROP,
     RL_CHECK,
     RL_REFUND_CHECK,

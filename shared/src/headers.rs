@@ -111,6 +111,42 @@ fn kind(o: &Map<String, Value>) -> &'static str {
     }
 }
 
+/// The draft's name of each item of a call on several limits: for a policy's check, the
+/// policy and the kind (`"login-bucket"`, and `"login-bucket-2"` for a kind that recurs);
+/// for rl_take_all, the kind and the item's place (`"bucket-1"`).
+fn item_names(policy: Option<&str>, items: &[Value]) -> Vec<String> {
+    let kinds: Vec<&str> = items.iter().map(|i| i.as_object().map_or("bucket", kind)).collect();
+    let Some(policy) = policy else {
+        return kinds.iter().enumerate().map(|(i, k)| format!("{k}-{}", i + 1)).collect();
+    };
+    let policy = sf_text(policy);
+    kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let seen = kinds[..i].iter().filter(|other| *other == k).count();
+            if seen == 0 && kinds.iter().filter(|other| *other == k).count() == 1 {
+                format!("{policy}-{k}")
+            } else {
+                format!("{policy}-{k}-{}", seen + 1)
+            }
+        })
+        .collect()
+}
+
+/// Text as a structured field's string holds it: printable ASCII, `"` and `\` escaped,
+/// anything else `_`.
+fn sf_text(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '"' => "\\\"".to_owned(),
+            '\\' => "\\\\".to_owned(),
+            ' '..='~' => c.to_string(),
+            _ => "_".to_owned(),
+        })
+        .collect()
+}
+
 fn whole(v: f64) -> i64 {
     v.max(0.0).floor() as i64
 }
@@ -135,10 +171,11 @@ pub fn headers(result: &str) -> Result<Json> {
     }
     let (limits, retry) = match o.get("items").and_then(Value::as_array) {
         Some(items) => {
+            let names = item_names(o.get("policy").and_then(Value::as_str), items);
             let limits = items
                 .iter()
-                .enumerate()
-                .map(|(i, item)| item.as_object().and_then(|io| limit_of(format!("{}-{}", kind(io), i + 1), io)))
+                .zip(names)
+                .map(|(item, name)| item.as_object().and_then(|io| limit_of(name, io)))
                 .collect::<Option<Vec<Limit>>>()
                 .filter(|l| !l.is_empty())
                 .ok_or_else(bad)?;

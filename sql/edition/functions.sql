@@ -356,6 +356,18 @@ BEGIN
     RETURN p.canonical::jsonb;
 END
 
+-- function: rl_policy_validate
+DECLARE
+    fn CONSTANT text := 'rl_policy_validate';
+BEGIN
+    IF definition IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'definition must be JSON, got NULL'); END IF;
+    IF pg_column_size(definition) > 262144 THEN
+        PERFORM ratelimit.rl__invalid(fn, format('definition must be at most 262144 bytes of JSON, got %s bytes',
+                                                 pg_column_size(definition)));
+    END IF;
+    RETURN (ratelimit.rl__policy_parse(fn, definition)).canonical::jsonb;
+END
+
 -- function: rl_policy_drop
 DECLARE
     fn CONSTANT text := 'rl_policy_drop';
@@ -486,7 +498,7 @@ BEGIN
     IF jsonb_typeof(o -> 'items') = 'array' THEN
         FOR i IN 1..coalesce(jsonb_array_length(o -> 'items'), 0) LOOP
             l := CASE WHEN jsonb_typeof(o -> 'items' -> (i - 1)) = 'object' THEN ratelimit.rl__header_limit(
-                ratelimit.rl__header_kind(o -> 'items' -> (i - 1)) || '-' || i, o -> 'items' -> (i - 1)) END;
+                ratelimit.rl__header_item_name(o, i), o -> 'items' -> (i - 1)) END;
             IF l IS NULL THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
             limits := limits || l;
         END LOOP;

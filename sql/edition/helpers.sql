@@ -1572,7 +1572,8 @@ DECLARE
 BEGIN
     SELECT t.definition INTO stored FROM ratelimit.rl_policy AS t WHERE t.name = policy;
     IF NOT FOUND THEN
-        PERFORM ratelimit.rl__invalid(fn, format('there is no policy named ''%s''', policy));
+        -- its own SQLSTATE (undefined_object), as the core's ErrorKind::UnknownPolicy
+        RAISE EXCEPTION USING ERRCODE = '42704', MESSAGE = format('%s: there is no policy named ''%s''', fn, policy);
     END IF;
     p := ratelimit.rl__policy_parse(fn, stored::jsonb);
     shadow := p.shadow;
@@ -1611,6 +1612,9 @@ DECLARE
 BEGIN
     counts := jsonb_set(counts, ARRAY[policy], coalesce(counts -> policy, zero), true);
     counts := jsonb_set(counts, ARRAY[policy, outcome], to_jsonb((counts -> policy ->> outcome)::bigint + 1));
+    IF outcome = 'would_refuse' THEN  -- a shadow policy's refusal admits (stats::PolicyCounts::add)
+        counts := jsonb_set(counts, ARRAY[policy, 'admitted'], to_jsonb((counts -> policy ->> 'admitted')::bigint + 1));
+    END IF;
     PERFORM set_config('pg_ratelimit_sql.counts', counts::text, false);
 END
 $$;
@@ -1698,4 +1702,25 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__header_kind(o jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN o ? 'resets_at' THEN 'budget' WHEN o ? 'window_seconds' THEN 'window'
                 WHEN o ? 'in_flight' THEN 'concurrency' ELSE 'bucket' END
+$$;
+
+-- The draft's name of item i of a call on several limits (headers::item_names): for a
+-- policy's check, the policy and the kind ("login-bucket", "login-bucket-2" for a kind that
+-- recurs), the policy as a structured field's string holds it; else the kind and the place.
+CREATE OR REPLACE FUNCTION ratelimit.rl__header_item_name(o jsonb, i int) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text := ratelimit.rl__header_kind(o -> 'items' -> (i - 1));
+    seen int := 0;
+    total int := 0;
+BEGIN
+    IF jsonb_typeof(o -> 'policy') IS DISTINCT FROM 'string' THEN RETURN k || '-' || i; END IF;
+    FOR j IN 1..jsonb_array_length(o -> 'items') LOOP
+        CONTINUE WHEN ratelimit.rl__header_kind(o -> 'items' -> (j - 1)) <> k;
+        total := total + 1;
+        IF j < i THEN seen := seen + 1; END IF;
+    END LOOP;
+    RETURN regexp_replace(replace(replace(o ->> 'policy', '\', '\\'), '"', '\"'), '[^ -~]', '_', 'g')
+        || '-' || k || CASE WHEN total = 1 THEN '' ELSE '-' || (seen + 1) END;
+END
 $$;

@@ -62,7 +62,7 @@ pub(super) fn stored_policy<S: Store>(store: &mut S, name: &str) -> Result<Rc<Po
     let epoch = store.checks_epoch();
     let stored = store.read_policy(name)?;
     let Some(stored) = stored else {
-        return Err(Error::invalid(format!("there is no policy named '{name}'")));
+        return Err(Error::unknown_policy(name));
     };
     let strike_rows = match epoch {
         Some(e) if !policy_cache::blocks_known_at(e) => store.read_strike_rows(policy_cache::KNOWN_STRIKE_ROWS + 1)?,
