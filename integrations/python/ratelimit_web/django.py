@@ -51,6 +51,19 @@ class DjangoLimiter(SyncLimiter):
         if connection.alias == self.using:
             load_extension(connection.connection, self.extension)
 
+    def cannot_open(self) -> Optional[str]:
+        """At startup: why the database cannot be opened (a SQLite file in a folder that is
+        not there, or not writable), or None. PostgreSQL that does not answer yet is no
+        configuration error: the fallback serves until it does."""
+        conn = connections[self.using]
+        if conn.vendor != "sqlite":
+            return None
+        try:
+            conn.ensure_connection()
+        except (OperationalError, InterfaceError) as e:
+            return f"database {self.using!r} ({conn.settings_dict.get('NAME')}) cannot be opened: {e}"
+        return None
+
     def in_transaction(self) -> bool:
         return connections[self.using].in_atomic_block
 
@@ -116,10 +129,11 @@ class _Check:
             self.rules.refund_failed(self.route, self.subject, e)
 
     def finish(self, decision: Decision, response):
-        """The limit's headers on an admitted response; a 5xx gives back what was taken."""
+        """The limit's headers on an admitted response; a status the route refunds gives
+        back what was taken."""
         if decision.kind != "admit":
             return response
-        if response.status_code >= 500:
+        if self.rules.refunds(self.route, response.status_code):
             self.give_back()
         for name, value in decision.headers.items():
             response[name] = value
@@ -148,8 +162,10 @@ def _off_the_event_loop(work):
 class RateLimitMiddleware:
     """`MIDDLEWARE = [..., "ratelimit_web.django.RateLimitMiddleware"]` (after
     AuthenticationMiddleware, so that a signed-in user is the subject): limits the routes
-    of `settings.RATELIMIT["routes"]`. Every route's policy is checked when Django loads
-    the middleware: a missing one stops the start with ImproperlyConfigured."""
+    of `settings.RATELIMIT["routes"]`. Every route is checked when Django loads the
+    middleware: limits the engine refuses, a policy that does not exist, or a database
+    that cannot be opened (a SQLite path that is wrong) stop the start with
+    ImproperlyConfigured."""
 
     sync_capable = True
     async_capable = True
@@ -162,14 +178,14 @@ class RateLimitMiddleware:
         options = _options()
         self.rules, self.limiter = _rules_and_limiter(getattr(settings, "RATELIMIT", {}).get("routes", {}), options)
         self.counters = self.rules.counters
-        problem = _off_the_event_loop(lambda: self.rules.check_policies(self.limiter.policy_exists))
+        problem = _off_the_event_loop(lambda: self.limiter.cannot_open() or self.rules.check_routes(self.limiter))
         if problem is not None:
             raise ImproperlyConfigured(f"ratelimit_web: {problem}")
 
     def __call__(self, request):
         if self.is_async:
             return self.__acall__(request)
-        if request.path_info in self.rules.skip:
+        if self.rules.skipped(request.path_info):
             return self.get_response(request)
         shed = self.rules.enter(request.method, request.path_info)
         if shed is not None:
@@ -187,7 +203,7 @@ class RateLimitMiddleware:
             self.rules.leave()
 
     async def __acall__(self, request):
-        if request.path_info in self.rules.skip:
+        if self.rules.skipped(request.path_info):
             return await self.get_response(request)
         shed = self.rules.enter(request.method, request.path_info)
         if shed is not None:
@@ -228,8 +244,9 @@ def rate_limit(route: Optional[Route] = None, **route_fields):
 
         def on_exception(check: _Check, decision: Decision):
             # inside the request's transaction the rollback gives the take back with the
-            # view's writes; outside it, the refund does
-            if decision.kind == "admit" and not check.limiter.in_transaction():
+            # view's writes (which the exception undid too); outside it, the refund does,
+            # where the route refunds a 500
+            if decision.kind == "admit" and not check.limiter.in_transaction() and check.rules.refunds(route, 500):
                 check.give_back()
 
         if iscoroutinefunction(view):

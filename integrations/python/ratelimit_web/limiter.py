@@ -10,7 +10,7 @@ import random
 import sqlite3
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import anyio
 import anyio.to_thread
@@ -20,9 +20,24 @@ class DatabaseUnavailable(Exception):
     """The database did not answer: connection refused or lost, pool exhausted, locked."""
 
 
+#: A check of a policy that does not exist fails with this SQLSTATE on PostgreSQL
+#: (undefined_object) and, on SQLite, which has no SQLSTATE, with a message that starts
+#: with one of these (the function's name, then the stable text).
+UNKNOWN_POLICY_SQLSTATE = "42704"
+UNKNOWN_POLICY_PREFIXES = ("rl_check: there is no policy named ", "rl_refund_check: there is no policy named ")
+
+
 def is_missing_policy(error: BaseException) -> bool:
-    """Whether the database refused a check because its policy does not exist."""
-    return "there is no policy named" in str(error)
+    """Whether the database refused a check because its policy does not exist (by its
+    code; a driver's error may be wrapped, as Django's are)."""
+    for e in (error, error.__cause__):
+        if e is None:
+            continue
+        if (getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)) == UNKNOWN_POLICY_SQLSTATE:
+            return True
+        if isinstance(e, sqlite3.Error) and str(e).startswith(UNKNOWN_POLICY_PREFIXES):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,8 @@ def take_items(route, subject: str, multiplier: float, cost: float) -> list:
         item = {"key": limit_key(route.name, subject, i), "cost": cost}
         if "period" in limit:
             item.update(period=limit["period"], quota=limit["quota"] * multiplier)
+        elif "window_seconds" in limit:
+            item.update(limit=limit["limit"] * multiplier, window_seconds=limit["window_seconds"])
         else:
             item.update(burst=limit["burst"] * multiplier, refill_per_minute=limit["refill_per_minute"] * multiplier)
         items.append(item)
@@ -69,6 +86,8 @@ class _Statements:
         self.take_all = (f"WITH c(r) AS MATERIALIZED (SELECT rl_take_all({json_param})) "
                          "SELECT r, rl_headers(r) FROM c")
         self.refund_check = f"SELECT rl_refund_check({p}, {p}, {p}, {p})"
+        self.validate = f"SELECT rl_policy_validate({json_param})"
+        self.policy_set = f"SELECT rl_policy_set({p}, {json_param})"
         self.placeholder = p
 
     def for_check(self, route, subject: str, tier: Optional[str], cost: float) -> tuple:
@@ -90,6 +109,14 @@ class _Statements:
         to give back and so changes nothing; a missing policy is its error."""
         return self.refund_check, [policy, PROBE_SUBJECT, 1, None]
 
+    def for_policy(self, name: str, definition: dict) -> tuple:
+        return self.policy_set, [name, json.dumps(definition)]
+
+    def for_validation(self, definition: dict) -> tuple:
+        """The engine's own validation of a route's explicit limits (as a policy
+        definition: rl_policy_validate), which writes nothing."""
+        return self.validate, [json.dumps(definition)]
+
     def refund_items(self, items: list) -> tuple:
         """One statement giving every item its cost back (rl_refund, rl_refund_budget)."""
         p, calls, params = self.placeholder, [], []
@@ -105,6 +132,20 @@ class _Statements:
 
 def _decoded(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
+
+
+def _refusal(error: Exception) -> str:
+    """The engine's refusal of a route's limits, as the route's own: "limits item 2: burst
+    must be a finite number greater than 0, got 0" (any other error is raised again)."""
+    if isinstance(error, DatabaseUnavailable):
+        raise error
+    message = str(getattr(error, "__cause__", None) or error).strip().splitlines()[0]
+    prefix = "rl_policy_validate: "
+    if prefix not in message:
+        raise error
+    message = message[message.index(prefix) + len(prefix):]
+    return message.replace("definition.limits", "limits").replace("definition.tiers", "tiers").replace(
+        "definition", "the route")
 
 
 def _absent(error: Exception) -> bool:
@@ -158,6 +199,19 @@ class _Limiter:
                 return answer
             await anyio.sleep(pause)
 
+    async def validate_limits(self, definition: dict) -> Tuple[Optional[str], Optional[list]]:
+        """(None, the limits as the engine read them), or (what it refuses in them, None)."""
+        try:
+            row = await self.fetchone(*self.statements.for_validation(definition))
+        except Exception as e:
+            return _refusal(e), None
+        return None, _decoded(row[0])["limits"]
+
+    async def set_policy(self, name: str, definition: dict) -> dict:
+        """Inserts or replaces a policy (rl_policy_set; on PostgreSQL, as a member of
+        rl_admin or the extension's owner); returns it as stored."""
+        return _decoded((await self.fetchone(*self.statements.for_policy(name, definition)))[0])
+
     async def policy_exists(self, policy: str) -> bool:
         """Whether the database holds `policy`."""
         try:
@@ -171,16 +225,27 @@ class _Limiter:
 PROBE_SUBJECT = "ratelimit_web:startup-check"
 
 
+# How long past its own timeout a check may still be awaited before the connection itself
+# is taken for lost (a network that stopped answering): the database cancels the statement
+# at its timeout, so only a lost connection ever reaches this.
+GRACE = 1.0
+
+
 class PostgresLimiter(_Limiter):
     """Checks on PostgreSQL with pg_ratelimit installed, through a psycopg 3 async pool.
     The pool reconnects by itself; `open()` does not wait for the database, so an
-    application starts (and falls back) while it is down."""
+    application starts (and falls back) while it is down. `timeout` (0.5 s) bounds the
+    wait for a connection and each statement: the server cancels a statement at its
+    `statement_timeout`, so a check that gives up has written nothing, and the local
+    fallback never admits beside a take the database is still making."""
 
-    def __init__(self, conninfo: str = "", *, min_size: int = 2, max_size: int = 10, pool=None):
+    def __init__(self, conninfo: str = "", *, min_size: int = 2, max_size: int = 10, timeout: float = 0.5, pool=None):
         from psycopg_pool import AsyncConnectionPool
 
+        self.timeout = timeout
+        options = f"-c statement_timeout={max(1, int(timeout * 1000))}"
         self.pool = pool or AsyncConnectionPool(conninfo, min_size=min_size, max_size=max_size, open=False,
-                                                kwargs={"autocommit": True}, reconnect_timeout=0)
+                                                kwargs={"autocommit": True, "options": options}, reconnect_timeout=0)
         self.statements = _Statements("%s", "%s::jsonb")
 
     async def open(self) -> None:
@@ -194,12 +259,14 @@ class PostgresLimiter(_Limiter):
         import psycopg_pool
 
         try:
-            # no wait of its own: the middleware's per-check timeout bounds the whole call
-            async with self.pool.connection(timeout=3600) as conn:
-                cur = await conn.execute(sql, params)
-                return await cur.fetchone() if cur.description is not None else None
+            with anyio.fail_after(self.timeout + GRACE):
+                async with self.pool.connection(timeout=self.timeout) as conn:
+                    cur = await conn.execute(sql, params)
+                    return await cur.fetchone() if cur.description is not None else None
+        except TimeoutError as e:
+            raise DatabaseUnavailable(f"no answer within {(self.timeout + GRACE) * 1000:g} ms: the connection is lost") from e
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout, OSError) as e:
-            raise DatabaseUnavailable(str(e).strip()) from e
+            raise DatabaseUnavailable(str(e).strip() or type(e).__name__) from e
 
 
 # What makes SQLite unable to decide now, by primary result code: SQLITE_BUSY (another
@@ -238,6 +305,12 @@ def _sqlite_connect(path: str, extension: str, busy_timeout: float) -> sqlite3.C
     return conn
 
 
+def _make_tables(conn: sqlite3.Connection) -> None:
+    """The state tables, made before any request pays for them (a call on a new file makes
+    them: tens of milliseconds): a sweep that can remove nothing (its clock is 0)."""
+    conn.execute("SELECT rl_sweep(0, 1)").fetchone()
+
+
 def _unavailable(e: sqlite3.OperationalError) -> bool:
     code = getattr(e, "sqlite_errorcode", None)
     if code is None:  # Python before 3.11 gives no code: read SQLite's words
@@ -245,51 +318,67 @@ def _unavailable(e: sqlite3.OperationalError) -> bool:
     return code & 0xFF in _UNAVAILABLE_CODES
 
 
+def _sqlite_fetchone(conn: sqlite3.Connection, path: str, sql: str, params: list) -> Optional[tuple]:
+    """One statement's first row; a lock not had in time (or a file that cannot be
+    opened) is DatabaseUnavailable, naming the file."""
+    try:
+        return conn.execute(sql, params).fetchone()
+    except sqlite3.OperationalError as e:
+        if _unavailable(e):
+            raise DatabaseUnavailable(f"{path}: {e}") from e
+        raise
+
+
 class SQLiteLimiter(_Limiter):
     """Checks on a SQLite database file with the loadable extension, on `threads`
-    connections opened by `open()` and used from worker threads. Writers queue for
-    SQLite's lock for up to `busy_timeout` seconds; the middleware's per-check timeout
-    gives up on them sooner (a check abandoned that way may still take its cost when the
-    lock comes free)."""
+    connections opened by `open()` (which also makes the state tables, so that no request
+    pays for it) and used from worker threads. A check waits up to `timeout` (1 s) for a
+    thread, then for SQLite's write lock (busy_timeout); past either it has written
+    nothing and the fallback decides. A check that has started is always waited for:
+    its statement is one SQLite call, bounded by the lock wait."""
 
-    def __init__(self, path: str, *, extension: Optional[str] = None, threads: int = 4, busy_timeout: float = 1.0):
-        self.path, self.extension, self.busy_timeout, self.size = path, _extension(extension), busy_timeout, threads
+    def __init__(self, path: str, *, extension: Optional[str] = None, threads: int = 4, timeout: float = 1.0,
+                 busy_timeout: Optional[float] = None):
+        self.path, self.extension, self.size = path, _extension(extension), threads
+        self.timeout = timeout if busy_timeout is None else busy_timeout
         self.threads = anyio.CapacityLimiter(threads)
         self.idle: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()
         self.statements = _Statements("?", "?")
 
     async def open(self) -> None:
-        """Opens the connections now, so that no check pays for one."""
-        for _ in range(self.size):
-            self.idle.put(await anyio.to_thread.run_sync(_sqlite_connect, self.path, self.extension, self.busy_timeout))
+        """Opens the connections now, so that no check pays for one, and makes the state
+        tables (a first call on a new file creates them: tens of milliseconds)."""
+        for i in range(self.size):
+            conn = await anyio.to_thread.run_sync(_sqlite_connect, self.path, self.extension, self.timeout)
+            if i == 0:
+                await anyio.to_thread.run_sync(_make_tables, conn)
+            self.idle.put(conn)
 
     async def aclose(self) -> None:
         while not self.idle.empty():
             self.idle.get().close()
 
-    def _run_here(self, sql: str, params: list, abandoned: threading.Event) -> Optional[tuple]:
+    def _run_here(self, sql: str, params: list) -> Optional[tuple]:
         conn = self.idle.get()
         try:
-            if abandoned.is_set():  # given up while it waited for a connection: never run it
-                raise DatabaseUnavailable("abandoned before it ran")
-            return conn.execute(sql, params).fetchone()
-        except sqlite3.OperationalError as e:
-            if _unavailable(e):
-                raise DatabaseUnavailable(f"{self.path}: {e}") from e
-            raise
+            return _sqlite_fetchone(conn, self.path, sql, params)
         finally:
             self.idle.put(conn)
 
     async def fetchone(self, sql: str, params: list) -> Optional[tuple]:
-        # abandon_on_cancel: a check past its timeout frees the request at once; a statement
-        # already running finishes (what it took stays taken), one still waiting never runs
-        abandoned = threading.Event()
+        # a connection first, within the timeout (a check that never got one never ran)...
         try:
-            return await anyio.to_thread.run_sync(self._run_here, sql, params, abandoned, limiter=self.threads,
-                                                  abandon_on_cancel=True)
-        except BaseException:
-            abandoned.set()
-            raise
+            with anyio.fail_after(self.timeout):
+                await self.threads.acquire()
+        except TimeoutError as e:
+            raise DatabaseUnavailable(f"{self.path}: no connection free within {self.timeout * 1000:g} ms") from e
+        # ...then the call, waited for even if the request is cancelled: what it took stays
+        # taken and is answered (SQLite's busy_timeout bounds its wait for the lock)
+        try:
+            with anyio.CancelScope(shield=True):
+                return await anyio.to_thread.run_sync(self._run_here, sql, params)
+        finally:
+            self.threads.release()
 
 
 class SyncLimiter:
@@ -309,6 +398,18 @@ class SyncLimiter:
     def refund(self, route, subject: str, tier: Optional[str], cost: float) -> None:
         self.fetchone(*self.statements.for_refund(route, subject, tier, cost))
 
+    def validate_limits(self, definition: dict) -> Tuple[Optional[str], Optional[list]]:
+        try:
+            row = self.fetchone(*self.statements.for_validation(definition))
+        except Exception as e:
+            return _refusal(e), None
+        return None, _decoded(row[0])["limits"]
+
+    def set_policy(self, name: str, definition: dict) -> dict:
+        """Inserts or replaces a policy (rl_policy_set; on PostgreSQL, as a member of
+        rl_admin or the extension's owner); returns it as stored."""
+        return _decoded(self.fetchone(*self.statements.for_policy(name, definition))[0])
+
     def policy_exists(self, policy: str) -> bool:
         try:
             self.fetchone(*self.statements.for_probe(policy))
@@ -319,10 +420,11 @@ class SyncLimiter:
 
 class SyncPostgresLimiter(SyncLimiter):
     """Checks on PostgreSQL through a psycopg 3 pool of its own (in autocommit). `timeout`
-    bounds both the wait for a connection and each statement (statement_timeout), so a
-    database that stops answering falls back within it."""
+    (0.5 s) bounds both the wait for a connection and each statement (statement_timeout:
+    the server cancels it, writing nothing), so a database that stops answering falls
+    back within it and a slow one never admits twice."""
 
-    def __init__(self, conninfo: str = "", *, min_size: int = 2, max_size: int = 8, timeout: float = 0.05, pool=None):
+    def __init__(self, conninfo: str = "", *, min_size: int = 2, max_size: int = 8, timeout: float = 0.5, pool=None):
         from psycopg_pool import ConnectionPool
 
         self.timeout = timeout
@@ -360,22 +462,25 @@ class SyncPostgresLimiter(SyncLimiter):
 
 class SyncSQLiteLimiter(SyncLimiter):
     """Checks on a SQLite database file with the loadable extension, on a connection per
-    thread (opened on its first check). A writer waits for SQLite's lock up to
-    `busy_timeout` seconds, then falls back."""
+    thread (opened on its first check; the state tables are made at construction). A
+    writer waits for SQLite's lock up to `timeout` (1 s), then falls back, having written
+    nothing."""
 
-    def __init__(self, path: str, *, extension: Optional[str] = None, busy_timeout: float = 0.05):
-        self.path, self.extension, self.busy_timeout = path, _extension(extension), busy_timeout
+    def __init__(self, path: str, *, extension: Optional[str] = None, timeout: float = 1.0,
+                 busy_timeout: Optional[float] = None):
+        self.path, self.extension = path, _extension(extension)
+        self.busy_timeout = timeout if busy_timeout is None else busy_timeout
         self.local = threading.local()
         self.statements = _Statements("?", "?")
-        _sqlite_connect(path, self.extension, busy_timeout).close()  # a wrong path or extension fails here
+        # a wrong path or extension fails here; the state tables are made now, not by a request
+        first = _sqlite_connect(path, self.extension, self.busy_timeout)
+        try:
+            _make_tables(first)
+        finally:
+            first.close()
 
     def fetchone(self, sql: str, params: list) -> Optional[tuple]:
         conn = getattr(self.local, "conn", None)
         if conn is None:
             conn = self.local.conn = _sqlite_connect(self.path, self.extension, self.busy_timeout)
-        try:
-            return conn.execute(sql, params).fetchone()
-        except sqlite3.OperationalError as e:
-            if _unavailable(e):
-                raise DatabaseUnavailable(f"{self.path}: {e}") from e
-            raise
+        return _sqlite_fetchone(conn, self.path, sql, params)

@@ -25,13 +25,24 @@ def _signed_in(scope):
     return str(getattr(user, "identity", None) or user.display_name)
 
 
+def _has_body(scope) -> bool:
+    """Whether a request body is on its way (a length above 0, or chunked)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return value.strip() not in (b"", b"0")
+        if name == b"transfer-encoding":
+            return True
+    return False
+
+
 class RateLimitMiddleware:
     """`RateLimitMiddleware(app, limiter, routes, **options)`: the options of
-    `RateLimitRules` (identify, tier, skip, trusted_proxies, check_timeout, fallback_share,
-    refusal_cache, max_in_flight, counters, metrics, ...). `identify(request)` and
-    `tier(request)` get a Starlette Request and may be async. At startup (ASGI lifespan)
-    every route's policy must exist, or the application fails to start with a message
-    naming the route and the policy."""
+    `RateLimitRules` (identify, tier, skip, trusted_proxies, ipv6_prefix, refund_on,
+    fallback_share, refusal_cache, max_in_flight, counters, metrics, ...). `identify(request)`
+    and `tier(request)` get a Starlette Request and may be async. At startup (ASGI lifespan)
+    every route's limits are validated by the engine and every route's policy must exist,
+    or the application fails to start with a message naming the route. The limiter's own
+    `timeout` bounds each check (see its class)."""
 
     def __init__(self, app, limiter, routes: Dict[str, Route], **options):
         self.app, self.limiter = app, limiter
@@ -40,24 +51,37 @@ class RateLimitMiddleware:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
-            return await self.app(scope, receive, self.checking_policies_at_startup(send))
-        if scope["type"] != "http" or scope["path"] in self.rules.skip:
+            return await self.app(scope, receive, self.checking_routes_at_startup(send))
+        if scope["type"] != "http" or self.rules.skipped(scope["path"]):
             return await self.app(scope, receive, send)
-        shed = self.rules.enter(scope["method"], scope["path"])
+        receiving = _has_body(scope)
+        shed = self.rules.enter(scope["method"], scope["path"], receiving=receiving)
         if shed is not None:
             return await self.respond(send, shed)
-        try:
-            await self.limited(scope, receive, send)
-        finally:
-            self.rules.leave()
+        state = {"receiving": receiving, "abandoned": False}
 
-    def checking_policies_at_startup(self, send):
-        """`send` for the lifespan: startup completes only once every route's policy is
-        found (a database that does not answer is logged and let be: the fallback serves)."""
+        async def counted_receive():
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False) and state["receiving"]:
+                state["receiving"] = False
+                self.rules.received()
+            elif message["type"] == "http.disconnect":
+                state["abandoned"] = True  # the client left before its body was read
+            return message
+
+        try:
+            await self.limited(scope, counted_receive, send, state)
+        finally:
+            self.rules.leave(receiving=state["receiving"])
+
+    def checking_routes_at_startup(self, send):
+        """`send` for the lifespan: startup completes only once every route's limits are
+        valid and every route's policy is found (a database that does not answer is
+        logged and let be: the fallback serves)."""
 
         async def send_checked(message):
             if message["type"] == "lifespan.startup.complete":
-                problem = await self.missing_policy()
+                problem = await self.startup_problem()
                 if problem is not None:
                     log.error("ratelimit_web: %s", problem)
                     message = {"type": "lifespan.startup.failed", "message": problem}
@@ -65,19 +89,15 @@ class RateLimitMiddleware:
 
         return send_checked
 
-    async def missing_policy(self):
-        for route in self.rules.policy_routes():
-            try:
-                with anyio.fail_after(max(self.rules.check_timeout, 5.0)):
-                    exists = await self.limiter.policy_exists(route.policy)
-            except (DatabaseUnavailable, TimeoutError) as e:
-                self.rules.startup_unchecked(e)
-                return None
-            if not exists:
-                return self.rules.missing(route)
-        return None
+    async def startup_problem(self):
+        try:
+            with anyio.fail_after(max(getattr(self.limiter, "timeout", 1.0), 5.0)):
+                return await self.rules.check_routes_async(self.limiter)
+        except (DatabaseUnavailable, TimeoutError) as e:
+            self.rules.startup_unchecked(e)
+            return None
 
-    async def limited(self, scope, receive, send):
+    async def limited(self, scope, receive, send, state):
         rules = self.rules
         route = rules.match(scope["method"], scope["path"])
         if route is None:
@@ -91,52 +111,52 @@ class RateLimitMiddleware:
                                 forwarded)
         tier = await _maybe_await(rules.tier(request)) if rules.tier else None
         cost = rules.cost(route, request)
-        decision = rules.cached(route, subject, tier)
+        decision, slot = rules.begin_check(route, subject, tier)
         if decision is None:
             started = time.perf_counter()
             try:
-                with anyio.fail_after(rules.check_timeout):
-                    answer = await self.limiter.check(route, subject, tier, cost)
+                answer = await self.limiter.check(route, subject, tier, cost)
             except Exception as e:
                 decision = rules.failed(route, subject, tier, cost, e)
             else:
                 decision = rules.answered(route, subject, tier, answer, time.perf_counter() - started)
+            finally:
+                rules.end_check(slot)
         if decision.kind == "answer":
             return await self.respond(send, decision)
         if decision.kind == "fallback":
             return await self.app(scope, receive, send)
-        await self.run_admitted(route, subject, tier, cost, decision.headers, scope, receive, send)
+        await self.run_admitted(route, subject, tier, cost, decision.headers, scope, receive, send, state)
 
-    async def run_admitted(self, route, subject, tier, cost, headers, scope, receive, send):
-        """The handler, with the limit's headers on its response; a 5xx or an exception
-        gives back what the check took."""
+    async def run_admitted(self, route, subject, tier, cost, headers, scope, receive, send, state):
+        """The handler, with the limit's headers on its response; a response whose status
+        the route refunds (refund_on), or an exception when it refunds 500, gives back what
+        the check took, unless the client abandoned its request."""
         extra = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in headers.items()]
         refunded = False
 
-        async def give_back():
+        async def give_back(status):
             nonlocal refunded
-            if not refunded:
+            if not refunded and not state["abandoned"] and self.rules.refunds(route, status):
                 refunded = True
                 await self.refund(route, subject, tier, cost)
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                if message["status"] >= 500:
-                    await give_back()  # before the client hears of the failure
+                await give_back(message["status"])  # before the client hears of the failure
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_headers)
         except Exception:
-            await give_back()
+            await give_back(500)
             raise
 
     async def refund(self, route, subject, tier, cost):
         try:
-            with anyio.fail_after(self.rules.check_timeout):
-                await self.limiter.refund(route, subject, tier, cost)
-        except (DatabaseUnavailable, TimeoutError) as e:
+            await self.limiter.refund(route, subject, tier, cost)
+        except DatabaseUnavailable as e:
             self.rules.refund_failed(route, subject, e)
 
     @staticmethod

@@ -7,11 +7,15 @@ comes before the database call and what its answer or error decides."""
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import ipaddress
 import logging
 import math
+import re
 import threading
 import time
+import unicodedata
+import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
@@ -26,12 +30,20 @@ log = logging.getLogger("ratelimit_web")
 class Route:
     """How one route (or route pattern) is limited: a policy's name (rl_check, the tier as
     its tier), or explicit `limits` as rl_take_all items without key and cost (buckets
-    `{"burst", "refill_per_minute"}`, budgets `{"period", "quota"}`) with `tiers` giving
-    their multipliers. `cost` is a number or a function of the request. A `sensitive`
-    route fails closed (503) while the database is unreachable; the others admit through
-    a local bucket at the middleware's `fallback_share` of their first bucket (for a
-    policy, the one its last answer reported, or `fallback` = (burst, refill_per_minute)
-    until there was one)."""
+    `{"burst", "refill_per_minute"}`, budgets `{"period", "quota"}`, windows `{"limit",
+    "window_seconds"}`) with `tiers` giving their multipliers. `cost` is a number or a
+    function of the request. A `sensitive` route fails closed (503) while the database is
+    unreachable; the others admit through a local bucket at the middleware's
+    `fallback_share` of their first bucket (for a policy, the one its last answer reported,
+    or `fallback` = (burst, refill_per_minute) until there was one).
+
+    `refund_on` gives back what an admitted request took when its response has one of
+    these statuses: status classes and codes (`["5xx"]`, `[503]`) or a predicate of the
+    status (`lambda status: status < 400` counts only failures, for a login route). None
+    (the default) takes the middleware's `refund_on`, which is off unless set; a
+    sensitive route never takes the middleware's: it refunds only what it names itself. A
+    refund lets a client whose request failed try again: never name statuses a client can
+    cause at will on a route whose handler does its work before it fails."""
 
     policy: Optional[str] = None
     limits: Optional[list] = None
@@ -40,13 +52,17 @@ class Route:
     sensitive: bool = False
     fallback: Optional[Tuple[float, float]] = None
     name: str = ""
+    refund_on: Any = None
 
     def __post_init__(self):
         if (self.policy is None) == (self.limits is None):
-            raise ValueError("Route: give either policy or limits")
-        for limit in self.limits or ():
-            if not ({"burst", "refill_per_minute"} <= limit.keys() or {"period", "quota"} <= limit.keys()):
-                raise ValueError(f"Route: limit {limit!r} is neither a bucket nor a budget")
+            raise ValueError(f"Route {self.name!r}: give either policy or limits" if self.name
+                             else "Route: give either policy or limits")
+        if self.limits is not None and (not isinstance(self.limits, (list, tuple)) or not self.limits
+                                        or not all(isinstance(l, dict) for l in self.limits)):
+            raise ValueError("Route: limits must be a list of limit objects, e.g. "
+                             '[{"burst": 5, "refill_per_minute": 5}]')
+        self.refunds = refund_rule(self.refund_on)
 
     def multiplier(self, tier: Optional[str]) -> float:
         if tier is None or not self.tiers:  # a route without tiers is the same for all
@@ -61,6 +77,11 @@ class Route:
                 m = self.multiplier(tier)
                 return limit["burst"] * m, limit["refill_per_minute"] * m
         return self.fallback
+
+    def definition(self) -> dict:
+        """The route's explicit limits as a policy definition, which the engine validates
+        (rl_policy_validate) with the same rules and texts as a policy."""
+        return {"limits": list(self.limits or ()), **({"tiers": self.tiers} if self.tiers else {})}
 
 
 @dataclass
@@ -108,30 +129,145 @@ class RefusalCache:
         return status, {**body, "retry_after": seconds}, headers
 
 
-def _networks(addresses: Iterable[str]) -> list:
-    return [ipaddress.ip_network(a, strict=False) for a in addresses]
+# -- client addresses ------------------------------------------------------------------
 
-
-def _in(address: str, networks: list) -> bool:
+def parse_address(text: Optional[str]):
+    """An IP address as a server or a proxy writes it, or None: IPv4, IPv6 in any
+    spelling, bracketed and with a port (`[2001:db8::1]:443`), IPv4 with a port
+    (`203.0.113.9:4711`, Azure Application Gateway's hops), with a zone id (`fe80::1%eth0`);
+    an IPv4-mapped IPv6 address (`::ffff:203.0.113.9`, a dual-stack listener's) is IPv4."""
+    if not text:
+        return None
+    t = text.strip().strip('"')
+    if t.startswith("["):
+        end = t.find("]")
+        if end < 0:
+            return None
+        t = t[1:end]
+    elif t.count(":") == 1:
+        t = t.split(":", 1)[0]
+    t = t.split("%", 1)[0]
     try:
-        ip = ipaddress.ip_address(address)
+        ip = ipaddress.ip_address(t)
     except ValueError:
-        return False
-    return any(ip in n for n in networks)
+        return None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
-def client_address(peer: Optional[str], forwarded: Iterable[str], trusted: list) -> str:
-    """The client's address: the peer's, or, when the peer is a trusted proxy, the nearest
-    address in X-Forwarded-For (`forwarded`: the header's values) that is not one (read
-    right to left: only what trusted proxies appended can be believed)."""
-    peer = peer or "unknown"
-    if not trusted or not _in(peer, trusted):
-        return peer
+def address_subject(ip, ipv6_prefix: int = 56) -> str:
+    """What an address counts as: an IPv4 address itself, an IPv6 address its /ipv6_prefix
+    (/56 by default, as express-rate-limit groups them: one customer's network, so that
+    rotating through a /64 gains nothing), written one way only."""
+    if ip.version == 4 or ipv6_prefix >= 128:
+        return str(ip)
+    return str(ipaddress.ip_network(f"{ip}/{ipv6_prefix}", strict=False))
+
+
+def _networks(addresses: Iterable[str]) -> list:
+    networks = []
+    for a in addresses:
+        net = ipaddress.ip_network(a.strip(), strict=False)
+        mapped = getattr(net.network_address, "ipv4_mapped", None)
+        if mapped is not None and net.prefixlen >= 96:  # ::ffff:127.0.0.1/128 is 127.0.0.1/32
+            net = ipaddress.ip_network(f"{mapped}/{net.prefixlen - 96}", strict=False)
+        networks.append(net)
+    return networks
+
+
+def _trusted(ip, networks: list) -> bool:
+    return ip is not None and any(ip.version == n.version and ip in n for n in networks)
+
+
+def client_address(peer: Optional[str], forwarded: Iterable[str], trusted: list, ipv6_prefix: int = 56) -> str:
+    """The client's address (see address_subject): the peer's, or, when the peer is a
+    trusted proxy, the X-Forwarded-For hop that proxy appended, and so on leftwards while
+    each hop is itself a trusted proxy (`forwarded`: the header's values). A hop left of the
+    first untrusted one was written by the client and is never read."""
+    ip = parse_address(peer)
+    if ip is None:
+        return bounded(peer or "unknown")
+    if not _trusted(ip, trusted):
+        return address_subject(ip, ipv6_prefix)
     hops = [part.strip() for value in forwarded for part in value.split(",") if part.strip()]
-    for address in reversed(hops):
-        if not _in(address, trusted):
-            return address
-    return hops[0] if hops else peer
+    for hop in reversed(hops):
+        hop_ip = parse_address(hop)
+        if hop_ip is None:  # written by the trusted proxy on its right, but no address
+            return bounded(hop)
+        ip = hop_ip
+        if not _trusted(ip, trusted):
+            break
+    return address_subject(ip, ipv6_prefix)
+
+
+# -- paths -----------------------------------------------------------------------------
+
+def normalize_path(path: str, *, case_insensitive: bool = False, formats: bool = False) -> str:
+    """The path as a router dispatches it, so that no spelling of a limited route escapes
+    its limit: percent-decoded once, repeated slashes merged, `.` and `..` segments
+    resolved, no trailing slash; lower case where the router ignores case (Express); a
+    format suffix (`/login.json`) dropped where the router reads one (Rails)."""
+    segments: List[str] = []
+    for segment in urllib.parse.unquote(path or "/").split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if segments:
+                segments.pop()
+            continue
+        segments.append(segment)
+    if formats and segments:
+        stem, dot, extension = segments[-1].rpartition(".")
+        if dot and stem and extension.isalnum():
+            segments[-1] = stem
+    normalized = "/" + "/".join(segments)
+    return normalized.lower() if case_insensitive else normalized
+
+
+# -- identifiers -----------------------------------------------------------------------
+
+#: An identifier longer than this, in UTF-8 bytes, is kept as its SHA-256 instead.
+IDENTIFIER_MAX_BYTES = 256
+
+
+def bounded(text: str) -> str:
+    """Text of at most IDENTIFIER_MAX_BYTES bytes as it is; longer, `sha256:` and its hash
+    (a fixed length, and the same text always gives the same key)."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= IDENTIFIER_MAX_BYTES:
+        return text
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def normalize_identifier(value, *, case_insensitive: bool = False) -> Optional[str]:
+    """An identifier `identify` or the signed-in user gave: Unicode NFKC (a fullwidth `ｂｏｂ`
+    is `bob`), case-folded where identifiers are case-insensitive, bounded; None when
+    empty (the address decides then)."""
+    if value is None:
+        return None
+    text = unicodedata.normalize("NFKC", str(value))
+    if case_insensitive:
+        text = text.casefold()
+    return bounded(text) if text else None
+
+
+# -- refunds ---------------------------------------------------------------------------
+
+def refund_rule(refund_on) -> Optional[Callable[[int], bool]]:
+    """`refund_on` as a predicate of the status: None (never), status classes and codes
+    (`["5xx"]`, `[503, "4xx"]`) or a callable of the status."""
+    if refund_on is None:
+        return None
+    if callable(refund_on):
+        return refund_on
+    classes = set()
+    for item in ([refund_on] if isinstance(refund_on, (str, int)) else refund_on):
+        text = str(item).lower()
+        if not re.fullmatch(r"[1-5]xx|[1-5][0-9]{2}", text):
+            raise ValueError(f"refund_on: {item!r} is no status class (\"5xx\") or code (503)")
+        classes.add(text)
+    return lambda status: str(status) in classes or f"{str(status)[0]}xx" in classes
 
 
 @dataclass
@@ -154,48 +290,84 @@ class Decision:
 class RateLimitRules:
     """Limits the routes in `routes` (`{"/login": Route(policy="login"), "POST /api/*":
     Route(limits=[...])}`: a path or glob, optionally after a method; the first match
-    applies). `identify(request)` names the subject (default: the authenticated user,
-    else the client address, believing X-Forwarded-For only from `trusted_proxies`);
+    applies; a `GET` route covers HEAD, which the frameworks answer with the GET handler).
+    Paths are matched as the router dispatches them (`normalize_path`: merged slashes, dot
+    segments, no trailing slash, and lower case where `case_insensitive_paths`, format
+    suffixes where `path_formats`, as each adapter sets for its framework).
+
+    The subject: `identify(request)`, else the signed-in user, else the client address
+    (`client_address`: X-Forwarded-For believed only as far as `trusted_proxies` vouch
+    for it; IPv6 grouped by `ipv6_prefix`, /56). Identifiers are normalized
+    (`normalize_identifier`; `case_insensitive_identifiers` folds case) and bounded.
     `tier(request)` picks the tier. Paths in `skip` are never limited (nor shed).
+    `refund_on` is every non-sensitive route's default (see Route; off). `policies`
+    (`{"login": {"limits": [...]}}`) are set in the database at startup, before the routes
+    are checked (rl_policy_set: on PostgreSQL the limiter's role must be a member of
+    rl_admin or the extension's owner).
+
     Opt-in: `refusal_cache` (a number of entries, e.g. 10_000) answers a subject just
     refused on a route with 429 locally, without a database call, until its refusal's
-    retry time; `max_in_flight` answers 503 with Retry-After (`shed_retry_after`) before
-    any work once that many requests of this process are in flight. `counters` counts
-    what it did; `metrics` (e.g. `metrics.PrometheusMetrics()`) is told each outcome and
-    each check's latency."""
+    retry time, and lets at most `checks_per_subject` (8) of one subject's checks wait for
+    the database at once (the surplus is answered 429 at once: a flood of one subject
+    never crowds out the others' checks); `max_in_flight` answers 503 with Retry-After
+    (`shed_retry_after`) before any work once that many requests of this process are in
+    flight, not counting requests whose body is still arriving (slow clients cannot use
+    it up). `counters` counts what it did; `metrics` (e.g.
+    `metrics.PrometheusMetrics()`) is told each outcome and each check's latency."""
 
     def __init__(self, routes: Dict[str, Route], *, identify: Optional[Callable] = None,
                  tier: Optional[Callable] = None, skip: Iterable[str] = ("/health", "/ready"),
-                 trusted_proxies: Iterable[str] = (), check_timeout: float = 0.05, fallback_share: float = 0.5,
-                 unavailable_retry_after: int = 5, log_interval: float = 60.0, refusal_cache: int = 0,
-                 max_in_flight: Optional[int] = None, shed_retry_after: int = 1,
+                 trusted_proxies: Iterable[str] = (), ipv6_prefix: int = 56,
+                 fallback_share: float = 0.5, unavailable_retry_after: int = 5, log_interval: float = 60.0,
+                 refusal_cache: int = 0, checks_per_subject: int = 8, max_in_flight: Optional[int] = None,
+                 shed_retry_after: int = 1, refund_on: Any = None, case_insensitive_paths: bool = False,
+                 path_formats: bool = False, case_insensitive_identifiers: bool = False,
+                 policies: Optional[Dict[str, dict]] = None,
                  counters: Optional[Counters] = None, metrics=None):
         self.counters = counters if counters is not None else Counters()
         self.metrics = metrics
+        self.policies = dict(policies or {})
         self.refusals = RefusalCache(refusal_cache) if refusal_cache else None
-        self.max_in_flight, self.shed_retry_after, self.in_flight = max_in_flight, shed_retry_after, 0
+        self.checks_per_subject = checks_per_subject if refusal_cache else None
+        self.checking: Dict[tuple, int] = {}
+        self.max_in_flight, self.shed_retry_after, self.in_flight, self.receiving = max_in_flight, shed_retry_after, 0, 0
         self.in_flight_lock = threading.Lock()  # WSGI and Django serve requests on threads
         self.policy_logged_at: Dict[str, float] = {}
+        self.case_insensitive_paths, self.path_formats = case_insensitive_paths, path_formats
+        self.case_insensitive_identifiers = case_insensitive_identifiers
+        self.default_refunds = refund_rule(refund_on)
+        if not 0 <= int(ipv6_prefix) <= 128:
+            raise ValueError(f"ipv6_prefix must be 0 to 128, got {ipv6_prefix!r}")
+        self.ipv6_prefix = int(ipv6_prefix)
         self.routes = []
         for pattern, route in routes.items():
             method, _, path = pattern.rpartition(" ")
             route.name = route.name or pattern
-            self.routes.append((method.upper() or None, path, route))
+            self.routes.append((method.upper() or None, self.normalize(path), route))
         self.identify, self.tier = identify, tier
         self.skip = frozenset(skip)
         self.trusted = _networks(trusted_proxies)
-        self.check_timeout, self.fallback_share = check_timeout, fallback_share
+        self.fallback_share = fallback_share
         self.unavailable_retry_after, self.log_interval = unavailable_retry_after, log_interval
         self.local_buckets: Dict[tuple, LocalBucket] = {}
         self.learned: Dict[tuple, Tuple[float, float]] = {}
         self.outage_since: Optional[float] = None
         self.logged_at = float("-inf")
 
+    def normalize(self, path: str) -> str:
+        return normalize_path(path, case_insensitive=self.case_insensitive_paths, formats=self.path_formats)
+
+    def skipped(self, path: str) -> bool:
+        return path in self.skip or self.normalize(path) in self.skip
+
     def match(self, method: str, path: str) -> Optional[Route]:
-        if path in self.skip:
+        if self.skipped(path):
             return None
+        path = self.normalize(path)
+        method = method.upper()
         for want, pattern, route in self.routes:
-            if (want is None or want == method) and fnmatch.fnmatchcase(path, pattern):
+            if (want is None or want == method or (want == "GET" and method == "HEAD")) \
+                    and fnmatch.fnmatchcase(path, pattern):
                 return route
         return None
 
@@ -207,49 +379,114 @@ class RateLimitRules:
 
     # -- load shedding ---------------------------------------------------------------
 
-    def enter(self, method: str, path: str) -> Optional[Decision]:
+    def enter(self, method: str, path: str, receiving: bool = False) -> Optional[Decision]:
         """A request (not on a skip path) begins: None, or the 503 that sheds it. Every
-        request let in must `leave()` once done."""
+        request let in must `leave()` once done. One whose body is still `receiving` is
+        not counted until `received()`."""
         with self.in_flight_lock:
             if self.max_in_flight is None or self.in_flight < self.max_in_flight:
-                self.in_flight += 1
+                if receiving:
+                    self.receiving += 1
+                else:
+                    self.in_flight += 1
                 return None
         self.note(self.match(method, path), "shed")
         body = {"detail": "Service Overloaded", "retry_after": self.shed_retry_after}
         return Decision.reply(503, body, {"Retry-After": str(self.shed_retry_after)})
 
-    def leave(self) -> None:
+    def received(self) -> None:
+        """A request let in `receiving` has its whole body: it counts from now on."""
         with self.in_flight_lock:
-            self.in_flight -= 1
+            self.receiving -= 1
+            self.in_flight += 1
+
+    def leave(self, receiving: bool = False) -> None:
+        with self.in_flight_lock:
+            if receiving:
+                self.receiving -= 1
+            else:
+                self.in_flight -= 1
 
     # -- the request's subject, tier and cost ------------------------------------------
 
     def subject(self, identified: Optional[str], user: Optional[str], peer: Optional[str],
                 forwarded: Iterable[str]) -> str:
-        """`identify`'s answer, else the signed-in user, else the client address."""
+        """`identify`'s answer, else the signed-in user, else the client address; an empty
+        identifier is none."""
+        fold = self.case_insensitive_identifiers
+        identified = normalize_identifier(identified, case_insensitive=fold)
         if identified:
             return identified
+        user = normalize_identifier(user, case_insensitive=fold)
         if user:
             return "user:" + user
-        return "ip:" + client_address(peer, forwarded, self.trusted)
+        return "ip:" + client_address(peer, forwarded, self.trusted, self.ipv6_prefix)
 
     @staticmethod
     def cost(route: Route, request) -> float:
         return float(route.cost(request) if callable(route.cost) else route.cost)
 
+    def refunds(self, route: Route, status: int) -> bool:
+        """Whether an admitted request whose response has `status` gets its cost back."""
+        rule = route.refunds if route.refunds is not None or route.sensitive else self.default_refunds
+        return rule is not None and bool(rule(status))
+
     # -- startup -----------------------------------------------------------------------
 
-    def policy_routes(self) -> Iterator[Route]:
-        return (route for _, _, route in self.routes if route.policy is not None)
+    def startup_questions(self) -> Iterator[Tuple[str, Route]]:
+        """What startup asks the database about each route, in order: ("limits", route)
+        (the engine validates the route's explicit limits), ("policy", route) (its policy
+        exists)."""
+        for _, _, route in self.routes:
+            yield ("limits" if route.limits is not None else "policy"), route
 
     @staticmethod
     def missing(route: Route) -> str:
         return f"route {route.name!r}: there is no policy named {route.policy!r} in the database"
 
     @staticmethod
+    def refused_limits(route: Route, problem: str) -> str:
+        return f"route {route.name!r}: {problem}"
+
+    @staticmethod
     def startup_unchecked(error: BaseException) -> None:
-        log.warning("ratelimit_web: could not check the routes' policies at startup (%s); "
+        log.warning("ratelimit_web: could not check the routes at startup (%s); "
                     "the fallback serves until the database answers", _why(error))
+
+    def check_routes(self, limiter) -> Optional[str]:
+        """At startup, for a sync limiter: sets the `policies` given, then says what is
+        wrong with a route (limits the engine refuses, naming the route and the limit's
+        field; a policy that does not exist), or None; the engine's reading of explicit
+        limits is kept. A database that does not answer is logged and let be (the
+        fallback serves)."""
+        try:
+            for name, definition in self.policies.items():
+                limiter.set_policy(name, definition)
+            for kind, route in self.startup_questions():
+                if kind == "limits":
+                    problem, limits = limiter.validate_limits(route.definition())
+                    if problem is not None:
+                        return self.refused_limits(route, problem)
+                    route.limits = limits
+                elif not limiter.policy_exists(route.policy):
+                    return self.missing(route)
+        except DatabaseUnavailable as e:
+            self.startup_unchecked(e)
+        return None
+
+    async def check_routes_async(self, limiter) -> Optional[str]:
+        """check_routes for an async limiter (raises DatabaseUnavailable for the caller)."""
+        for name, definition in self.policies.items():
+            await limiter.set_policy(name, definition)
+        for kind, route in self.startup_questions():
+            if kind == "limits":
+                problem, limits = await limiter.validate_limits(route.definition())
+                if problem is not None:
+                    return self.refused_limits(route, problem)
+                route.limits = limits
+            elif not await limiter.policy_exists(route.policy):
+                return self.missing(route)
+        return None
 
     # -- one check: before the database call, and what its answer or error decides -----
 
@@ -260,6 +497,32 @@ class RateLimitRules:
             return None
         self.note(route, "refused_locally")
         return Decision.reply(*refused)
+
+    def begin_check(self, route: Route, subject: str, tier: Optional[str]) -> Tuple[Optional[Decision], Optional[tuple]]:
+        """Before a database check: the refused-identifier cache's 429, or the 429 of a
+        subject that has `checks_per_subject` checks waiting already (with the cache on);
+        else no decision and a slot to give back with `end_check` once the check is done."""
+        decision = self.cached(route, subject, tier)
+        if decision is not None or self.checks_per_subject is None:
+            return decision, None
+        slot = (route.name, tier, subject)
+        with self.in_flight_lock:
+            waiting = self.checking.get(slot, 0)
+            if waiting < self.checks_per_subject:
+                self.checking[slot] = waiting + 1
+                return None, slot
+        self.note(route, "refused_locally")
+        return Decision.reply(429, {"detail": "Too Many Requests", "retry_after": 1}, {"Retry-After": "1"}), None
+
+    def end_check(self, slot: Optional[tuple]) -> None:
+        if slot is None:
+            return
+        with self.in_flight_lock:
+            left = self.checking.get(slot, 1) - 1
+            if left > 0:
+                self.checking[slot] = left
+            else:
+                self.checking.pop(slot, None)
 
     def answered(self, route: Route, subject: str, tier: Optional[str], answer: Answer, seconds: float) -> Decision:
         """The database answered in `seconds`: admit with its headers, or refuse."""
@@ -290,7 +553,7 @@ class RateLimitRules:
                check: Callable[[], Answer]) -> Decision:
         """The whole check for a sync limiter (WSGI, Django): the cache, then `check()`
         (whose own timeout bounds it), then what it answered or raised comes to."""
-        decision = self.cached(route, subject, tier)
+        decision, slot = self.begin_check(route, subject, tier)
         if decision is not None:
             return decision
         started = time.perf_counter()
@@ -298,23 +561,12 @@ class RateLimitRules:
             answer = check()
         except Exception as e:
             return self.failed(route, subject, tier, cost, e)
+        finally:
+            self.end_check(slot)
         return self.answered(route, subject, tier, answer, time.perf_counter() - started)
 
-    def check_policies(self, exists: Callable[[str], bool]) -> Optional[str]:
-        """At startup, for a sync limiter: what is wrong (a route's policy is missing), or
-        None; a database that does not answer is logged and let be (the fallback serves)."""
-        for route in self.policy_routes():
-            try:
-                if not exists(route.policy):
-                    return self.missing(route)
-            except DatabaseUnavailable as e:
-                self.startup_unchecked(e)
-                return None
-        return None
-
     def refund_failed(self, route: Route, subject: str, error: BaseException) -> None:
-        log.warning("ratelimit_web: could not refund %s for %s: %s", route.name, subject,
-                    _why(error, self.check_timeout))
+        log.warning("ratelimit_web: could not refund %s for %s: %s", route.name, subject, _why(error))
 
     def policy_missing(self, route: Route, error: BaseException) -> Decision:
         """A route's policy is gone: a JSON 500 that says so, logged once per interval."""
@@ -360,8 +612,8 @@ class RateLimitRules:
             self.outage_since = now
         if now - self.logged_at >= self.log_interval:
             self.logged_at = now
-            log.warning("ratelimit_web: the database did not answer (%s): sensitive routes answer 503, "
-                        "the others use local buckets at %g of their limit", _why(error, self.check_timeout),
+            log.warning("ratelimit_web: the database could not be reached (%s): sensitive routes answer 503, "
+                        "the others use local buckets at %g of their limit", _why(error),
                         self.fallback_share)
         limit = None if route.sensitive else (self.learned.get((route.name, tier)) or route.first_bucket(tier))
         if limit is None:
@@ -383,12 +635,6 @@ class RateLimitRules:
         return Decision("fallback")
 
 
-def _why(error: BaseException, timeout: Optional[float] = None) -> str:
-    """What failed, for a log line: the error's words, or, for a timeout (which has none),
-    how long it waited."""
-    text = str(error).strip()
-    if text:
-        return text
-    if isinstance(error, TimeoutError) and timeout is not None:
-        return f"no answer within {timeout * 1000:g} ms"
-    return type(error).__name__
+def _why(error: BaseException) -> str:
+    """What failed, for a log line: the error's words, or its kind when it has none."""
+    return str(error).strip() or type(error).__name__

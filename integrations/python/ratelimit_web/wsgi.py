@@ -12,22 +12,22 @@ from .rules import Decision, RateLimitRules, Route
 class RateLimitWSGI:
     """`app.wsgi_app = RateLimitWSGI(app.wsgi_app, limiter, routes, **options)`: the
     options of `RateLimitRules`; `identify(environ)` and `tier(environ)` get the WSGI
-    environ. The subject defaults to REMOTE_USER, else the client address. Every route's
-    policy is checked here, at startup: a missing one raises RuntimeError naming the
-    route and the policy. The limiter's own timeout bounds each check."""
+    environ. The subject defaults to REMOTE_USER, else the client address. Every route is
+    checked here, at startup: limits the engine refuses, or a policy that does not exist,
+    raise RuntimeError naming the route. The limiter's own timeout bounds each check."""
 
     def __init__(self, app, limiter, routes: Dict[str, Route], **options):
         self.app, self.limiter = app, limiter
         self.rules = RateLimitRules(routes, **options)
         self.counters = self.rules.counters
-        problem = self.rules.check_policies(limiter.policy_exists)
+        problem = self.rules.check_routes(limiter)
         if problem is not None:
             raise RuntimeError(f"ratelimit_web: {problem}")
 
     def __call__(self, environ, start_response):
         rules = self.rules
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO") or "/"
-        if path in rules.skip:
+        if rules.skipped(path):
             return self.app(environ, start_response)
         shed = rules.enter(method, path)
         if shed is not None:
@@ -56,8 +56,8 @@ class RateLimitWSGI:
             return self.app(environ, start_response)
         refunded = []
 
-        def give_back():
-            if not refunded:
+        def give_back(status):
+            if not refunded and rules.refunds(route, status):
                 refunded.append(True)
                 try:
                     self.limiter.refund(route, subject, tier, cost)
@@ -65,14 +65,13 @@ class RateLimitWSGI:
                     rules.refund_failed(route, subject, e)
 
         def start_with_headers(status, headers, exc_info=None):
-            if int(status.split(" ", 1)[0]) >= 500:
-                give_back()  # before the client hears of the failure
+            give_back(int(status.split(" ", 1)[0]))  # before the client hears of the failure
             return start_response(status, [*headers, *decision.headers.items()], exc_info)
 
         try:
-            return _Finally(self.app(environ, start_with_headers), on_error=give_back)
+            return _Finally(self.app(environ, start_with_headers), on_error=lambda: give_back(500))
         except Exception:
-            give_back()
+            give_back(500)
             raise
 
 

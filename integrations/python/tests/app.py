@@ -1,5 +1,5 @@
 """The ASGI application (Starlette) the middleware tests run under uvicorn; its routes and
-settings are routes.py's."""
+settings are routes.py's (the spec's)."""
 import contextlib
 import dataclasses
 
@@ -12,15 +12,17 @@ from starlette.routing import Route as Path
 
 from ratelimit_web import Counters, PostgresLimiter, RateLimitMiddleware, SQLiteLimiter
 from ratelimit_web.metrics import PrometheusMetrics
-from routes import DB, ENGINE, EXTENSION, options, routes
+from ratelimit_web.rules import normalize_path
+from routes import DB, ENGINE, EXTENSION, limiter_options, options, ran, routes, runs, signed_in
 
 if ENGINE == "sqlite":
-    limiter = SQLiteLimiter(DB, extension=EXTENSION)
+    limiter = SQLiteLimiter(DB, extension=EXTENSION, **limiter_options())
 else:
-    limiter = PostgresLimiter(DB, min_size=2, max_size=8)
+    limiter = PostgresLimiter(DB, min_size=2, max_size=8, **limiter_options())
 
 
 async def ok(request):
+    ran(normalize_path(request.url.path))
     return JSONResponse({"ok": True, "path": request.url.path})
 
 
@@ -36,15 +38,21 @@ async def counts(request):
     return JSONResponse(dataclasses.asdict(COUNTERS))
 
 
+async def run_counts(request):
+    return JSONResponse(runs())
+
+
 async def slow(request):
     await anyio.sleep(float(request.query_params.get("seconds", "0.5")))
     return JSONResponse({"ok": True})
 
 
 async def fail(request):
-    if request.query_params.get("how") == "503":
+    ran(normalize_path(request.url.path))
+    how = request.query_params.get("how")
+    if how == "503":
         return JSONResponse({"ok": False}, status_code=503)
-    if request.query_params.get("how") == "ok":
+    if how == "ok":
         return JSONResponse({"ok": True})
     raise RuntimeError("the handler failed")
 
@@ -57,14 +65,21 @@ async def lifespan(app):
 
 
 def user(request):
-    return request.headers.get("x-user") and "user:" + request.headers["x-user"]
+    name = signed_in(request.headers.get("authorization"))[0]
+    return name and "user:" + name
+
+
+def plan(request):
+    return signed_in(request.headers.get("authorization"))[1]
 
 
 app = Starlette(
     routes=[Path("/health", ok), Path("/ready", ok), Path("/exact", ok), Path("/policy", ok), Path("/login", ok, methods=["GET", "POST"]),
-            Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/open", ok), Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok),
-            Path("/counts", counts), Path("/metrics", metrics), Path("/slow", slow), Path("/flood", ok), Path("/gone", ok), Path("/extra", ok)],
+            Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/sms", fail), Path("/open", ok),
+            Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok), Path("/window", ok),
+            Path("/counts", counts), Path("/runs", run_counts), Path("/metrics", metrics), Path("/slow", slow),
+            Path("/flood", ok), Path("/gone", ok), Path("/extra", ok)],
     lifespan=lifespan)
 app.add_middleware(
-    RateLimitMiddleware, limiter=limiter, identify=user, tier=lambda r: r.headers.get("x-plan"),
+    RateLimitMiddleware, limiter=limiter, identify=user, tier=plan,
     counters=COUNTERS, metrics=METRICS, routes=routes(), **options())

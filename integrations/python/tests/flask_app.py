@@ -1,13 +1,14 @@
 """The Flask application the tests serve with gunicorn (threads): RateLimitWSGI over a
-sync limiter, on routes.py's routes."""
+sync limiter, on routes.py's routes (the spec's)."""
 import dataclasses
 import time
 
 from flask import Flask, jsonify, request
 
 from ratelimit_web import SyncPostgresLimiter, SyncSQLiteLimiter
+from ratelimit_web.rules import normalize_path
 from ratelimit_web.wsgi import RateLimitWSGI
-from routes import DB, ENGINE, EXTENSION, TIMEOUT, options, routes
+from routes import DB, ENGINE, EXTENSION, limiter_options, options, ran, routes, runs, signed_in
 
 app = Flask(__name__)
 
@@ -22,10 +23,12 @@ app = Flask(__name__)
 @app.route("/retry", methods=["GET", "POST"])
 @app.route("/free")
 @app.route("/big")
+@app.route("/window")
 @app.route("/flood")
 @app.route("/gone")
 @app.route("/extra")
 def ok(name=None):
+    ran(normalize_path(request.path))
     return jsonify(ok=True, path=request.path)
 
 
@@ -37,7 +40,9 @@ def slow():
 
 @app.route("/fail")
 @app.route("/pfail")
+@app.route("/sms")
 def fail():
+    ran(normalize_path(request.path))
     if request.args.get("how") == "503":
         return jsonify(ok=False), 503
     if request.args.get("how") == "ok":
@@ -50,11 +55,17 @@ def counts():
     return jsonify(dataclasses.asdict(app.wsgi_app.counters))
 
 
+@app.route("/runs")
+def run_counts():
+    return jsonify(runs())
+
+
 def user(environ):
-    return environ.get("HTTP_X_USER") and "user:" + environ["HTTP_X_USER"]
+    name = signed_in(environ.get("HTTP_AUTHORIZATION"))[0]
+    return name and "user:" + name
 
 
-limiter = (SyncSQLiteLimiter(DB, extension=EXTENSION, busy_timeout=TIMEOUT) if ENGINE == "sqlite"
-           else SyncPostgresLimiter(DB, max_size=8, timeout=TIMEOUT))
-app.wsgi_app = RateLimitWSGI(app.wsgi_app, limiter, routes(), identify=user, tier=lambda e: e.get("HTTP_X_PLAN"),
-                             **options())
+limiter = (SyncSQLiteLimiter(DB, extension=EXTENSION, **limiter_options()) if ENGINE == "sqlite"
+           else SyncPostgresLimiter(DB, max_size=8, **limiter_options()))
+app.wsgi_app = RateLimitWSGI(app.wsgi_app, limiter, routes(), identify=user,
+                             tier=lambda e: signed_in(e.get("HTTP_AUTHORIZATION"))[1], **options())

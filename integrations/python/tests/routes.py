@@ -1,43 +1,86 @@
-"""The routes every test application limits, whatever its framework (app.py: ASGI;
-flask_app.py: WSGI; django_site: Django), and the settings they share, from the
-environment: RL_WEB_ENGINE (sqlite or postgres), RL_WEB_DB (a file, or a libpq connection
-string), RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT (the per-check timeout),
-the opt-in defenses RL_WEB_REFUSAL_CACHE (entries) and RL_WEB_MAX_IN_FLIGHT;
-RL_WEB_EXTRA_POLICY adds a route /extra limited by that policy (which may not exist)."""
+"""The test application's routes, policies and options, read from the spec every web
+package shares (integrations/spec/app.json), and what each framework's test application
+(app.py: ASGI; flask_app.py: WSGI; django_site: Django) does alike: who is signed in (a
+bearer token signed with the spec's secret, never a header the client chooses), and the
+handlers' runs. Settings from the environment: RL_WEB_ENGINE (sqlite or postgres),
+RL_WEB_DB (a file, or a libpq connection string), RL_WEB_EXTENSION (SQLite's
+libratelimit), RL_WEB_TIMEOUT (the limiter's timeout), the opt-in defenses
+RL_WEB_REFUSAL_CACHE (entries) and RL_WEB_MAX_IN_FLIGHT; RL_WEB_EXTRA_POLICY adds a route
+/extra limited by that policy (which may not exist), RL_WEB_EXTRA_LIMITS one whose explicit
+limits are that JSON (which the engine may refuse)."""
+import collections
+import hashlib
+import hmac
+import json
 import os
+import threading
+import urllib.parse
 
 from ratelimit_web import Route
 
-NEVER_REFILLS = 1e-6  # tokens per minute: a run sees exactly the burst
-ENGINE = os.environ["RL_WEB_ENGINE"]
-DB = os.environ["RL_WEB_DB"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = json.load(open(os.path.join(HERE, "..", "..", "spec", "app.json")))
+ENGINE = os.environ.get("RL_WEB_ENGINE", "")
+DB = os.environ.get("RL_WEB_DB", "")
 EXTENSION = os.environ.get("RL_WEB_EXTENSION")
-TIMEOUT = float(os.environ.get("RL_WEB_TIMEOUT", "0.05"))
-SKIP = ["/health", "/ready", "/counts", "/metrics"]
+# the limiter's timeout when a test sets one; else the limiter's default, as a user gets it
+TIMEOUT = float(os.environ["RL_WEB_TIMEOUT"]) if os.environ.get("RL_WEB_TIMEOUT") else None
+SKIP = SPEC["options"]["skip"]
 
 
 def options():
     """The middleware's options but its limiter, identify and tier (each framework reads
     its requests its own way)."""
-    return dict(trusted_proxies=["127.0.0.1/32"], check_timeout=TIMEOUT, skip=SKIP,
+    return dict(trusted_proxies=SPEC["options"]["trusted_proxies"], skip=SKIP,
                 refusal_cache=int(os.environ.get("RL_WEB_REFUSAL_CACHE", "0")),
                 max_in_flight=int(os.environ["RL_WEB_MAX_IN_FLIGHT"]) if os.environ.get("RL_WEB_MAX_IN_FLIGHT") else None)
 
 
+def limiter_options():
+    return {"timeout": TIMEOUT} if TIMEOUT is not None else {}
+
+
 def routes():
-    return {
-        "/exact": Route(limits=[{"burst": 300, "refill_per_minute": NEVER_REFILLS}]),
-        "/policy": Route(policy="web_exact"),
-        "/login": Route(policy="web_login", sensitive=True),
-        "GET /api/*": Route(limits=[{"burst": 5, "refill_per_minute": NEVER_REFILLS}, {"period": "day", "quota": 8}],
-                            tiers={"free": 1, "pro": 2}),
-        "/fail": Route(limits=[{"burst": 2, "refill_per_minute": NEVER_REFILLS}]),
-        "/pfail": Route(policy="web_fail"),
-        "/open": Route(limits=[{"burst": 40, "refill_per_minute": NEVER_REFILLS}]),
-        "/retry": Route(limits=[{"burst": 1, "refill_per_minute": 60}]),
-        "/big": Route(limits=[{"burst": 5, "refill_per_minute": 60}], cost=10),
-        "/slow": Route(limits=[{"burst": 1000, "refill_per_minute": NEVER_REFILLS}]),
-        "/flood": Route(policy="web_flood"),
-        "/gone": Route(policy="web_gone"),
-        **({"/extra": Route(policy=os.environ["RL_WEB_EXTRA_POLICY"])} if os.environ.get("RL_WEB_EXTRA_POLICY") else {}),
-    }
+    found = {pattern: Route(**fields) for pattern, fields in SPEC["routes"].items()}
+    if os.environ.get("RL_WEB_EXTRA_POLICY"):
+        found["/extra"] = Route(policy=os.environ["RL_WEB_EXTRA_POLICY"])
+    if os.environ.get("RL_WEB_EXTRA_LIMITS"):
+        found["/extra"] = Route(limits=json.loads(os.environ["RL_WEB_EXTRA_LIMITS"]))
+    return found
+
+
+def signature(claim: str) -> str:
+    return hmac.new(SPEC["secret"].encode(), claim.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def token(user: str, plan: str = None) -> str:
+    """A bearer token for `user` (and `plan`), as the tests' client makes it: the claim
+    percent-encoded (a header carries no UTF-8), then its signature."""
+    claim = urllib.parse.quote(user, safe="") + (f":{plan}" if plan else "")
+    return f"{claim}.{signature(claim)}"
+
+
+def signed_in(authorization):
+    """(user, plan) of a valid bearer token, else (None, None): the tests' stand-in for a
+    session check. The user is never taken from a header the client chooses freely."""
+    if not authorization or not authorization.startswith("Bearer "):
+        return None, None
+    claim, _, sig = authorization[len("Bearer "):].rpartition(".")
+    if not claim or not hmac.compare_digest(sig, signature(claim)):
+        return None, None
+    user, _, plan = claim.partition(":")
+    return urllib.parse.unquote(user), plan or None
+
+
+RUNS = collections.Counter()
+RUNS_LOCK = threading.Lock()
+
+
+def ran(path: str) -> None:
+    with RUNS_LOCK:
+        RUNS[path] += 1
+
+
+def runs() -> dict:
+    with RUNS_LOCK:
+        return dict(RUNS)

@@ -4,7 +4,7 @@ ATOMIC_REQUESTS."""
 import os
 
 from ratelimit_web import Counters
-from routes import DB, ENGINE, EXTENSION, options, routes
+from routes import DB, ENGINE, EXTENSION, options, routes, signed_in
 
 SECRET_KEY = "tests only"
 DEBUG = False
@@ -16,17 +16,20 @@ USE_TZ = True
 ATOMIC = os.environ.get("RL_WEB_ATOMIC") == "1"
 if ENGINE == "sqlite":
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": DB, "ATOMIC_REQUESTS": ATOMIC,
-                             "OPTIONS": {"timeout": max(float(os.environ.get("RL_WEB_TIMEOUT", "0.05")), 0.05)}}}
+                             "OPTIONS": {"timeout": float(os.environ.get("RL_WEB_TIMEOUT") or 5)}}}
 else:
-    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": DB.removeprefix("dbname="),
+    # persistent connections, as a deployment on PostgreSQL has them (one per request is slow)
+    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": DB.removeprefix("dbname="), "CONN_MAX_AGE": 60,
                              "ATOMIC_REQUESTS": ATOMIC}}
 
 
 def _user(request):
-    return request.headers.get("x-user") and "user:" + request.headers["x-user"]
+    name = signed_in(request.headers.get("authorization"))[0]
+    return name and "user:" + name
 
 
-RATELIMIT = {"routes": routes(), "identify": _user, "tier": lambda request: request.headers.get("x-plan"),
+RATELIMIT = {"routes": routes(), "identify": _user,
+             "tier": lambda request: signed_in(request.headers.get("authorization"))[1],
              "extension": EXTENSION, "counters": Counters(), **options()}
 LOGGING = {"version": 1, "disable_existing_loggers": False,
            "handlers": {"console": {"class": "logging.StreamHandler"}},

@@ -4,12 +4,14 @@ from . import views
 
 urlpatterns = [
     *[path(p.lstrip("/"), views.ok) for p in ("/health", "/ready", "/exact", "/policy", "/login", "/open", "/retry",
-                                             "/free", "/big", "/flood", "/gone", "/extra")],
+                                             "/free", "/big", "/window", "/flood", "/gone", "/extra")],
     path("api/<str:name>", views.ok),
     path("slow", views.slow),
     path("counts", views.counts),
+    path("runs", views.run_counts),
     path("fail", views.fail),
     path("pfail", views.fail),
+    path("sms", views.fail),
     path("decorated", views.decorated),
     path("decorated_async", views.decorated_async),
 ]

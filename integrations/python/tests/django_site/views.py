@@ -8,10 +8,14 @@ from django.http import JsonResponse
 
 from ratelimit_web import Route
 from ratelimit_web.django import rate_limit
-from routes import NEVER_REFILLS
+from ratelimit_web.rules import normalize_path
+from routes import SPEC, ran, runs, signed_in
+
+NEVER_REFILLS = SPEC["never_refills"]
 
 
 def ok(request, name=None):
+    ran(normalize_path(request.path))
     return JsonResponse({"ok": True, "path": request.path})
 
 
@@ -21,6 +25,7 @@ def slow(request):
 
 
 def fail(request):
+    ran(normalize_path(request.path))
     if request.GET.get("how") == "503":
         return JsonResponse({"ok": False}, status=503)
     if request.GET.get("how") == "ok":
@@ -32,13 +37,17 @@ def counts(request):
     return JsonResponse(dataclasses.asdict(settings.RATELIMIT["counters"]))
 
 
+def run_counts(request):
+    return JsonResponse(runs())
+
+
 # Limited by the decorator instead of the middleware (routes.py does not name them).
-@rate_limit(Route(limits=[{"burst": 3, "refill_per_minute": NEVER_REFILLS}], name="decorated"))
+@rate_limit(Route(limits=[{"burst": 3, "refill_per_minute": NEVER_REFILLS}], name="decorated", refund_on=["5xx"]))
 def decorated(request):
     """Writes a row, then fails as asked: under ATOMIC_REQUESTS a raise rolls both back."""
     with connection.cursor() as cur:
         cur.execute("CREATE TABLE IF NOT EXISTS visits (who text)")
-        cur.execute("INSERT INTO visits VALUES (%s)", [request.headers.get("x-user", "")])
+        cur.execute("INSERT INTO visits VALUES (%s)", [signed_in(request.headers.get("authorization"))[0] or ""])
     return fail(request)
 
 

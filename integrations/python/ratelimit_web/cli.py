@@ -1,0 +1,102 @@
+"""`ratelimit-web`: policies and blocks from the command line, over a database URL
+(PostgreSQL: `postgresql://...` or a libpq string such as `dbname=app`) or a SQLite file.
+
+    ratelimit-web --db app.db policy set login '{"limits": [{"burst": 5, "refill_per_minute": 5}]}'
+    ratelimit-web --db app.db policy list
+    ratelimit-web --db app.db policy drop login
+    ratelimit-web --db app.db block ip:203.0.113.9 --seconds 3600
+    ratelimit-web --db app.db blocks
+    ratelimit-web --db app.db unblock ip:203.0.113.9
+
+`--db` defaults to RATELIMIT_DATABASE. On PostgreSQL, setting and dropping policies and
+lifting blocks need a member of rl_admin (or the extension's owner). An error of the engine
+is printed as it says it, with exit status 1."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+from typing import List, Optional
+
+
+def is_postgres(db: str) -> bool:
+    return db.startswith(("postgres://", "postgresql://")) or "=" in db
+
+
+class Database:
+    """One connection, PostgreSQL (psycopg 3) or SQLite (the extension of the sqlite-ratelimit
+    package, or RATELIMIT_SQLITE_EXTENSION)."""
+
+    def __init__(self, db: str):
+        if is_postgres(db):
+            import psycopg
+
+            self.conn = psycopg.connect(db, autocommit=True)
+            self.p = "%s"
+        else:
+            from .limiter import _extension, _sqlite_connect
+
+            self.conn = _sqlite_connect(db, os.environ.get("RATELIMIT_SQLITE_EXTENSION") or _extension(None), 5.0)
+            self.p = "?"
+
+    def rows(self, sql: str, params=()) -> list:
+        cur = self.conn.execute(sql.replace("?", self.p), params)
+        return cur.fetchall() if cur.description is not None else []
+
+    def value(self, sql: str, params=()):
+        rows = self.rows(sql, params)
+        value = rows[0][0] if rows else None
+        return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="ratelimit-web", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", default=os.environ.get("RATELIMIT_DATABASE"),
+                        help="postgresql://... or a libpq string (dbname=app), or a SQLite file (default: RATELIMIT_DATABASE)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    policy = commands.add_parser("policy", help="set, list or drop policies").add_subparsers(dest="action", required=True)
+    set_ = policy.add_parser("set", help="insert or replace a policy; prints it as stored")
+    set_.add_argument("name")
+    set_.add_argument("definition", help='JSON, e.g. \'{"limits": [{"burst": 5, "refill_per_minute": 5}]}\'')
+    policy.add_parser("list", help="every policy and its definition, one JSON object a line")
+    drop = policy.add_parser("drop", help="delete a policy")
+    drop.add_argument("name")
+    block = commands.add_parser("block", help="block a subject (rl_block)")
+    block.add_argument("subject")
+    block.add_argument("--seconds", type=float, default=None, help="how long (default: until unblocked)")
+    unblock = commands.add_parser("unblock", help="lift a subject's block and forget its strikes")
+    unblock.add_argument("subject")
+    commands.add_parser("blocks", help="the subjects blocked now, one JSON object a line")
+    args = parser.parse_args(argv)
+    if not args.db:
+        parser.error("give --db (or set RATELIMIT_DATABASE)")
+    try:
+        db = Database(args.db)
+        if args.command == "policy" and args.action == "set":
+            cast = "::jsonb" if db.p == "%s" else ""
+            print(json.dumps(db.value(f"SELECT rl_policy_set(?, ?{cast})", (args.name, args.definition))))
+        elif args.command == "policy" and args.action == "list":
+            for name, definition in db.rows("SELECT name, definition FROM rl_policies ORDER BY name"):
+                definition = json.loads(definition) if isinstance(definition, str) else definition
+                print(json.dumps({"name": name, "definition": definition}))
+        elif args.command == "policy":
+            dropped = db.value("SELECT rl_policy_drop(?)", (args.name,))
+            print(f"dropped {args.name}" if dropped else f"there was no policy named {args.name}")
+        elif args.command == "block":
+            print(json.dumps(db.value("SELECT rl_block(?, ?)", (args.subject, args.seconds))))
+        elif args.command == "unblock":
+            lifted = db.value("SELECT rl_unblock(?)", (args.subject,))
+            print(f"unblocked {args.subject}" if lifted else f"{args.subject} was not blocked")
+        else:
+            for subject, strikes, until in db.rows("SELECT subject, strikes, blocked_until_ms FROM rl_blocks ORDER BY subject"):
+                print(json.dumps({"subject": subject, "strikes": strikes, "blocked_until_ms": until}))
+    except Exception as e:  # noqa: BLE001 - the engine's words, as it says them
+        print(f"ratelimit-web: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The behaviour spec every web package shares (integrations/spec/cases.json): its rule
+cases against ratelimit_web.rules, and its HTTP cases through raw sockets against every
+framework's server of the test application (ASGI under uvicorn, Flask and Django under
+gunicorn, Django under uvicorn, Rack and Rails under puma), on SQLite and PostgreSQL. The
+Node package's suite runs the same file (integrations/node/test/spec.test.js)."""
+import json
+import os
+import socket
+
+import pytest
+
+from ratelimit_web.rules import (RateLimitRules, Route, _networks, client_address, normalize_identifier,
+                                 normalize_path, refund_rule)
+from routes import SPEC, token
+from test_middleware import HERE, Server, db  # noqa: F401 (db: the fixture)
+
+CASES = json.load(open(os.path.join(HERE, "..", "..", "spec", "cases.json")))
+TRUSTED = _networks(SPEC["options"]["trusted_proxies"])
+
+
+@pytest.mark.parametrize("case", CASES["address"], ids=lambda c: f"{c['peer']} {c['forwarded']}")
+def test_client_addresses(case):
+    assert client_address(case["peer"], case["forwarded"], TRUSTED, case.get("ipv6_prefix", 56)) == case["expect"]
+
+
+@pytest.mark.parametrize("case", CASES["path"], ids=lambda c: repr(c["path"]))
+def test_paths_as_routers_dispatch_them(case):
+    got = normalize_path(case["path"], case_insensitive=case.get("case_insensitive", False),
+                         formats=case.get("formats", False))
+    assert got == case["expect"]
+
+
+@pytest.mark.parametrize("case", CASES["match"], ids=lambda c: f"{c['method']} {c['path']}")
+def test_route_matching(case):
+    rules = RateLimitRules({r: Route(limits=[{"burst": 1, "refill_per_minute": 1}]) for r in case["routes"]},
+                           skip=case.get("skip", ()), case_insensitive_paths=case.get("case_insensitive", False),
+                           path_formats=case.get("formats", False))
+    route = rules.match(case["method"], case["path"])
+    assert (route.name if route else None) == case["expect"]
+
+
+@pytest.mark.parametrize("case", CASES["identifier"], ids=lambda c: f"{c['input']!r:.20}x{c.get('repeat', 1)}")
+def test_identifiers(case):
+    value = case["input"] * case["repeat"] if "repeat" in case else case["input"]
+    got = normalize_identifier(value, case_insensitive=case.get("case_insensitive", False))
+    if "expect_length" in case:
+        assert len(got) == case["expect_length"] and got.startswith(case["expect_prefix"])
+    else:
+        assert got == case["expect"]
+
+
+@pytest.mark.parametrize("case", CASES["refund"], ids=lambda c: f"{c['refund_on']} {c['status']}")
+def test_refunds(case):
+    rules = RateLimitRules({"/r": Route(limits=[{"burst": 1, "refill_per_minute": 1}], refund_on=case["refund_on"],
+                                        sensitive=case.get("sensitive", False))}, refund_on=case.get("middleware"))
+    assert rules.refunds(rules.match("GET", "/r"), case["status"]) is case["expect"]
+    assert refund_rule(None) is None
+
+
+def test_unknown_policy_codes_are_the_specs():
+    from ratelimit_web.limiter import UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE
+
+    assert UNKNOWN_POLICY_SQLSTATE == CASES["unknown_policy"]["sqlstate"]
+    assert list(UNKNOWN_POLICY_PREFIXES) == CASES["unknown_policy"]["sqlite_prefixes"]
+
+
+def test_the_ruby_rules_follow_the_spec_too():
+    """The Ruby gem's rules against the same cases (integrations/ruby/test/spec_test.rb)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("ruby"):
+        from test_middleware import need_puma
+        need_puma()
+    ruby = os.path.join(HERE, "..", "..", "ruby")
+    out = subprocess.run(["ruby", "-I", os.path.join(ruby, "lib"), os.path.join(ruby, "test", "spec_test.rb")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and " 0 failures, 0 errors" in out.stdout, out.stdout + out.stderr
+
+
+# -- HTTP, through raw sockets ---------------------------------------------------------
+
+def exchange(port, method, target, headers, source="127.0.0.1"):
+    """One request exactly as written (no client normalizes its path), on a connection of
+    its own: (status, headers with lower-case names, body)."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    if method in ("POST", "PUT", "PATCH"):
+        lines.append("Content-Length: 0")
+    with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as s:
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8"))
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    got = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        got[name.strip().lower()] = value.strip()
+    if got.get("transfer-encoding") == "chunked":
+        body = dechunk(body)
+    return int(status_line.split()[1]), got, body
+
+
+def dechunk(body):
+    out = b""
+    while body:
+        size_line, _, rest = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        body = rest[size + 2:]
+    return out
+
+
+def request_of(step):
+    headers = dict(step.get("send", {}))
+    if "as" in step:
+        headers["Authorization"] = "Bearer " + token(step["as"], step.get("plan"))
+    if "as_long" in step:
+        headers["Authorization"] = "Bearer " + token("u" * step["as_long"])
+    target = step["path"] + (f"?{step['query']}" if step.get("query") else "")
+    source = SPEC["trusted_proxy_address"] if step.get("via") == "proxy" else "127.0.0.1"
+    return step.get("method", "GET"), target, headers, source
+
+
+def run_case(port, case):
+    """Runs one HTTP case's steps in order; fails naming the step that did otherwise."""
+    runs_before = json.loads(exchange(port, "GET", "/runs", {})[2])
+    for n, step in enumerate(case["steps"], 1):
+        where = f"{case['name']}: step {n} {step}"
+        if "runs" in step:
+            after = json.loads(exchange(port, "GET", "/runs", {})[2])
+            ran = after.get(step["runs"], 0) - runs_before.get(step["runs"], 0)
+            if "expect" in step:
+                assert ran == step["expect"], f"{where}: the handler ran {ran} times"
+            if "at_most" in step:
+                assert ran <= step["at_most"], f"{where}: the handler ran {ran} times"
+            continue
+        method, target, headers, source = request_of(step)
+        statuses = []
+        for i in range(step.get("repeat", 1)):
+            status, got, body = exchange(port, method, target, headers, source)
+            statuses.append(status)
+            assert status != 500 or "/fail" in target or "/pfail" in target, f"{where}: 500 {body[:300]!r}"
+            if "status" in step:
+                assert status == step["status"], f"{where}: answer {i + 1} was {status} {body[:200]!r}"
+            if "status_not" in step:
+                assert status != step["status_not"], f"{where}: answer {i + 1} was {status}"
+            for name, value in step.get("headers", {}).items():
+                assert got.get(name.lower()) == value, f"{where}: {name} was {got.get(name.lower())!r}"
+            for name in step.get("no_headers", ()):
+                assert name.lower() not in got, f"{where}: has {name}: {got[name.lower()]}"
+            if "body" in step and method != "HEAD":
+                answer = json.loads(body)
+                for key, value in step["body"].items():
+                    assert answer.get(key) == value, f"{where}: body {answer}"
+        if "statuses" in step:
+            assert statuses == step["statuses"], f"{where}: answered {statuses}"
+
+
+FRAMEWORKS = ["asgi", "flask", "django", "django-async", "rack", "rails"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_http_cases(db, framework):
+    if framework in ("rack", "rails"):
+        from test_middleware import need_puma
+        need_puma()
+    server = Server(db, timeout=5.0, framework=framework)
+    try:
+        for case in CASES["http"]:
+            run_case(server.port, case)
+    finally:
+        server.output()
