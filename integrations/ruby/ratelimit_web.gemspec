@@ -11,7 +11,10 @@ Gem::Specification.new do |spec|
   spec.license = "MIT"
   spec.authors = ["pg_ratelimit developers"]
   spec.required_ruby_version = ">= 3.0"
-  spec.files = Dir["lib/**/*.rb"] + ["README.md"]
+  # the SQLite extension for Linux x86_64 (scripts/package.sh puts it in lib/ratelimit_web/native)
+  spec.files = Dir["lib/**/*.rb"] + Dir["lib/ratelimit_web/native/*.so"] + ["README.md", "exe/ratelimit-web"]
   spec.require_paths = ["lib"]
+  spec.bindir = "exe"
+  spec.executables = ["ratelimit-web"]
   spec.add_dependency "rack", ">= 2.2"
 end

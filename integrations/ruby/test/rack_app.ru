@@ -5,14 +5,15 @@
 require_relative "routes"
 
 limiter = if TestApp::ENGINE == "sqlite"
-            RatelimitWeb::SqliteLimiter.new(TestApp::DB, extension: TestApp::EXTENSION, busy_timeout: TestApp::TIMEOUT)
+            RatelimitWeb::SqliteLimiter.new(TestApp::DB, extension: TestApp::EXTENSION, **TestApp.limiter_options)
           else
-            RatelimitWeb::PostgresLimiter.new(TestApp::DB, timeout: TestApp::TIMEOUT)
+            RatelimitWeb::PostgresLimiter.new(TestApp::DB, **TestApp.limiter_options)
           end
 middleware = nil
 app = lambda do |env|
   request = Rack::Request.new(env)
   next [200, { "Content-Type" => "application/json" }, [JSON.generate(middleware.counters.to_h)]] if request.path == "/counts"
+  next [200, { "Content-Type" => "application/json" }, [JSON.generate(TestApp.runs)]] if request.path == "/runs"
 
   status, body = TestApp.answer(request.path, request.params)
   [status, { "Content-Type" => "application/json" }, [JSON.generate(body)]]

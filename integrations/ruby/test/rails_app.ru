@@ -7,7 +7,7 @@ require_relative "routes"
 ENV["RAILS_ENV"] = "production"
 ENV["DATABASE_URL"] = if TestApp::ENGINE == "sqlite"
                         # the connection's own busy timeout is how long a check waits for SQLite's lock
-                        "sqlite3:#{TestApp::DB}?pool=8&timeout=#{(TestApp::TIMEOUT * 1000).to_i}"
+                        "sqlite3:#{TestApp::DB}?pool=8&timeout=#{((TestApp::TIMEOUT || 1.0) * 1000).to_i}"
                       else
                         "postgresql:///#{TestApp::DB.delete_prefix('dbname=')}?pool=8"
                       end
@@ -34,7 +34,8 @@ Rails.application.initialize!
 
 class AnswersController < ActionController::API
   include RatelimitWeb::Controller
-  rate_limit_by limits: [{ burst: 3, refill_per_minute: TestApp::NEVER_REFILLS }], name: "helper", only: %i[helper helper_fail]
+  rate_limit_by limits: [{ burst: 3, refill_per_minute: TestApp::NEVER_REFILLS }], name: "helper", only: %i[helper helper_fail],
+                refund_on: ["5xx"]
   rate_limit_by limits: [{ burst: 300, refill_per_minute: TestApp::NEVER_REFILLS }], tiers: { free: 1, pro: 2 },
                 name: "helper_exact", only: :helper_exact
   rate_limit_by policy: "web_login", sensitive: true, name: "helper_login", only: :helper_login
@@ -45,6 +46,8 @@ class AnswersController < ActionController::API
   end
 
   def counts = render(json: COUNTERS.to_h)
+
+  def runs = render(json: TestApp.runs)
 
   def helper = render(json: { ok: true })
   def helper_exact = render(json: { ok: true })
@@ -58,6 +61,7 @@ end
 
 Rails.application.routes.draw do
   get "/counts" => "answers#counts"
+  get "/runs" => "answers#runs"
   get "/helper" => "answers#helper"
   get "/helper_fail" => "answers#helper_fail"
   get "/helper_exact" => "answers#helper_exact"

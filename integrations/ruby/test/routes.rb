@@ -1,52 +1,69 @@
 # frozen_string_literal: true
 
-# The test applications' settings and routes, from the environment, the same as the Python
-# tests' routes.py (integrations/python/tests drives these servers too): RL_WEB_ENGINE
-# (sqlite or postgres), RL_WEB_DB (a file, or a libpq connection string), RL_WEB_EXTENSION,
-# RL_WEB_TIMEOUT, RL_WEB_REFUSAL_CACHE, RL_WEB_MAX_IN_FLIGHT and RL_WEB_EXTRA_POLICY.
+# The test application's routes, policies and options, read from the spec every web package
+# shares (integrations/spec/app.json), and what each Ruby test application (rack_app.ru,
+# rails_app.ru) does alike: who is signed in (a bearer token signed with the spec's secret,
+# never a header the client chooses) and the handlers' runs. The Python tests
+# (integrations/python/tests) drive these servers. Settings from the environment:
+# RL_WEB_ENGINE (sqlite or postgres), RL_WEB_DB (a file, or a libpq connection string),
+# RL_WEB_EXTENSION, RL_WEB_TIMEOUT, RL_WEB_REFUSAL_CACHE, RL_WEB_MAX_IN_FLIGHT,
+# RL_WEB_EXTRA_POLICY and RL_WEB_EXTRA_LIMITS.
+require "cgi"
+require "json"
+require "openssl"
 require "ratelimit_web"
 
 module TestApp
-  NEVER_REFILLS = 1e-6 # tokens per minute: a run sees exactly the burst
+  SPEC = JSON.parse(File.read(File.expand_path("../../spec/app.json", __dir__)))
+  NEVER_REFILLS = SPEC.fetch("never_refills")
   ENGINE = ENV.fetch("RL_WEB_ENGINE")
   DB = ENV.fetch("RL_WEB_DB")
   EXTENSION = ENV["RL_WEB_EXTENSION"]
-  TIMEOUT = Float(ENV.fetch("RL_WEB_TIMEOUT", "0.05"))
+  # the limiter's timeout when a test sets one; else the limiter's default, as a user gets it
+  TIMEOUT = ENV["RL_WEB_TIMEOUT"].to_s.empty? ? nil : Float(ENV["RL_WEB_TIMEOUT"])
   R = RatelimitWeb::Route
+  RUNS = Hash.new(0)
+  RUNS_LOCK = Mutex.new
+
+  def self.limiter_options = TIMEOUT ? { timeout: TIMEOUT } : {}
+
+  # (user, plan) of a valid bearer token, else [nil, nil].
+  def self.signed_in(authorization)
+    return [nil, nil] unless authorization.to_s.start_with?("Bearer ")
+
+    claim, _, sig = authorization.delete_prefix("Bearer ").rpartition(".")
+    expected = OpenSSL::HMAC.hexdigest("SHA256", SPEC.fetch("secret"), claim)[0, 16]
+    return [nil, nil] if claim.empty? || !Rack::Utils.secure_compare(sig, expected)
+
+    user, _, plan = claim.partition(":")
+    [CGI.unescape(user), plan.empty? ? nil : plan]
+  end
 
   def self.options
-    { identify: ->(request) { (u = request.get_header("HTTP_X_USER")) && "user:#{u}" },
-      tier: ->(request) { request.get_header("HTTP_X_PLAN") },
-      trusted_proxies: ["127.0.0.1/32"], skip: ["/health", "/ready", "/counts", "/metrics"],
+    { identify: ->(request) { (u = signed_in(request.get_header("HTTP_AUTHORIZATION"))[0]) && "user:#{u}" },
+      tier: ->(request) { signed_in(request.get_header("HTTP_AUTHORIZATION"))[1] },
+      trusted_proxies: SPEC.dig("options", "trusted_proxies"), skip: SPEC.dig("options", "skip"),
       refusal_cache: Integer(ENV.fetch("RL_WEB_REFUSAL_CACHE", "0")),
       max_in_flight: ENV["RL_WEB_MAX_IN_FLIGHT"]&.then { |n| Integer(n) } }
   end
 
   def self.routes
-    extra = ENV["RL_WEB_EXTRA_POLICY"]
-    {
-      "/exact" => R.new(limits: [{ burst: 300, refill_per_minute: NEVER_REFILLS }]),
-      "/policy" => R.new(policy: "web_exact"),
-      "/login" => R.new(policy: "web_login", sensitive: true),
-      "GET /api/*" => R.new(limits: [{ burst: 5, refill_per_minute: NEVER_REFILLS }, { period: "day", quota: 8 }],
-                            tiers: { free: 1, pro: 2 }),
-      "/fail" => R.new(limits: [{ burst: 2, refill_per_minute: NEVER_REFILLS }]),
-      "/pfail" => R.new(policy: "web_fail"),
-      "/open" => R.new(limits: [{ burst: 40, refill_per_minute: NEVER_REFILLS }]),
-      "/retry" => R.new(limits: [{ burst: 1, refill_per_minute: 60 }]),
-      "/big" => R.new(limits: [{ burst: 5, refill_per_minute: 60 }], cost: 10),
-      "/slow" => R.new(limits: [{ burst: 1000, refill_per_minute: NEVER_REFILLS }]),
-      "/flood" => R.new(policy: "web_flood"),
-      "/gone" => R.new(policy: "web_gone"),
-      **(extra ? { "/extra" => R.new(policy: extra) } : {})
-    }
+    found = SPEC.fetch("routes").to_h { |pattern, fields| [pattern, R.new(**fields.transform_keys(&:to_sym))] }
+    found["/extra"] = R.new(policy: ENV["RL_WEB_EXTRA_POLICY"]) if ENV["RL_WEB_EXTRA_POLICY"]
+    found["/extra"] = R.new(limits: JSON.parse(ENV["RL_WEB_EXTRA_LIMITS"])) if ENV["RL_WEB_EXTRA_LIMITS"]
+    found
   end
 
-  # The handlers every test application serves: /fail and /pfail fail as asked, /slow
-  # sleeps, the rest answer {ok, path}.
+  def self.ran(path) = RUNS_LOCK.synchronize { RUNS[RatelimitWeb.normalize_path(path, formats: true)] += 1 }
+
+  def self.runs = RUNS_LOCK.synchronize { RUNS.dup }
+
+  # The handlers every test application serves: /fail, /pfail and /sms fail as asked (a run
+  # counted first), /slow sleeps, the rest answer {ok, path}.
   def self.answer(path, params)
-    case path
-    when "/fail", "/pfail"
+    ran(path) unless path == "/slow"
+    case RatelimitWeb.normalize_path(path, formats: true)
+    when "/fail", "/pfail", "/sms"
       return [503, { "ok" => false }] if params["how"] == "503"
       return [200, { "ok" => true }] if params["how"] == "ok"
 

@@ -2,8 +2,9 @@
 
 module RatelimitWeb
   # Checks on the connection ActiveRecord already has for this thread (PostgreSQL, or SQLite
-  # with the loadable extension loaded into each of its connections): no pool of its own, and
-  # inside the request's transaction when there is one.
+  # with the loadable extension, the gem's own unless `extension:` names another, loaded into
+  # each of its connections): no pool of its own, and inside the request's transaction when
+  # there is one.
   class ActiveRecordLimiter < Limiter
     def initialize(base = ::ActiveRecord::Base, extension: nil)
       @base, @extension = base, extension
@@ -23,7 +24,7 @@ module RatelimitWeb
         raw.exec_params(sql, params.map { |v| v&.to_s }).values.first
       else
         unless raw.instance_variable_get(:@ratelimit_web_loaded)
-          RatelimitWeb.load_sqlite_extension(raw, @extension || raise(ArgumentError, "ActiveRecordLimiter: give SQLite's extension:"))
+          RatelimitWeb.load_sqlite_extension(raw, @extension || RatelimitWeb.extension_path)
           raw.instance_variable_set(:@ratelimit_web_loaded, true)
         end
         raw.execute(sql, params).first

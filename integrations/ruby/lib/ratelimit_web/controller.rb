@@ -13,7 +13,8 @@ module RatelimitWeb
   # trusted_proxies, ...) are RatelimitWeb::Controller.options; `identify` and `tier` get
   # the controller's request. The subject defaults to current_user.id when the controller has
   # one, else the client address. A route's policy is checked on its first request; a
-  # missing one answers a JSON 500.
+  # missing one answers a JSON 500. On SQLite the extension is the gem's own
+  # (RatelimitWeb.extension_path) unless Controller.limiter says otherwise.
   module Controller
     class << self
       attr_writer :options, :limiter
@@ -55,10 +56,10 @@ module RatelimitWeb
       begin
         action.call
       rescue StandardError
-        check.give_back
+        check.give_back if check.refunds?(500)
         raise
       end
-      check.give_back if response.status >= 500
+      check.give_back if check.refunds?(response.status)
       response.headers.merge!(decision.headers)
     end
   end

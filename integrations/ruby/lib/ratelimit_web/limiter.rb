@@ -15,7 +15,30 @@ module RatelimitWeb
   # The subject of the startup check: never a request's (those are "user:..." or "ip:...").
   PROBE_SUBJECT = "ratelimit_web:startup-check"
 
-  def self.missing_policy?(error) = error.message.include?("there is no policy named")
+  # A check of a policy that does not exist fails with this SQLSTATE on PostgreSQL
+  # (undefined_object) and, on SQLite, which has none, with a message that starts with one
+  # of these (the function's name, then the stable text).
+  UNKNOWN_POLICY_SQLSTATE = "42704"
+  UNKNOWN_POLICY_PREFIXES = ["rl_check: there is no policy named ", "rl_refund_check: there is no policy named "].freeze
+
+  # Whether the database refused a check because its policy does not exist, by its code.
+  def self.missing_policy?(error)
+    if error.respond_to?(:result) && error.result
+      return error.result.error_field(PG::Result::PG_DIAG_SQLSTATE) == UNKNOWN_POLICY_SQLSTATE
+    end
+    defined?(SQLite3::Exception) && error.is_a?(SQLite3::Exception) && error.message.start_with?(*UNKNOWN_POLICY_PREFIXES)
+  end
+
+  # The engine's refusal of a route's explicit limits, as the route's own: "limits item 2:
+  # burst must be a finite number greater than 0, got 0"; nil for any other error.
+  def self.refusal_of(error)
+    message = error.message.strip.lines.first.to_s.strip.sub(/\AERROR:\s+/, "")
+    prefix = "rl_policy_validate: "
+    return nil unless message.include?(prefix)
+
+    message[(message.index(prefix) + prefix.size)..].gsub("definition.limits", "limits")
+                                                    .gsub("definition.tiers", "tiers").gsub("definition", "the route")
+  end
 
   # The key of a route's explicit limit `index` for `subject`: rl_key('web', route, subject,
   # index), the same as the Python and Node packages'.
@@ -31,7 +54,14 @@ module RatelimitWeb
       @check = "WITH c(r) AS MATERIALIZED (SELECT rl_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})) SELECT r, rl_headers(r) FROM c"
       @take_all = "WITH c(r) AS MATERIALIZED (SELECT rl_take_all(#{p[1]})) SELECT r, rl_headers(r) FROM c"
       @refund_check = "SELECT rl_refund_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})"
+      @validate = "SELECT rl_policy_validate(#{p[1]})"
+      @policy_set = "SELECT rl_policy_set(#{p[1]}, #{p[2]})"
     end
+
+    def for_policy_set(name, definition) = [@policy_set, [name, JSON.generate(definition)]]
+
+    # The engine's own validation of a route's explicit limits (as a policy definition).
+    def for_validation(definition) = [@validate, [JSON.generate(definition)]]
 
     def for_check(route, subject, tier, cost)
       return [@check, [route.policy, subject, cost, tier]] if route.policy
@@ -67,6 +97,8 @@ module RatelimitWeb
         item = { "key" => RatelimitWeb.limit_key(route.name, subject, i), "cost" => cost }
         if limit.key?("period")
           item.merge("period" => limit["period"], "quota" => limit["quota"] * m)
+        elsif limit.key?("window_seconds")
+          item.merge("limit" => limit["limit"] * m, "window_seconds" => limit["window_seconds"])
         else
           item.merge("burst" => limit["burst"] * m, "refill_per_minute" => limit["refill_per_minute"] * m)
         end
@@ -83,6 +115,22 @@ module RatelimitWeb
     end
 
     def refund(route, subject, tier, cost) = first_row(*statements.for_refund(route, subject, tier, cost))
+
+    # [nil, the limits as the engine read them], or [what it refuses in them, nil].
+    def validate_limits(definition)
+      row = first_row(*statements.for_validation(definition))
+      [nil, decoded(row[0])["limits"]]
+    rescue DatabaseUnavailable
+      raise
+    rescue StandardError => e
+      problem = RatelimitWeb.refusal_of(e)
+      raise unless problem
+
+      [problem, nil]
+    end
+
+    # Inserts or replaces a policy (rl_policy_set; on PostgreSQL a member of rl_admin).
+    def set_policy(name, definition) = decoded(first_row(*statements.for_policy_set(name, definition))[0])
 
     def policy_exists?(policy)
       first_row(*statements.for_probe(policy))
@@ -101,10 +149,13 @@ module RatelimitWeb
   end
 
   # PostgreSQL through the pg gem: a connection per thread (puma serves on threads), opened
-  # on its first check, in autocommit; `timeout` (seconds) bounds connecting and each
-  # statement.
+  # on its first check, in autocommit; `timeout` (0.5 s) bounds connecting and each
+  # statement (statement_timeout: the server cancels it, writing nothing, so the fallback
+  # never admits beside a take the database is still making).
   class PostgresLimiter < Limiter
-    def initialize(conninfo = "", timeout: 0.05)
+    attr_reader :timeout
+
+    def initialize(conninfo = "", timeout: 0.5)
       require "pg"
       @conninfo, @timeout = conninfo, timeout
       @key = :"ratelimit_web_pg_#{object_id}"
@@ -140,14 +191,20 @@ module RatelimitWeb
     end
   end
 
-  # SQLite through the sqlite3 gem with the loadable extension: a connection per thread,
-  # WAL; a writer waits for SQLite's lock up to busy_timeout seconds, then falls back.
+  # SQLite through the sqlite3 gem with the loadable extension (the one shipped in the gem
+  # for Linux x86_64 unless `extension:` names another): a connection per thread, WAL; a
+  # writer waits for SQLite's lock up to `timeout` (1 s), then falls back, having written
+  # nothing. The state tables are made when it is built, not by a request.
   class SqliteLimiter < Limiter
-    def initialize(path, extension:, busy_timeout: 0.05)
+    attr_reader :timeout
+
+    def initialize(path, extension: nil, timeout: 1.0, busy_timeout: nil)
       require "sqlite3"
-      @path, @extension, @busy_timeout = path, extension, busy_timeout
+      @path, @extension, @timeout = path, extension || RatelimitWeb.extension_path, busy_timeout || timeout
       @key = :"ratelimit_web_sqlite_#{object_id}"
-      connect.close # a wrong path or extension fails here, named
+      first = connect # a wrong path or extension fails here, named
+      first.execute("SELECT rl_sweep(0, 1)")
+      first.close
     end
 
     def statements = @statements ||= Statements.new { "?" }
@@ -164,11 +221,25 @@ module RatelimitWeb
     def connect
       db = SQLite3::Database.new(@path)
       RatelimitWeb.load_sqlite_extension(db, @extension)
-      db.busy_timeout = (@busy_timeout * 1000).to_i
+      db.busy_timeout = (@timeout * 1000).to_i
       db.execute("PRAGMA journal_mode=wal")
       db
     rescue SQLite3::Exception => e
       raise SQLite3::CantOpenException, "#{@path}: #{e.message} (the database file, its folder or the extension #{@extension})"
+    end
+  end
+
+  # The SQLite extension shipped in the gem (lib/ratelimit_web/native/libratelimit.so, for
+  # Linux x86_64), without its suffix as load_extension takes it; RATELIMIT_SQLITE_EXTENSION
+  # names another.
+  def self.extension_path
+    ENV.fetch("RATELIMIT_SQLITE_EXTENSION") do
+      bundled = File.expand_path("native/libratelimit", __dir__)
+      unless File.exist?("#{bundled}.so")
+        raise ArgumentError, "ratelimit_web: this gem carries no SQLite extension for this platform " \
+                             "(#{bundled}.so): pass extension: or set RATELIMIT_SQLITE_EXTENSION"
+      end
+      bundled
     end
   end
 

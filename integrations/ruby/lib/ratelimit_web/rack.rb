@@ -6,15 +6,18 @@ require "rack"
 module RatelimitWeb
   # A Rack middleware: `use RatelimitWeb::Middleware, limiter: ..., routes: {...}, **options`
   # (the options of Rules; `identify` and `tier` get a Rack::Request). The subject defaults
-  # to env["REMOTE_USER"], else the client address. Every route's policy is checked when it
-  # is built: a missing one raises ArgumentError naming the route and the policy.
+  # to env["REMOTE_USER"], else the client address. Every route is checked when it is
+  # built: limits the engine refuses, or a policy that does not exist, raise ArgumentError
+  # naming the route. Paths are matched as Rails dispatches them (a format suffix such as
+  # .json is the same route). Puma reads a request's body before the application sees it,
+  # so slow bodies never count toward max_in_flight.
   class Middleware
     attr_reader :rules
 
     def initialize(app, limiter:, routes:, **options)
       @app, @limiter = app, limiter
       @rules = Rules.new(routes, **options)
-      problem = @rules.check_policies(limiter)
+      problem = @rules.check_routes(limiter)
       raise ArgumentError, "ratelimit_web: #{problem}" if problem
     end
 
@@ -22,7 +25,7 @@ module RatelimitWeb
 
     def call(env)
       method, path = env["REQUEST_METHOD"], env["PATH_INFO"].to_s.empty? ? "/" : env["PATH_INFO"]
-      return @app.call(env) if @rules.skip.include?(path)
+      return @app.call(env) if @rules.skipped?(path)
 
       shed = @rules.enter(method, path)
       return RatelimitWeb.reply(shed) if shed
@@ -70,14 +73,17 @@ module RatelimitWeb
       @rules.refund_failed(@route, @subject, e)
     end
 
-    # The handler (a Rack triple), with the limit's headers on its response; a 5xx or an
-    # exception gives back what the check took.
+    # Whether the route gives back what the check took for this status (refund_on).
+    def refunds?(status) = @rules.refunds?(@route, status)
+
+    # The handler (a Rack triple), with the limit's headers on its response; a status the
+    # route refunds, or an exception where it refunds a 500, gives back what the check took.
     def run
       status, headers, body = yield
-      give_back if status.to_i >= 500
+      give_back if refunds?(status)
       [status, headers.merge(@decision.headers), body]
     rescue StandardError
-      give_back
+      give_back if refunds?(500)
       raise
     end
   end

@@ -3,25 +3,33 @@
 module RatelimitWeb
   # How one route (or route pattern) is limited: a policy's name (rl_check, the tier as its
   # tier), or explicit `limits` as rl_take_all items without key and cost (buckets
-  # {burst:, refill_per_minute:}, budgets {period:, quota:}) with `tiers` giving their
-  # multipliers. `cost` is a number or a callable of the request. A `sensitive` route fails
-  # closed (503) while the database is unreachable; the others admit through a local bucket
-  # at the middleware's fallback_share of their first bucket (for a policy, the one its last
-  # answer reported, or `fallback` = [burst, refill_per_minute] until there was one).
+  # {burst:, refill_per_minute:}, budgets {period:, quota:}, windows {limit:,
+  # window_seconds:}) with `tiers` giving their multipliers. `cost` is a number or a callable
+  # of the request. A `sensitive` route fails closed (503) while the database is
+  # unreachable; the others admit through a local bucket at the middleware's fallback_share
+  # of their first bucket (for a policy, the one its last answer reported, or `fallback` =
+  # [burst, refill_per_minute] until there was one).
+  #
+  # `refund_on` gives back what an admitted request took when its response has one of these
+  # statuses: status classes and codes (["5xx"], [503]) or a callable of the status. nil
+  # takes the middleware's `refund_on` (off unless set); a sensitive route refunds only what
+  # it names itself. A refund lets a client whose request failed try again: never name
+  # statuses a client can cause at will on a route whose handler works before it fails.
   class Route
-    attr_reader :policy, :limits, :tiers, :cost, :sensitive, :fallback
+    attr_reader :policy, :limits, :tiers, :cost, :sensitive, :fallback, :refund_on, :refunds
     attr_accessor :name
 
-    def initialize(policy: nil, limits: nil, tiers: {}, cost: 1, sensitive: false, fallback: nil, name: nil)
+    def initialize(policy: nil, limits: nil, tiers: {}, cost: 1, sensitive: false, fallback: nil, name: nil,
+                   refund_on: nil)
       raise ArgumentError, "Route: give either policy or limits" if policy.nil? == limits.nil?
+      if !limits.nil? && (!limits.is_a?(Array) || limits.empty? || !limits.all? { |l| l.is_a?(Hash) })
+        raise ArgumentError, 'Route: limits must be a list of limit objects, e.g. [{burst: 5, refill_per_minute: 5}]'
+      end
 
       @limits = limits&.map { |l| l.transform_keys(&:to_s) }
-      (@limits || []).each do |l|
-        bucket = l.key?("burst") && l.key?("refill_per_minute")
-        budget = l.key?("period") && l.key?("quota")
-        raise ArgumentError, "Route: limit #{l.inspect} is neither a bucket nor a budget" unless bucket || budget
-      end
       @policy, @tiers, @cost, @sensitive, @fallback, @name = policy, tiers.transform_keys(&:to_s), cost, sensitive, fallback, name
+      @refund_on = refund_on
+      @refunds = RatelimitWeb.refund_rule(refund_on)
     end
 
     def multiplier(tier)
@@ -36,7 +44,14 @@ module RatelimitWeb
       return fallback unless bucket
 
       m = multiplier(tier)
-      [bucket["burst"] * m, bucket["refill_per_minute"] * m]
+      [bucket["burst"].to_f * m, bucket["refill_per_minute"].to_f * m]
     end
+
+    # The explicit limits as a policy definition, which the engine validates
+    # (rl_policy_validate) with a policy's rules and texts.
+    def definition = { "limits" => limits || [] }.merge(tiers.empty? ? {} : { "tiers" => tiers })
+
+    # The limits as the engine read them (numbers where text was given), kept from startup on.
+    def canonical!(limits) = @limits = limits.map { |l| l.transform_keys(&:to_s) }
   end
 end

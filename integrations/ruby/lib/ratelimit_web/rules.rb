@@ -1,37 +1,167 @@
 # frozen_string_literal: true
 
+require "digest"
 require "ipaddr"
 require "logger"
+require "uri"
 
 module RatelimitWeb
-  # What a request comes to: :admit (run the handler, add `headers`; a 5xx or an exception
-  # gives back what the check took), :fallback (run it, admitted by a local bucket), or
-  # :answer (reply `status` with the JSON `body` and `headers`, without running it).
+  # What a request comes to: :admit (run the handler, add `headers`; a status the route
+  # refunds gives back what the check took), :fallback (run it, admitted by a local bucket),
+  # or :answer (reply `status` with the JSON `body` and `headers`, without running it).
   Decision = Struct.new(:kind, :status, :body, :headers) do
     def self.reply(status, body, headers = {}) = new(:answer, status, body, headers)
+  end
+
+  # An identifier longer than this, in UTF-8 bytes, is kept as its SHA-256 instead.
+  IDENTIFIER_MAX_BYTES = 256
+
+  # The pure rules, the same as the Python and Node packages' (integrations/spec/cases.json
+  # holds the cases all three run).
+  module_function
+
+  # An IP address as a server or a proxy writes it, or nil: IPv4, IPv6 in any spelling,
+  # bracketed and with a port, IPv4 with a port, with a zone id; IPv4-mapped IPv6 is IPv4.
+  def parse_address(text)
+    return nil if text.nil? || text.empty?
+
+    t = text.strip.delete('"')
+    if t.start_with?("[")
+      close = t.index("]") or return nil
+      t = t[1...close]
+    elsif t.count(":") == 1
+      t = t.split(":", 2).first
+    end
+    t = t.split("%", 2).first
+    ip = IPAddr.new(t)
+    return nil unless ip.to_range.first == ip.to_range.last # an address, not a network
+
+    ip.ipv6? && ip.ipv4_mapped? ? ip.native : ip
+  rescue IPAddr::Error, ArgumentError
+    nil
+  end
+
+  # What an address counts as: IPv4 itself, IPv6 its /ipv6_prefix (/56), one spelling.
+  def address_subject(ip, ipv6_prefix = 56)
+    return ip.to_s if ip.ipv4? || ipv6_prefix >= 128
+
+    "#{ip.mask(ipv6_prefix)}/#{ipv6_prefix}"
+  end
+
+  def networks(addresses)
+    addresses.map do |a|
+      net = IPAddr.new(a.strip)
+      net.ipv6? && net.ipv4_mapped? ? IPAddr.new("#{net.native}/#{[net.prefix - 96, 0].max}") : net
+    end
+  end
+
+  def trusted?(ip, networks) = !ip.nil? && networks.any? { |n| n.family == ip.family && n.include?(ip) }
+
+  # The client's address: the peer's, or, when the peer is a trusted proxy, the
+  # X-Forwarded-For hop that proxy appended, and so on leftwards while each hop is itself
+  # trusted. A hop left of the first untrusted one was the client's to write: never read.
+  def client_address(peer, forwarded, trusted, ipv6_prefix = 56)
+    ip = parse_address(peer)
+    return bounded(peer.nil? || peer.empty? ? "unknown" : peer) if ip.nil?
+    return address_subject(ip, ipv6_prefix) unless trusted?(ip, trusted)
+
+    hops = Array(forwarded).flat_map { |v| v.split(",") }.map(&:strip).reject(&:empty?)
+    hops.reverse_each do |hop|
+      hop_ip = parse_address(hop)
+      return bounded(hop) if hop_ip.nil? # written by the trusted proxy on its right, but no address
+
+      ip = hop_ip
+      break unless trusted?(ip, trusted)
+    end
+    address_subject(ip, ipv6_prefix)
+  end
+
+  # The path as a router dispatches it: percent-decoded once, repeated slashes merged, `.`
+  # and `..` resolved, no trailing slash; lower case where the router ignores case; a format
+  # suffix (/login.json) dropped where the router reads one (Rails).
+  def normalize_path(path, case_insensitive: false, formats: false)
+    segments = []
+    URI.decode_www_form_component((path.nil? || path.empty? ? "/" : path).gsub("+", "%2B")).split("/").each do |segment|
+      next if segment.empty? || segment == "."
+
+      if segment == ".."
+        segments.pop
+        next
+      end
+      segments << segment
+    end
+    if formats && !segments.empty?
+      stem, dot, extension = segments.last.rpartition(".")
+      segments[-1] = stem if !dot.empty? && !stem.empty? && extension.match?(/\A[[:alnum:]]+\z/)
+    end
+    normalized = "/#{segments.join('/')}"
+    case_insensitive ? normalized.downcase : normalized
+  end
+
+  # Text of at most IDENTIFIER_MAX_BYTES bytes as it is; longer, "sha256:" and its hash.
+  def bounded(text)
+    return text if text.bytesize <= IDENTIFIER_MAX_BYTES
+
+    "sha256:#{Digest::SHA256.hexdigest(text)}"
+  end
+
+  # An identifier: Unicode NFKC, case-folded where identifiers are case-insensitive,
+  # bounded; nil when empty (the address decides then).
+  def normalize_identifier(value, case_insensitive: false)
+    return nil if value.nil?
+
+    text = value.to_s.dup.force_encoding(Encoding::UTF_8).unicode_normalize(:nfkc)
+    text = text.downcase(:fold) if case_insensitive
+    text.empty? ? nil : bounded(text)
+  end
+
+  # refund_on as a callable of the status: nil (never), status classes and codes (["5xx"],
+  # [503, "4xx"]) or a callable.
+  def refund_rule(refund_on)
+    return nil if refund_on.nil?
+    return refund_on if refund_on.respond_to?(:call)
+
+    classes = Array(refund_on).map do |item|
+      text = item.to_s.downcase
+      raise ArgumentError, "refund_on: #{item.inspect} is no status class (\"5xx\") or code (503)" unless text.match?(/\A[1-5](xx|\d\d)\z/)
+
+      text
+    end
+    ->(status) { classes.include?(status.to_s) || classes.include?("#{status.to_s[0]}xx") }
   end
 
   # The rules the Rack middleware and the Rails helper follow, the same as the Python and
   # Node packages': route matching, the subject, the decision, the refused-identifier
   # cache, load shedding, and the fallback when the database does not answer. `routes`:
   # {"/login" => Route, "POST /api/*" => Route} (a path or glob, optionally after a method;
-  # the first match applies).
+  # the first match applies; a GET route covers HEAD).
   class Rules
     attr_reader :counters, :skip, :identify, :tier
 
-    def initialize(routes, identify: nil, tier: nil, skip: ["/health", "/ready"], trusted_proxies: [],
+    def initialize(routes, identify: nil, tier: nil, skip: ["/health", "/ready"], trusted_proxies: [], ipv6_prefix: 56,
                    fallback_share: 0.5, unavailable_retry_after: 5, log_interval: 60.0, refusal_cache: 0,
-                   max_in_flight: nil, shed_retry_after: 1, counters: nil, logger: nil)
+                   checks_per_subject: 8, max_in_flight: nil, shed_retry_after: 1, refund_on: nil,
+                   case_insensitive_paths: false, path_formats: true, case_insensitive_identifiers: false,
+                   policies: {}, counters: nil, logger: nil)
+      @case_insensitive_paths, @path_formats = case_insensitive_paths, path_formats
+      @case_insensitive_identifiers = case_insensitive_identifiers
+      raise ArgumentError, "ipv6_prefix must be 0 to 128, got #{ipv6_prefix.inspect}" unless (0..128).cover?(ipv6_prefix)
+
+      @ipv6_prefix = ipv6_prefix
+      @policies = policies
       @routes = routes.map do |pattern, route|
         method, _, path = pattern.rpartition(" ")
         route.name ||= pattern
-        [method.empty? ? nil : method.upcase, path, route]
+        [method.empty? ? nil : method.upcase, normalize(path), route]
       end
       @identify, @tier, @skip = identify, tier, skip.to_set
-      @trusted = trusted_proxies.map { |a| IPAddr.new(a) }
+      @trusted = RatelimitWeb.networks(trusted_proxies)
+      @default_refunds = RatelimitWeb.refund_rule(refund_on)
       @fallback_share, @unavailable_retry_after, @log_interval = fallback_share, unavailable_retry_after, log_interval
       @refusals = refusal_cache.positive? ? RefusalCache.new(refusal_cache) : nil
-      @max_in_flight, @shed_retry_after, @in_flight = max_in_flight, shed_retry_after, 0
+      @checks_per_subject = refusal_cache.positive? ? checks_per_subject : nil
+      @checking = Hash.new(0)
+      @max_in_flight, @shed_retry_after, @in_flight, @receiving = max_in_flight, shed_retry_after, 0, 0
       @counters = counters || Counters.new
       @log = logger || Logger.new($stderr)
       @lock = Mutex.new
@@ -39,11 +169,18 @@ module RatelimitWeb
       @outage_since, @logged_at = nil, -Float::INFINITY
     end
 
-    def match(method, path)
-      return nil if @skip.include?(path)
+    def normalize(path) = RatelimitWeb.normalize_path(path, case_insensitive: @case_insensitive_paths, formats: @path_formats)
 
+    def skipped?(path) = @skip.include?(path) || @skip.include?(normalize(path))
+
+    def match(method, path)
+      return nil if skipped?(path)
+
+      path, method = normalize(path), method.to_s.upcase
       @routes.each do |want, pattern, route|
-        return route if (want.nil? || want == method) && File.fnmatch(pattern, path, File::FNM_DOTMATCH)
+        next unless want.nil? || want == method || (want == "GET" && method == "HEAD")
+        return route if File.fnmatch(pattern, path, File::FNM_DOTMATCH | File::FNM_PATHNAME) ||
+                        File.fnmatch(pattern, path, File::FNM_DOTMATCH)
       end
       nil
     end
@@ -53,12 +190,13 @@ module RatelimitWeb
     end
 
     # A request (not on a skip path) begins: nil, or the 503 that sheds it. Every request
-    # let in must `leave` once done.
-    def enter(method, path)
+    # let in must `leave` once done; one whose body is still `receiving` counts from
+    # `received` on.
+    def enter(method, path, receiving: false)
       admitted = @lock.synchronize do
         next false if @max_in_flight && @in_flight >= @max_in_flight
 
-        @in_flight += 1
+        receiving ? @receiving += 1 : @in_flight += 1
         true
       end
       return nil if admitted
@@ -68,50 +206,75 @@ module RatelimitWeb
                      { "Retry-After" => @shed_retry_after.to_s })
     end
 
-    def leave = @lock.synchronize { @in_flight -= 1 }
+    def received = @lock.synchronize { @receiving -= 1; @in_flight += 1 }
 
-    # `identify`'s answer, else the signed-in user, else the client address (the peer's, or,
-    # when the peer is a trusted proxy, the nearest X-Forwarded-For hop that is not one).
+    def leave(receiving: false) = @lock.synchronize { receiving ? @receiving -= 1 : @in_flight -= 1 }
+
+    # `identify`'s answer, else the signed-in user, else the client address; an empty
+    # identifier is none.
     def subject(identified, user, peer, forwarded)
-      return identified if identified && !identified.empty?
+      identified = RatelimitWeb.normalize_identifier(identified, case_insensitive: @case_insensitive_identifiers)
+      return identified if identified
+
+      user = RatelimitWeb.normalize_identifier(user, case_insensitive: @case_insensitive_identifiers)
       return "user:#{user}" if user
 
-      "ip:#{client_address(peer, forwarded)}"
-    end
-
-    def client_address(peer, forwarded)
-      peer ||= "unknown"
-      return peer unless trusted?(peer)
-
-      hops = Array(forwarded).flat_map { |v| v.split(",") }.map(&:strip).reject(&:empty?)
-      hops.reverse_each { |a| return a unless trusted?(a) }
-      hops.first || peer
+      "ip:#{RatelimitWeb.client_address(peer, forwarded, @trusted, @ipv6_prefix)}"
     end
 
     def cost(route, request) = (route.cost.respond_to?(:call) ? route.cost.call(request) : route.cost).to_f
 
-    def policy_routes = @routes.map(&:last).select(&:policy)
+    # Whether an admitted request whose response has `status` gets its cost back.
+    def refunds?(route, status)
+      rule = route.refunds || (route.sensitive ? nil : @default_refunds)
+      !rule.nil? && rule.call(status.to_i) ? true : false
+    end
 
     def missing(route) = "route #{route.name.inspect}: there is no policy named #{route.policy.inspect} in the database"
 
-    # At startup: what is wrong (a route's policy is missing), or nil; a database that does
-    # not answer is logged and let be (the fallback serves).
-    def check_policies(limiter)
-      policy_routes.each { |route| return missing(route) unless limiter.policy_exists?(route.policy) }
+    # At startup: sets the `policies` given (name => definition), then says what is wrong
+    # with a route (limits the engine refuses, naming the route and
+    # the field; a policy that does not exist), or nil. The engine's reading of explicit
+    # limits is kept. A database that does not answer is logged and let be.
+    def check_routes(limiter)
+      @policies.each { |name, definition| limiter.set_policy(name.to_s, definition) }
+      @routes.each do |_, _, route|
+        if route.limits
+          problem, limits = limiter.validate_limits(route.definition)
+          return "route #{route.name.inspect}: #{problem}" if problem
+
+          route.canonical!(limits)
+        elsif !limiter.policy_exists?(route.policy)
+          return missing(route)
+        end
+      end
       nil
     rescue DatabaseUnavailable => e
-      @log.warn("ratelimit_web: could not check the routes' policies at startup (#{e.message}); " \
+      @log.warn("ratelimit_web: could not check the routes at startup (#{e.message}); " \
                 "the fallback serves until the database answers")
       nil
     end
 
-    # The whole check: the cache, then the block (the limiter's call), then what it answered
-    # or raised comes to.
+    # The whole check: the cache and the subject's waiting checks, then the block (the
+    # limiter's call), then what it answered or raised comes to.
     def decide(route, subject, tier, cost)
       cached = @refusals&.get([route.name, tier, subject])
       if cached
         note(:refused_locally)
         return Decision.reply(*cached)
+      end
+      slot = [route.name, tier, subject]
+      if @checks_per_subject
+        surplus = @lock.synchronize do
+          next true if @checking[slot] >= @checks_per_subject
+
+          @checking[slot] += 1
+          false
+        end
+        if surplus
+          note(:refused_locally)
+          return Decision.reply(429, { "detail" => "Too Many Requests", "retry_after" => 1 }, { "Retry-After" => "1" })
+        end
       end
       begin
         answer = yield
@@ -122,6 +285,8 @@ module RatelimitWeb
         raise unless route.policy && RatelimitWeb.missing_policy?(e)
 
         return policy_missing(route, e)
+      ensure
+        @lock.synchronize { (@checking[slot] -= 1).zero? && @checking.delete(slot) } if @checks_per_subject
       end
       answered(route, subject, tier, answer)
     end
@@ -131,13 +296,6 @@ module RatelimitWeb
     end
 
     private
-
-    def trusted?(address)
-      ip = IPAddr.new(address)
-      @trusted.any? { |net| net.include?(ip) }
-    rescue IPAddr::Error
-      false
-    end
 
     def answered(route, subject, tier, answer)
       @lock.synchronize do
@@ -201,7 +359,7 @@ module RatelimitWeb
         @logged_at = now
       end
       if log_now
-        @log.warn("ratelimit_web: the database did not answer (#{error.message}): sensitive routes answer 503, " \
+        @log.warn("ratelimit_web: the database could not be reached (#{error.message}): sensitive routes answer 503, " \
                   "the others use local buckets at #{@fallback_share} of their limit")
       end
       limit = route.sensitive ? nil : (@lock.synchronize { @learned[[route.name, tier]] } || route.first_bucket(tier))

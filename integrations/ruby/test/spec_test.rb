@@ -1,0 +1,69 @@
+# frozen_string_literal: true
+
+# The rule cases of the behaviour spec every web package shares
+# (integrations/spec/cases.json) against RatelimitWeb's rules; its HTTP cases run against
+# the Rack and Rails test applications from the Python suite (test_spec.py). Run:
+#   ruby -Iintegrations/ruby/lib integrations/ruby/test/spec_test.rb
+require "json"
+require "minitest/autorun"
+require "ratelimit_web"
+
+class SpecTest < Minitest::Test
+  CASES = JSON.parse(File.read(File.expand_path("../../spec/cases.json", __dir__)))
+  APP = JSON.parse(File.read(File.expand_path("../../spec/app.json", __dir__)))
+  TRUSTED = RatelimitWeb.networks(APP.dig("options", "trusted_proxies"))
+  BUCKET = [{ burst: 1, refill_per_minute: 1 }].freeze
+
+  CASES.fetch("address").each_with_index do |c, i|
+    define_method("test_address_#{i}") do
+      got = RatelimitWeb.client_address(c["peer"], c["forwarded"], TRUSTED, c.fetch("ipv6_prefix", 56))
+      assert_equal c["expect"], got, c.inspect
+    end
+  end
+
+  CASES.fetch("path").each_with_index do |c, i|
+    define_method("test_path_#{i}") do
+      got = RatelimitWeb.normalize_path(c["path"], case_insensitive: c.fetch("case_insensitive", false),
+                                                   formats: c.fetch("formats", false))
+      assert_equal c["expect"], got, c.inspect
+    end
+  end
+
+  CASES.fetch("match").each_with_index do |c, i|
+    define_method("test_match_#{i}") do
+      routes = c["routes"].to_h { |r| [r, RatelimitWeb::Route.new(limits: BUCKET)] }
+      rules = RatelimitWeb::Rules.new(routes, skip: c.fetch("skip", []), case_insensitive_paths: c.fetch("case_insensitive", false),
+                                              path_formats: c.fetch("formats", false), logger: Logger.new(nil))
+      route = rules.match(c["method"], c["path"])
+      c["expect"].nil? ? assert_nil(route, c.inspect) : assert_equal(c["expect"], route&.name, c.inspect)
+    end
+  end
+
+  CASES.fetch("identifier").each_with_index do |c, i|
+    define_method("test_identifier_#{i}") do
+      value = c["repeat"] ? c["input"] * c["repeat"] : c["input"]
+      got = RatelimitWeb.normalize_identifier(value, case_insensitive: c.fetch("case_insensitive", false))
+      if c["expect_length"]
+        assert_equal c["expect_length"], got.length, c.inspect
+        assert got.start_with?(c["expect_prefix"]), c.inspect
+      elsif c["expect"].nil?
+        assert_nil got, c.inspect
+      else
+        assert_equal c["expect"], got, c.inspect
+      end
+    end
+  end
+
+  CASES.fetch("refund").each_with_index do |c, i|
+    define_method("test_refund_#{i}") do
+      route = RatelimitWeb::Route.new(limits: BUCKET, refund_on: c["refund_on"], sensitive: c.fetch("sensitive", false))
+      rules = RatelimitWeb::Rules.new({ "/r" => route }, refund_on: c["middleware"], logger: Logger.new(nil))
+      assert_equal c["expect"], rules.refunds?(route, c["status"]), c.inspect
+    end
+  end
+
+  def test_unknown_policy_codes_are_the_specs
+    assert_equal CASES.dig("unknown_policy", "sqlstate"), RatelimitWeb::UNKNOWN_POLICY_SQLSTATE
+    assert_equal CASES.dig("unknown_policy", "sqlite_prefixes"), RatelimitWeb::UNKNOWN_POLICY_PREFIXES
+  end
+end
