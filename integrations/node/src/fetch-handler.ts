@@ -1,21 +1,51 @@
-// Fetch-API handlers (Next.js route handlers, or middleware.ts on the Node.js runtime):
-// export const GET = withRateLimit(options, async (request) => Response.json(...)).
+// Fetch-API handlers (Next.js route handlers and proxy.ts, or any runtime of Request and
+// Response): export const GET = withRateLimit({ ...options, peer }, async (request) => ...).
 import { costOf, Counters, Options, RateLimitCore } from "./core";
 
 export interface FetchOptions extends Options {
-  /** The address the request came from: Next.js passes it on in X-Forwarded-For, whose
-   * last hop is the peer. Default: that last hop. */
-  peer?: (request: Request) => string | undefined;
+  /**
+   * The address the request came from, as the deployment provides it. A Fetch-API
+   * `Request` carries no socket, so nothing can be assumed: pass one of `peers` (or your
+   * own), chosen for where the application runs (the README's "Deploying behind proxies"):
+   * - behind a proxy that sets a header to the address it saw (nginx's
+   *   `proxy_set_header X-Real-IP $remote_addr`, Vercel's `x-real-ip`):
+   *   `peers.header("x-real-ip")`, reachable through that proxy only;
+   * - behind proxies that append to X-Forwarded-For: `peers.forwardedFor()` with
+   *   `trustedProxies` naming them.
+   * `next start` reached directly gives no address a client cannot choose (it fills
+   * X-Forwarded-For only when the client sent none): put a proxy in front, or limit by
+   * the signed-in user (`identify`).
+   */
+  peer: (request: Request) => string | undefined;
 }
+
+/** Where a Fetch-API request's peer address comes from, by deployment. */
+export const peers = {
+  /** A header a proxy in front sets to the address it saw, overwriting the client's
+   * (X-Real-IP, x-vercel-forwarded-for): the one value, trusted as it is. */
+  header: (name: string) => (request: Request) => request.headers.get(name)?.split(",")[0]?.trim() || undefined,
+  /** X-Forwarded-For as proxies that append to it leave it: the peer is the last hop, and
+   * `trustedProxies` say how far left to believe it. */
+  forwardedFor: () => (request: Request) => {
+    const hops = (request.headers.get("x-forwarded-for") ?? "").split(",").map((s) => s.trim()).filter(Boolean);
+    return hops[hops.length - 1];
+  },
+};
 
 type Handler = (request: Request, context?: any) => Response | Promise<Response>;
 
 /**
  * Wraps a handler: the request is checked first (a refusal is answered with 429 and
  * the handler is not run), the handler's response gets the rl_headers headers, and a
- * handler that throws or answers 5xx gives back what its explicit limits took.
+ * response whose status the route refunds (or a throw, where it refunds a 500) gives back
+ * what the check took.
  */
 export function withRateLimit(options: FetchOptions, handler: Handler): Handler & { ready: Promise<void>; counters: Counters } {
+  if (typeof options.peer !== "function") {
+    throw new TypeError("withRateLimit: pass peer, where the client's address comes from in your deployment: " +
+      'peers.header("x-real-ip") behind a proxy that sets it (nginx, Vercel), peers.forwardedFor() with ' +
+      "trustedProxies behind proxies that append to X-Forwarded-For (see the README's Deploying behind proxies)");
+  }
   const core = new RateLimitCore(options);
   const limited = async (request: Request, context?: any) => {
     const path = new URL(request.url).pathname;
@@ -23,18 +53,16 @@ export function withRateLimit(options: FetchOptions, handler: Handler): Handler 
     const shed = core.enter(request.method, path);
     if (shed?.kind === "answer") return Response.json(shed.body, { status: shed.status, headers: shed.headers });
     try {
-      return await decideAndRun(request, context);
+      return await decideAndRun(request, context, path);
     } finally {
       core.leave();
     }
   };
-  const decideAndRun = async (request: Request, context?: any) => {
-    const route = core.match(request.method, new URL(request.url).pathname);
+  const decideAndRun = async (request: Request, context: any, path: string) => {
+    const route = core.match(request.method, path);
     if (!route) return handler(request, context);
     const forwarded = request.headers.get("x-forwarded-for") ?? undefined;
-    const hops = (forwarded ?? "").split(",").map((s) => s.trim()).filter(Boolean);
-    const peer = options.peer ? options.peer(request) : hops.pop();
-    const subject = (await options.identify?.(request)) ?? `ip:${core.clientAddress(peer, hops.join(","))}`;
+    const subject = core.subject(await options.identify?.(request), undefined, options.peer(request), forwarded);
     const tier = await options.tier?.(request);
     const cost = costOf(route, request);
     const decision = await core.decide(route, subject, tier, cost);
@@ -44,10 +72,13 @@ export function withRateLimit(options: FetchOptions, handler: Handler): Handler 
     try {
       response = await handler(request, context);
     } catch (error) {
-      await core.refund(route, subject, tier, cost);
+      if (core.refunds(route, 500)) await core.refund(route, subject, tier, cost);
       throw error;
     }
-    if (response.status >= 500) await core.refund(route, subject, tier, cost);
+    // NextResponse.next() in a proxy passes the request on: the route answers later, with a
+    // status not known here, so nothing is given back for it
+    const passedOn = response.headers.has("x-middleware-next");
+    if (!passedOn && core.refunds(route, response.status)) await core.refund(route, subject, tier, cost);
     const headers = new Headers(response.headers);
     for (const [name, value] of Object.entries(decision.headers)) headers.set(name, value);
     return new Response(response.body, { status: response.status, statusText: response.statusText, headers });

@@ -1,15 +1,24 @@
 // The database side: one SQL statement per check, on PostgreSQL (node-postgres) or SQLite
 // (better-sqlite3 with the loadable extension).
+import type { RefundOn } from "./core";
 
-/** A bucket, or a budget for a period ("minute", "hour", "day", "month"). */
-export type Limit = { burst: number; refill_per_minute: number } | { period: string; quota: number };
+/** A bucket, a calendar budget (a UTC "day" or "month") or a sliding window. */
+export type Limit =
+  | { burst: number; refill_per_minute: number }
+  | { period: "day" | "month"; quota: number }
+  | { limit: number; window_seconds: number };
 
 /**
  * How one route is limited: a policy's name (rl_check, with the request's tier), or
  * explicit `limits` (rl_take_all) with `tiers` giving their multipliers. A `sensitive`
  * route fails closed (503) while the database is unreachable; the others admit through a
  * local bucket at `fallbackShare` of their first bucket (a policy's as its last answer
- * reported, or `fallback` = [burst, refill_per_minute] until there was one).
+ * reported, or `fallback` = [burst, refill_per_minute] until there was one). `refundOn`
+ * gives back what an admitted request took when its response has one of these statuses
+ * (["5xx"], [503], or a function of the status); unset, the middleware's refundOn (off
+ * unless set), which a sensitive route never takes. A refund lets a client whose request
+ * failed try again: never name statuses a client can cause at will on a route whose
+ * handler works before it fails.
  */
 export interface Route {
   policy?: string;
@@ -19,6 +28,7 @@ export interface Route {
   sensitive?: boolean;
   fallback?: [number, number];
   name?: string;
+  refundOn?: RefundOn;
 }
 
 /** What the database answered: the rl_check / rl_take_all result and its rl_headers. */
@@ -32,19 +42,47 @@ export interface Answer {
 export class DatabaseUnavailable extends Error {}
 
 export interface Limiter {
+  /** How long the database may take over one statement before it cancels it (writing
+   * nothing) and the fallback decides. */
+  readonly timeoutMs?: number;
   check(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer>;
   /** Gives back what an admitted check took (rl_refund_check, or rl_refund and rl_refund_budget). */
   refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void>;
   /** Whether the database holds `policy` (checked for every route at startup). */
   policyExists?(policy: string): Promise<boolean>;
+  /** [undefined, the limits as the engine read them], or [what it refuses in them] (checked
+   * for every route with explicit limits at startup: rl_policy_validate). */
+  validateLimits?(definition: { limits: Limit[]; tiers?: Record<string, number> }): Promise<[string | undefined, any]>;
+  /** Inserts or replaces a policy (rl_policy_set); resolves to it as stored. */
+  setPolicy?(name: string, definition: unknown): Promise<unknown>;
 }
 
 /** The subject of the startup check: never a request's (those are "user:..." or "ip:..."). */
 export const PROBE_SUBJECT = "ratelimit_web:startup-check";
 
-/** The error rl_check and rl_refund_check raise for a policy the database does not hold. */
+/** A check of a policy that does not exist fails with this SQLSTATE on PostgreSQL
+ * (undefined_object) and, on SQLite, which has none, with a message that starts with one of
+ * these (the function's name, then the stable text). */
+export const UNKNOWN_POLICY_SQLSTATE = "42704";
+export const UNKNOWN_POLICY_PREFIXES = ["rl_check: there is no policy named ", "rl_refund_check: there is no policy named "];
+
+/** Whether the database refused a check because its policy does not exist, by its code. */
 export function isMissingPolicy(e: unknown): boolean {
-  return /there is no policy named/.test(String((e as any)?.message ?? e));
+  const error = e as any;
+  if (error?.code === UNKNOWN_POLICY_SQLSTATE) return true;
+  const message = String(error?.message ?? "");
+  return /^SQLITE_/.test(String(error?.code ?? "")) && UNKNOWN_POLICY_PREFIXES.some((p) => message.startsWith(p));
+}
+
+/** The engine's refusal of a route's explicit limits, as the route's own ("limits item 2:
+ * burst must be a finite number greater than 0, got 0"); undefined for any other error. */
+export function refusalOf(e: unknown): string | undefined {
+  const message = String((e as any)?.message ?? e).split("\n")[0].trim();
+  const prefix = "rl_policy_validate: ";
+  const at = message.indexOf(prefix);
+  if (at < 0) return undefined;
+  return message.slice(at + prefix.length).replace(/definition\.limits/g, "limits").replace(/definition\.tiers/g, "tiers")
+    .replace(/definition/g, "the route");
 }
 
 /** A route's explicit limit `index` for `subject`: rl_key('web', route, subject, index). */
@@ -65,9 +103,9 @@ function takeItems(route: Route, subject: string, tier: string | undefined, cost
   const m = multiplier(route, tier);
   return (route.limits ?? []).map((limit, i) => {
     const key = limitKey(route.name ?? "", subject, i);
-    return "period" in limit
-      ? { key, cost, period: limit.period, quota: limit.quota * m }
-      : { key, cost, burst: limit.burst * m, refill_per_minute: limit.refill_per_minute * m };
+    if ("period" in limit) return { key, cost, period: limit.period, quota: Number(limit.quota) * m };
+    if ("window_seconds" in limit) return { key, cost, limit: Number(limit.limit) * m, window_seconds: limit.window_seconds };
+    return { key, cost, burst: Number(limit.burst) * m, refill_per_minute: Number(limit.refill_per_minute) * m };
   });
 }
 
@@ -82,7 +120,12 @@ class Statements {
     this.check = `WITH c(r) AS MATERIALIZED (SELECT rl_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)})) SELECT r, rl_headers(r) AS h FROM c`;
     this.takeAll = `WITH c(r) AS MATERIALIZED (SELECT rl_take_all(${jsonParam})) SELECT r, rl_headers(r) AS h FROM c`;
     this.refundCheck = `SELECT rl_refund_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)}) AS r`;
+    this.validate = `SELECT rl_policy_validate(${jsonParam}) AS r`;
+    // a jsonb parameter in second place: $2::jsonb on PostgreSQL, ? on SQLite
+    this.policySet = `SELECT rl_policy_set(${p(1)}, ${p(2)}${jsonParam.endsWith("::jsonb") ? "::jsonb" : ""}) AS r`;
   }
+  readonly validate: string;
+  readonly policySet: string;
 
   /** One statement giving every item its cost back (rl_refund, rl_refund_budget). */
   refund(items: Item[]): [string, unknown[]] {
@@ -146,6 +189,24 @@ abstract class SqlLimiter implements Limiter {
     }
   }
 
+  async setPolicy(name: string, definition: unknown): Promise<unknown> {
+    const row = await this.run(this.statements.policySet, [name, JSON.stringify(definition)]);
+    return typeof row!.r === "string" ? JSON.parse(row!.r as string) : row!.r;
+  }
+
+  async validateLimits(definition: { limits: Limit[]; tiers?: Record<string, number> }): Promise<[string | undefined, any]> {
+    try {
+      const row = await this.run(this.statements.validate, [JSON.stringify(definition)]);
+      const answer = typeof row!.r === "string" ? JSON.parse(row!.r as string) : row!.r;
+      return [undefined, (answer as any).limits];
+    } catch (e) {
+      if (e instanceof DatabaseUnavailable) throw e;
+      const problem = refusalOf(e);
+      if (problem === undefined) throw e;
+      return [problem, undefined];
+    }
+  }
+
   /** rl_refund_check for a subject of no one's: it finds nothing to give back, so it
    * changes nothing, and fails for a policy that does not exist. */
   async policyExists(policy: string): Promise<boolean> {
@@ -176,12 +237,21 @@ function unreachable(e: any): boolean {
   return true;
 }
 
-/** Checks on PostgreSQL with pg_ratelimit installed, through a node-postgres Pool (give it
- * a connectionTimeoutMillis: the per-check timeout bounds a check, not the pool). */
+/** Checks on PostgreSQL with pg_ratelimit installed, through a node-postgres Pool. Each
+ * connection the pool opens runs its statements with statement_timeout = `timeoutMs`
+ * (500): the server cancels a statement at it, writing nothing, so a check that gives up
+ * never leaves a take behind while the fallback admits. Give the pool a
+ * connectionTimeoutMillis too (how long a check may wait to connect). */
 export class PostgresLimiter extends SqlLimiter {
   protected statements = new Statements((n) => `$${n}`, "$1::jsonb");
-  constructor(readonly pool: { query: (sql: string, params: unknown[]) => Promise<{ rows: any[] }> }) {
+  readonly timeoutMs: number;
+  constructor(readonly pool: { query: (sql: string, params: unknown[]) => Promise<{ rows: any[] }>; on?: (...a: any[]) => any },
+    { timeoutMs = 500 }: { timeoutMs?: number } = {}) {
     super();
+    this.timeoutMs = timeoutMs;
+    pool.on?.("connect", (client: any) => {
+      client.query(`SET statement_timeout = ${Math.max(1, Math.floor(timeoutMs))}`).catch(() => {});
+    });
   }
 
   protected async run(sql: string, params: unknown[]) {
@@ -195,29 +265,33 @@ export class PostgresLimiter extends SqlLimiter {
 }
 
 /** Checks on SQLite through a better-sqlite3 Database with the extension loaded. Calls are
- * synchronous: a database another process holds locked blocks for up to `busyTimeoutMs`
- * (50 by default, set on the connection), then counts as unavailable. */
+ * synchronous: a database another process holds locked blocks for up to `timeoutMs`
+ * (1000, SQLite's busy timeout on the connection), then counts as unavailable, having
+ * written nothing. The state tables are made when it is built, not by a request. */
 export class SqliteLimiter extends SqlLimiter {
   protected statements = new Statements(() => "?", "?");
   private prepared = new Map<string, any>();
-  constructor(readonly db: any, { busyTimeoutMs = 50 }: { busyTimeoutMs?: number } = {}) {
+  readonly timeoutMs: number;
+  constructor(readonly db: any, { timeoutMs, busyTimeoutMs }: { timeoutMs?: number; busyTimeoutMs?: number } = {}) {
     super();
     if (typeof db?.pragma !== "function") {
       throw new TypeError("SqliteLimiter takes an open better-sqlite3 Database; to open a file, " +
-        `use SqliteLimiter.open(${JSON.stringify(typeof db === "string" ? db : "app.db")}, { extension })`);
+        `use SqliteLimiter.open(${JSON.stringify(typeof db === "string" ? db : "app.db")})`);
     }
-    db.pragma(`busy_timeout = ${Math.max(0, Math.floor(busyTimeoutMs))}`);
+    this.timeoutMs = timeoutMs ?? busyTimeoutMs ?? 1000;
+    db.pragma(`busy_timeout = ${Math.max(0, Math.floor(this.timeoutMs))}`);
+    db.prepare("SELECT rl_sweep(0, 1)").get(); // the state tables, made now (a sweep that removes nothing)
   }
 
-  /** Opens `path` with better-sqlite3, loads the extension (by default from the
-   * sqlite-ratelimit package) and turns on WAL. */
-  static open(path: string, { extension, busyTimeoutMs }: { extension?: string; busyTimeoutMs?: number } = {}) {
+  /** Opens `path` with better-sqlite3, loads the extension (the sqlite-ratelimit package's,
+   * a dependency, unless `extension` names another) and turns on WAL. */
+  static open(path: string, { extension, timeoutMs, busyTimeoutMs }: { extension?: string; timeoutMs?: number; busyTimeoutMs?: number } = {}) {
     const Database = require("better-sqlite3");
     try {
       const db = new Database(path);
       db.loadExtension(extension ?? require("sqlite-ratelimit").getLoadablePath());
       db.pragma("journal_mode = WAL");
-      return new SqliteLimiter(db, { busyTimeoutMs });
+      return new SqliteLimiter(db, { timeoutMs, busyTimeoutMs });
     } catch (e: any) {
       throw new Error(`ratelimit-web: cannot open the SQLite database ${path}: ${e?.message ?? e}`, { cause: e });
     }

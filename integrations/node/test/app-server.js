@@ -1,52 +1,47 @@
-// The application the tests run in a child process, configured by environment:
-// RL_WEB_ENGINE (sqlite or postgres), RL_WEB_DB (a file, or a database name),
-// RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT_MS, the opt-in defenses
-// RL_WEB_REFUSAL_CACHE and RL_WEB_MAX_IN_FLIGHT, and RL_WEB_EXTRA_POLICY (a route /extra
-// limited by that policy, which may not exist). Serves the same routes
+// The test application (integrations/spec/app.json: its policies, routes and options, the
+// same as the Python and Ruby packages'), run by the tests in a child process, configured
+// by environment: RL_WEB_ENGINE (sqlite or postgres), RL_WEB_DB (a file, or a database
+// name), RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT_MS (the limiter's
+// timeout; else its default), the opt-in defenses RL_WEB_REFUSAL_CACHE and
+// RL_WEB_MAX_IN_FLIGHT, RL_WEB_EXTRA_POLICY (a route /extra limited by that policy, which
+// may not exist) and RL_WEB_EXTRA_LIMITS (one of those explicit limits). Serves the routes
 // twice: through the Express middleware, and through withRateLimit (Fetch API, as in
-// Next.js route handlers) on a plain node:http server. Prints both ports.
+// Next.js route handlers) on a node:http server that hands it the socket's address in
+// X-Real-IP, as nginx in front would. Prints both ports.
 "use strict";
 const http = require("node:http");
 const express = require("express");
-const { rateLimit, withRateLimit, PostgresLimiter, PrometheusMetrics, SqliteLimiter } = require("..");
+const { rateLimit, withRateLimit, normalizePath, peers, PostgresLimiter, PrometheusMetrics, SqliteLimiter } = require("..");
 const promClient = require("prom-client");
+const { SPEC, signedIn } = require("./support");
 
-const NEVER_REFILLS = 1e-6; // tokens per minute: a run sees exactly the burst
+const timeout = process.env.RL_WEB_TIMEOUT_MS ? { timeoutMs: Number(process.env.RL_WEB_TIMEOUT_MS) } : {};
 const limiter = process.env.RL_WEB_ENGINE === "sqlite"
-  ? SqliteLimiter.open(process.env.RL_WEB_DB, { extension: process.env.RL_WEB_EXTENSION })
-  : new PostgresLimiter(new (require("pg").Pool)({ database: process.env.RL_WEB_DB, max: 8, connectionTimeoutMillis: 1000 }));
+  ? SqliteLimiter.open(process.env.RL_WEB_DB, { extension: process.env.RL_WEB_EXTENSION, ...timeout })
+  : new PostgresLimiter(new (require("pg").Pool)({ database: process.env.RL_WEB_DB, max: 8, connectionTimeoutMillis: 1000 }), timeout);
 // pg emits errors of idle clients when the server goes away: the next check sees them
 if (limiter.pool) limiter.pool.on("error", () => {});
 
+const authorization = (req) => (typeof req.get === "function" ? req.get("authorization") : req.headers.get("authorization"));
+const routes = Object.fromEntries(Object.entries(SPEC.routes).map(([pattern, r]) => [pattern, { ...r, refundOn: r.refund_on }]));
+if (process.env.RL_WEB_EXTRA_POLICY) routes["/extra"] = { policy: process.env.RL_WEB_EXTRA_POLICY };
+if (process.env.RL_WEB_EXTRA_LIMITS) routes["/extra"] = { limits: JSON.parse(process.env.RL_WEB_EXTRA_LIMITS) };
 const options = {
   limiter,
   identify: (req) => {
-    const user = typeof req.get === "function" ? req.get("x-user") : req.headers.get("x-user");
+    const [user] = signedIn(authorization(req));
     return user ? `user:${user}` : undefined;
   },
-  tier: (req) => (typeof req.get === "function" ? req.get("x-plan") : req.headers.get("x-plan")) ?? undefined,
-  trustedProxies: ["127.0.0.1/32"],
-  checkTimeoutMs: Number(process.env.RL_WEB_TIMEOUT_MS ?? 50),
-  skip: ["/health", "/ready", "/counts", "/metrics"],
+  tier: (req) => signedIn(authorization(req))[1],
+  trustedProxies: SPEC.options.trusted_proxies,
+  skip: SPEC.options.skip,
   refusalCache: Number(process.env.RL_WEB_REFUSAL_CACHE ?? 0),
   maxInFlight: process.env.RL_WEB_MAX_IN_FLIGHT ? Number(process.env.RL_WEB_MAX_IN_FLIGHT) : undefined,
-  routes: {
-    "/exact": { limits: [{ burst: 300, refill_per_minute: NEVER_REFILLS }] },
-    "/policy": { policy: "web_exact" },
-    "/login": { policy: "web_login", sensitive: true },
-    "GET /api/*": { limits: [{ burst: 5, refill_per_minute: NEVER_REFILLS }, { period: "day", quota: 8 }], tiers: { free: 1, pro: 2 } },
-    "/fail": { limits: [{ burst: 2, refill_per_minute: NEVER_REFILLS }] },
-    "/pfail": { policy: "web_fail" },
-    "/open": { limits: [{ burst: 40, refill_per_minute: NEVER_REFILLS }] },
-    "/retry": { limits: [{ burst: 1, refill_per_minute: 60 }] },
-    "/big": { limits: [{ burst: 5, refill_per_minute: 60 }], cost: 10 },
-    "/slow": { limits: [{ burst: 1000, refill_per_minute: NEVER_REFILLS }] },
-    "/flood": { policy: "web_flood" },
-    "/gone": { policy: "web_gone" },
-    ...(process.env.RL_WEB_EXTRA_POLICY ? { "/extra": { policy: process.env.RL_WEB_EXTRA_POLICY } } : {}),
-  },
+  routes,
 };
 const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
+const runs = {};
+const ran = (path) => (runs[normalizePath(path)] = (runs[normalizePath(path)] ?? 0) + 1);
 
 // each server its own registry, so that their figures stay apart
 const expressMetrics = new PrometheusMetrics({ register: new promClient.Registry() });
@@ -55,40 +50,47 @@ const app = express();
 const limited = rateLimit({ ...options, metrics: expressMetrics });
 app.use(limited);
 app.get("/counts", (req, res) => res.json(limited.counters));
+app.get("/runs", (req, res) => res.json(runs));
 app.get("/metrics", async (req, res) => res.type("text/plain").send(await expressMetrics.register.metrics()));
 app.get("/slow", async (req, res) => {
   await sleep(Number(req.query.seconds ?? 0.5) * 1000);
   res.json({ ok: true });
 });
-app.all(["/fail", "/pfail"], (req, res) => {
+app.all(["/fail", "/pfail", "/sms"], (req, res) => {
+  ran(req.path);
   if (req.query.how === "503") return res.status(503).json({ ok: false });
   if (req.query.how === "ok") return res.json({ ok: true });
   throw new Error("the handler failed");
 });
-app.all("*", (req, res) => res.json({ ok: true, path: req.path }));
+app.all("*", (req, res) => {
+  ran(req.path);
+  res.json({ ok: true, path: req.path });
+});
 app.use((err, req, res, next) => res.status(500).json({ error: err.message })); // quiet
 
-const handler = withRateLimit({ ...options, metrics: fetchMetrics }, async (request) => {
+const handler = withRateLimit({ ...options, metrics: fetchMetrics, peer: peers.header("x-real-ip") }, async (request) => {
   const url = new URL(request.url);
   if (url.pathname === "/counts") return Response.json(handler.counters);
+  if (url.pathname === "/runs") return Response.json(runs);
   if (url.pathname === "/metrics") return new Response(await fetchMetrics.register.metrics());
   if (url.pathname === "/slow") {
     await sleep(Number(url.searchParams.get("seconds") ?? 0.5) * 1000);
     return Response.json({ ok: true });
   }
-  if (url.pathname === "/fail" || url.pathname === "/pfail") {
+  ran(url.pathname);
+  if (["/fail", "/pfail", "/sms"].includes(normalizePath(url.pathname))) {
     if (url.searchParams.get("how") === "503") return Response.json({ ok: false }, { status: 503 });
     if (url.searchParams.get("how") === "ok") return Response.json({ ok: true });
     throw new Error("the handler failed");
   }
   return Response.json({ ok: true, path: url.pathname });
 });
-// node:http to Fetch and back, as Next.js does (the peer appended to X-Forwarded-For)
+// node:http to Fetch and back; the socket's address in X-Real-IP, overwriting the
+// client's, as a proxy in front does
 const fetchServer = http.createServer(async (req, res) => {
   const headers = new Headers();
   for (const [name, value] of Object.entries(req.headers)) headers.set(name, [].concat(value).join(", "));
-  const forwarded = headers.get("x-forwarded-for");
-  headers.set("x-forwarded-for", (forwarded ? forwarded + ", " : "") + req.socket.remoteAddress.replace(/^::ffff:/, ""));
+  headers.set("x-real-ip", req.socket.remoteAddress);
   try {
     const response = await handler(new Request(`http://${req.headers.host}${req.url}`, { method: req.method, headers }));
     res.writeHead(response.status, Object.fromEntries(response.headers));

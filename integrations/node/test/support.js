@@ -7,14 +7,33 @@ const path = require("node:path");
 
 const ROOT = path.resolve(__dirname, "../../..");
 const EXTENSION = path.join(ROOT, "target", "release", "libratelimit");
-const POLICIES = {
-  web_exact: { limits: [{ burst: 300, refill_per_minute: 1e-6 }] },
-  web_login: { limits: [{ burst: 3, refill_per_minute: 1e-6 }] },
-  web_fail: { limits: [{ burst: 2, refill_per_minute: 1e-6 }, { period: "day", quota: 2 }, { limit: 2, window_seconds: 3600 }] },
-  // one token back every second: a flood from one subject is refused with a wait of about 1 s
-  web_flood: { limits: [{ burst: 2, refill_per_minute: 60 }] },
-  web_gone: { limits: [{ burst: 100, refill_per_minute: 60 }] },
-};
+// the test application every web package serves, and the cases they all run
+const SPEC = JSON.parse(fs.readFileSync(path.join(ROOT, "integrations", "spec", "app.json"), "utf8"));
+const CASES = JSON.parse(fs.readFileSync(path.join(ROOT, "integrations", "spec", "cases.json"), "utf8"));
+// web_flood gives one token back every second: a flood from one subject is refused with a wait of about 1 s
+const POLICIES = SPEC.policies;
+
+const signature = (claim) => require("node:crypto").createHmac("sha256", SPEC.secret).update(claim).digest("hex").slice(0, 16);
+
+/** A bearer token for `user` (and `plan`), as the tests' client makes it. */
+function token(user, plan) {
+  const claim = encodeURIComponent(user) + (plan ? `:${plan}` : "");
+  return `${claim}.${signature(claim)}`;
+}
+
+/** [user, plan] of a valid bearer token, else []: the tests' stand-in for a session check. */
+function signedIn(authorization) {
+  if (!authorization || !authorization.startsWith("Bearer ")) return [];
+  const value = authorization.slice("Bearer ".length);
+  const dot = value.lastIndexOf(".");
+  const claim = value.slice(0, dot);
+  if (dot <= 0 || value.slice(dot + 1) !== signature(claim)) return [];
+  const [user, plan] = claim.split(":");
+  return [decodeURIComponent(user), plan || undefined];
+}
+
+/** The headers of a request signed in as `user`. */
+const auth = (user, plan) => ({ authorization: `Bearer ${token(user, plan)}` });
 const ENGINES = ["sqlite", ...(process.env.PGHOST ? ["postgres"] : [])];
 let serial = 0;
 
@@ -49,10 +68,13 @@ async function database(engine) {
   return { engine, name, sql, close: async () => client.end().catch(() => {}) };
 }
 
-async function hammer(url, clients = 8, each = 2000, headers = {}) {
+/** `clients` concurrent clients sending `each` requests (or `total` among them, as each
+ * finishes its last): every response, its body read. */
+async function hammer(url, clients = 8, each = 2000, headers = {}, total = undefined) {
+  let left = total;
   const one = async () => {
     const out = [];
-    for (let i = 0; i < each; i++) {
+    for (let i = 0; total === undefined ? i < each : left-- > 0; i++) {
       const r = await fetch(url, { headers });
       await r.arrayBuffer();
       out.push(r);
@@ -69,4 +91,4 @@ const statusesOf = async (url, n, headers, init) => {
   return out;
 };
 
-module.exports = { ROOT, EXTENSION, POLICIES, ENGINES, database, hammer, get, statusesOf };
+module.exports = { ROOT, EXTENSION, SPEC, CASES, POLICIES, ENGINES, database, hammer, get, statusesOf, token, signedIn, auth };

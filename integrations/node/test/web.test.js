@@ -10,52 +10,28 @@ const os = require("node:os");
 const path = require("node:path");
 const { fetchWithRateLimit, retryAfterMs, backoffMs, limitKey } = require("..");
 
-const { ROOT, EXTENSION, ENGINES, database, hammer, get, statusesOf } = require("./support");
+const { ROOT, EXTENSION, ENGINES, database, hammer, get, statusesOf, auth } = require("./support");
 
-/** The two servers (Express, Fetch API) in a child process. */
-function serverEnv(db, timeoutMs, settings = {}) {
-  return { ...process.env, RL_WEB_ENGINE: db.engine, RL_WEB_DB: db.name, RL_WEB_EXTENSION: EXTENSION, RL_WEB_TIMEOUT_MS: String(timeoutMs), ...settings };
-}
-
-async function server(db, timeoutMs, settings = {}) {
-  const child = spawn(process.execPath, [path.join(__dirname, "app-server.js")], {
-    env: serverEnv(db, timeoutMs, settings),
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let log = "";
-  child.stderr.on("data", (d) => (log += d));
-  const ports = await new Promise((resolve, reject) => {
-    let out = "";
-    child.stdout.on("data", (d) => {
-      out += d;
-      const m = /listening (\d+) (\d+)/.exec(out);
-      if (m) resolve([m[1], m[2]]);
-    });
-    child.on("exit", (code) => reject(new Error(`server exited ${code}: ${log}`)));
-  });
-  return {
-    express: `http://127.0.0.1:${ports[0]}`,
-    fetch: `http://127.0.0.1:${ports[1]}`,
-    stop: async () => {
-      child.kill();
-      await new Promise((r) => child.once("exit", r));
-      return log;
-    },
-  };
-}
+const { serverEnv, server } = require("./servers");
 
 for (const engine of ENGINES) {
-  test(`${engine}: concurrent clients get exactly the admissions the database allows`, async () => {
+  // The load test: a burst of 2,000 requests from 32 concurrent clients at a route of limit
+  // 300, with the limiters' default timeouts: the database answers every check in time, so
+  // it alone decides: exactly 300 admitted, each seeing its own remaining count once, and no
+  // fallback logged.
+  test(`${engine}: a burst of 2,000 requests from 32 clients admits exactly the limit, on Express and the Fetch API`, async () => {
     const db = await database(engine);
-    const s = await server(db, 5000); // generous: the exact counts must never fall back
+    const s = await server(db);
+    let log;
     try {
       // the two servers share the database: each run has a subject of its own
       for (const [url, who] of [[s.express + "/exact", "e"], [s.express + "/policy", "e"], [s.fetch + "/exact", "f"]]) {
-        const responses = await hammer(url, 8, 2000, { "x-user": who });
+        const responses = await hammer(url, 32, undefined, auth(who), 2000);
         const admitted = responses.filter((r) => r.status === 200);
         const refused = responses.filter((r) => r.status === 429);
+        assert.equal(responses.length, 2000, url);
         assert.equal(admitted.length, 300, url);
-        assert.equal(refused.length, 16000 - 300, url);
+        assert.equal(refused.length, 2000 - 300, url);
         const remaining = admitted.map((r) => Number(r.headers.get("x-ratelimit-remaining"))).sort((a, b) => a - b);
         assert.deepEqual(remaining, Array.from({ length: 300 }, (_, i) => i), url);
         for (const r of responses) {
@@ -63,67 +39,16 @@ for (const engine of ENGINES) {
           assert.ok(r.headers.get("ratelimit-policy") && r.headers.get("ratelimit"));
         }
       }
-      const { r, body } = await get(s.express + "/exact", { "x-user": "e" });
+      const { r, body } = await get(s.express + "/exact", auth("e"));
       assert.equal(r.status, 429);
       assert.deepEqual(Object.keys(body), ["detail", "limit", "remaining", "reset", "retry_after"]);
       assert.equal(body.limit, 300);
       assert.equal(body.retry_after, Number(r.headers.get("retry-after")));
     } finally {
-      await s.stop();
+      log = await s.stop();
       await db.close();
     }
-  });
-
-  test(`${engine}: routes, tiers and subjects are limited apart; skip paths never`, async () => {
-    const db = await database(engine);
-    const s = await server(db, 5000);
-    try {
-      for (const base of [s.express, s.fetch]) {
-        const tag = base === s.express ? "e" : "f";
-        assert.deepEqual(await statusesOf(base + "/api/a", 7, { "x-user": "ann" + tag }), [...Array(5).fill(200), 429, 429]);
-        assert.deepEqual(await statusesOf(base + "/api/b", 12, { "x-user": "bob" + tag, "x-plan": "pro" }), [...Array(10).fill(200), 429, 429]);
-        assert.deepEqual(await statusesOf(base + "/api/a", 1, { "x-user": "cy" + tag }), [200]);
-        assert.deepEqual(await statusesOf(base + "/login", 4, { "x-user": "dee" + tag }, { method: "POST" }), [200, 200, 200, 429]);
-        // the client address when nobody is signed in; a trusted proxy's X-Forwarded-For names it
-        const xff = { "x-forwarded-for": `203.0.113.${tag === "e" ? 9 : 19}` };
-        assert.deepEqual(await statusesOf(base + "/api/x", 6, xff), [...Array(5).fill(200), 429]);
-        assert.deepEqual(await statusesOf(base + "/api/x", 1, { "x-forwarded-for": "203.0.113.200" }), [200]);
-        // a cost above the limit: 413, no Retry-After (no wait admits it)
-        const big = await get(base + "/big", { "x-user": "gil" + tag });
-        assert.equal(big.r.status, 413);
-        assert.equal(big.r.headers.get("retry-after"), null);
-        assert.equal(big.body.detail, "Cost Above Limit");
-        for (const p of ["/health", "/ready", "/free"]) {
-          for (let i = 0; i < 100; i++) {
-            const { r } = await get(base + p);
-            assert.equal(r.status, 200);
-            assert.equal(r.headers.get("x-ratelimit-limit"), null);
-          }
-        }
-      }
-    } finally {
-      await s.stop();
-      await db.close();
-    }
-  });
-
-  test(`${engine}: a failing handler gives back what it took`, async () => {
-    const db = await database(engine);
-    const s = await server(db, 5000);
-    try {
-      for (const [base, who] of [[s.express, "eve"], [s.fetch, "fay"]]) {
-        const statuses = [...await statusesOf(base + "/fail", 6, { "x-user": who }), ...await statusesOf(base + "/fail?how=503", 6, { "x-user": who })];
-        assert.deepEqual(statuses, [...Array(6).fill(500), ...Array(6).fill(503)]); // the burst of 2 never ran out
-        const key = limitKey("/fail", `user:${who}`, 0);
-        assert.equal(Number(await db.sql("SELECT rl_peek(?, 2, 0.000001, 0) ->> 'remaining'", key)), 2);
-        // a policy route too (rl_refund_check): its bucket, budget and window are untouched
-        assert.deepEqual(await statusesOf(base + "/pfail", 6, { "x-user": who }), Array(6).fill(500));
-        assert.deepEqual(await statusesOf(base + "/pfail?how=ok", 3, { "x-user": who }), [200, 200, 429]);
-      }
-    } finally {
-      await s.stop();
-      await db.close();
-    }
+    assert.doesNotMatch(log, /could not be reached|could not check/);
   });
 
   test(`${engine}: an unreachable database fails closed on sensitive routes and open elsewhere`, async (t) => {
@@ -132,7 +57,7 @@ for (const engine of ENGINES) {
     const s = await server(db, 50);
     let lock;
     try {
-      assert.equal((await get(s.express + "/open", { "x-user": "jo" })).r.status, 200);
+      assert.equal((await get(s.express + "/open", auth("jo"))).r.status, 200);
       if (engine === "sqlite") {
         lock = new (require("better-sqlite3"))(db.name);
         lock.exec("BEGIN EXCLUSIVE");
@@ -145,10 +70,10 @@ for (const engine of ENGINES) {
         const timings = [];
         for (let i = 0; i < 30; i++) {
           const started = Date.now();
-          statuses.push((await get(s.express + "/open", { "x-user": "jo" })).r.status);
+          statuses.push((await get(s.express + "/open", auth("jo"))).r.status);
           timings.push(Date.now() - started);
         }
-        const { r } = await get(s.express + "/login", { "x-user": "jo" }, { method: "POST" });
+        const { r } = await get(s.express + "/login", auth("jo"), { method: "POST" });
         assert.equal(r.status, 503);
         assert.ok(Number(r.headers.get("retry-after")) > 0);
         assert.deepEqual(statuses, [...Array(20).fill(200), ...Array(10).fill(429)]); // half of 40, locally
@@ -160,7 +85,7 @@ for (const engine of ENGINES) {
       let r;
       const deadline = Date.now() + 60_000;
       do {
-        r = (await get(s.express + "/open", { "x-user": "jo" })).r;
+        r = (await get(s.express + "/open", auth("jo"))).r;
         if (r.headers.get("x-ratelimit-remaining") !== null) break;
         await new Promise((ok) => setTimeout(ok, 200));
       } while (Date.now() < deadline);
@@ -169,7 +94,7 @@ for (const engine of ENGINES) {
     } finally {
       const log = await s.stop();
       if (lock) lock.close();
-      assert.equal(log.split("the database did not answer").length - 1, 1, log);
+      assert.equal(log.split("the database could not be reached").length - 1, 1, log);
       assert.match(log, /the database answers again/);
     }
   });
@@ -180,7 +105,7 @@ test("fetchWithRateLimit waits as told, gives up at its deadline, retries POST o
   const s = await server(db, 5000);
   try {
     const url = s.express + "/retry";
-    const as = (user) => ({ headers: { "x-user": user } });
+    const as = (user) => ({ headers: auth(user) });
     assert.equal((await fetchWithRateLimit(url, { ...as("a"), jitterMs: 100 })).status, 200);
     let started = Date.now();
     assert.equal((await fetchWithRateLimit(url, { ...as("a"), jitterMs: 100 })).status, 200); // after Retry-After: 1
@@ -219,72 +144,6 @@ test("Retry-After is read as seconds or a date; backoff is capped, exponential, 
 
 /** The README's quick start under `title`, pasted into a new project whose packages the
  * README's install line put there (from the checkout's dist/, built by package.sh --sqlite). */
-function quickStartProject(title) {
-  const readme = fs.readFileSync(path.join(__dirname, "..", "README.md"), "utf8");
-  const section = readme.slice(readme.indexOf(`## Quick start: ${title}`));
-  const code = /```js\n([\s\S]*?)```/.exec(section)[1];
-  const version = /^version = "([^"]+)"/m.exec(fs.readFileSync(path.join(ROOT, "Cargo.toml"), "utf8"))[1];
-  const dist = path.join(ROOT, "dist");
-  if (!fs.existsSync(path.join(dist, `ratelimit-web-${version}.tgz`)) || !fs.existsSync(path.join(dist, `sqlite-ratelimit-${version}.tgz`))) {
-    execFileSync("bash", [path.join(ROOT, "scripts", "package.sh"), "--sqlite"], { stdio: "ignore" });
-  }
-  const app = fs.mkdtempSync(path.join(os.tmpdir(), "rl-quick-"));
-  execFileSync("npm", ["init", "-y"], { cwd: app, stdio: "ignore" });
-  const install = /```sh\n([\s\S]*?)```/.exec(readme)[1].replace(/\\\n\s*/g, " ").split("\n").find((l) => l.startsWith("npm install"));
-  const line = install.replace(/#.*$/, "").replaceAll("/path/to/checkout/dist", dist);
-  const packages = title === "PostgreSQL" ? line.replace("express better-sqlite3", "express pg") : line;
-  execFileSync("bash", ["-c", `${packages} --no-audit --no-fund --loglevel=error`], { cwd: app, stdio: "ignore",
-    env: { ...process.env, ...(fs.existsSync("/usr/include/node") ? { npm_config_nodedir: "/usr" } : {}) } });
-  return { app, code };
-}
-
-async function runQuickStart(app, code, requests) {
-  const port = 20000 + Math.floor(Math.random() * 20000);
-  fs.writeFileSync(path.join(app, "app.js"), code.replace(/app\.listen\(3000\)/, `app.listen(${port})`));
-  const child = spawn(process.execPath, ["app.js"], { cwd: app, stdio: ["ignore", "pipe", "pipe"] });
-  let log = "";
-  child.stderr.on("data", (d) => (log += d));
-  try {
-    for (let i = 0; ; i++) {
-      try {
-        await fetch(`http://127.0.0.1:${port}/`);
-        break;
-      } catch {
-        if (i > 100 || child.exitCode !== null) throw new Error(`the quick start did not start: ${log}`);
-        await new Promise((ok) => setTimeout(ok, 200));
-      }
-    }
-    const statuses = [];
-    for (const [method, url] of requests) statuses.push((await fetch(`http://127.0.0.1:${port}${url}`, { method })).status);
-    return statuses;
-  } finally {
-    child.kill();
-  }
-}
-
-test("the README's SQLite quick start runs as pasted, from the packages package.sh --sqlite builds", async () => {
-  const { app, code } = quickStartProject("SQLite");
-  const types = fs.readFileSync(path.join(app, "node_modules", "ratelimit-web", "dist", "index.d.ts"), "utf8");
-  assert.match(types, /rateLimit/);
-  const statuses = await runQuickStart(app, code, Array(4).fill(["GET", "/api/hello"]));
-  assert.deepEqual(statuses, [200, 200, 200, 429]);
-});
-
-test("the README's PostgreSQL quick start runs as pasted", async (t) => {
-  if (!process.env.PGHOST) return t.skip("the quick start needs PostgreSQL (PGHOST)");
-  const db = await database("postgres");
-  try {
-    // the quick start's policy, as its text says (the middleware checks it at startup)
-    await db.sql("SELECT rl_policy_set(?, ?)", "login", JSON.stringify({ limits: [{ burst: 5, refill_per_minute: 5 }] }));
-    const { app, code } = quickStartProject("PostgreSQL");
-    const statuses = await runQuickStart(app, code.replace('database: "app"', `database: "${db.name}"`),
-      Array(6).fill(["POST", "/login"]));
-    assert.deepEqual(statuses, [200, 200, 200, 200, 200, 429]);
-  } finally {
-    await db.close();
-  }
-});
-
 test("sqlite: a lock held elsewhere reaches better-sqlite3 as SQLITE_BUSY, naming the function", () => {
   const Database = require("better-sqlite3");
   const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "rl-busy-")), "app.db");
@@ -335,7 +194,7 @@ for (const engine of ENGINES) {
         for (let i = 0; i < 5; i++) answers.push(await get(base + "/gone"));
         assert.deepEqual(answers.map((a) => a.r.status), [500, 500, 500, 500, 500]);
         assert.deepEqual(answers[0].body, { detail: "Rate Limit Policy Missing", route: "/gone", policy: "web_gone" });
-        assert.equal((await get(base + "/open", { "x-user": base })).r.status, 200, "other routes go on");
+        assert.equal((await get(base + "/open", auth(`other-${base}`))).r.status, 200, "other routes go on");
         assert.equal((await get(base + "/counts")).body.missingPolicies, 5);
       }
     } finally {
@@ -354,7 +213,7 @@ for (const engine of ENGINES) {
         const statuses = [];
         const started = performance.now();
         while (performance.now() - started < 3000) {
-          const { r, body } = await get(base + "/flood", { "x-user": `flood-${base}` });
+          const { r, body } = await get(base + "/flood", auth(`flood-${base}`));
           statuses.push(r.status);
           if (r.status === 429) {
             assert.equal(body.detail, "Too Many Requests");
@@ -371,7 +230,7 @@ for (const engine of ENGINES) {
         assert.equal(counts.refusedLocally, statuses.length - counts.checks);
         assert.equal(statuses.filter((x) => x === 200).length, counts.admitted, "it only ever refuses");
         const calm = [];
-        for (let i = 0; i < 3; i++) calm.push((await get(base + "/flood", { "x-user": `calm-${base}` })).r.status);
+        for (let i = 0; i < 3; i++) calm.push((await get(base + "/flood", auth(`calm-${base}`))).r.status);
         assert.deepEqual(calm, [200, 200, 429], "other subjects are unaffected");
       }
     } finally {
@@ -385,10 +244,10 @@ for (const engine of ENGINES) {
     const s = await server(db, 5000, { RL_WEB_MAX_IN_FLIGHT: "4" });
     try {
       for (const base of [s.express, s.fetch]) {
-        const pending = Array.from({ length: 10 }, () => fetch(base + "/slow?seconds=1.5", { headers: { "x-user": "slow" } }));
+        const pending = Array.from({ length: 10 }, () => fetch(base + "/slow?seconds=1.5", { headers: auth("slow") }));
         await new Promise((ok) => setTimeout(ok, 700));
         assert.equal((await get(base + "/health")).r.status, 200, "a health probe is never shed");
-        const shed = await get(base + "/open", { "x-user": "other" });
+        const shed = await get(base + "/open", auth("other"));
         const statuses = (await Promise.all(pending)).map((r) => r.status).sort();
         assert.deepEqual(statuses, [200, 200, 200, 200, 503, 503, 503, 503, 503, 503]);
         assert.equal(shed.r.status, 503);
@@ -396,7 +255,7 @@ for (const engine of ENGINES) {
         assert.deepEqual(shed.body, { detail: "Service Overloaded", retry_after: 1 });
         const counts = (await get(base + "/counts")).body;
         assert.deepEqual([counts.shed, counts.checks], [7, 4], JSON.stringify(counts));
-        assert.equal((await get(base + "/open", { "x-user": `after-${base}` })).r.status, 200, "room again once they finish");
+        assert.equal((await get(base + "/open", auth(`after-${base}`))).r.status, 200, "room again once they finish");
       }
     } finally {
       await s.stop();
@@ -407,7 +266,7 @@ for (const engine of ENGINES) {
 
 test("configuration mistakes say what to do and name the database file", () => {
   const { SqliteLimiter } = require("..");
-  assert.throws(() => new SqliteLimiter("app.db"), /use SqliteLimiter\.open\("app\.db", \{ extension \}\)/);
+  assert.throws(() => new SqliteLimiter("app.db"), /use SqliteLimiter\.open\("app\.db"\)/);
   const folder = fs.mkdtempSync(path.join(os.tmpdir(), "rl-ro-"));
   const missing = path.join(folder, "no", "such", "folder", "app.db");
   assert.throws(() => SqliteLimiter.open(missing, { extension: EXTENSION }), (e) => e.message.includes(missing));
@@ -446,7 +305,7 @@ test("sqlite: metrics count each outcome per route and time the checks", async (
   const s = await server(db, 5000);
   try {
     for (const base of [s.express, s.fetch]) {
-      const statuses = await statusesOf(base + "/api/a", 7, { "x-user": `metered-${base}` });
+      const statuses = await statusesOf(base + "/api/a", 7, auth(`metered-${base}`));
       assert.deepEqual(statuses, [200, 200, 200, 200, 200, 429, 429]);
       const text = await (await fetch(base + "/metrics")).text();
       assert.match(text, /ratelimit_requests_total\{route="GET \/api\/\*",outcome="admitted"\} 5/);

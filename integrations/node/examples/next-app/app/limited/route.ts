@@ -4,7 +4,8 @@ import { shared } from "../../lib/ratelimit";
 
 export const dynamic = "force-dynamic";
 
+// 10 exports at once, one more every 6 seconds
 export const GET = withRateLimit(
-  { ...shared, routes: { "/limited": { limits: [{ burst: 200, refill_per_minute: 1e-6 }] } } },
+  { ...shared, routes: { "/limited": { limits: [{ burst: 10, refill_per_minute: 10 }] } } },
   async () => Response.json({ ok: true }),
 );

@@ -1,0 +1,155 @@
+// The behaviour spec every web package shares (integrations/spec/cases.json): its rule
+// cases against the package's rules (src/core.ts), and its HTTP cases through raw sockets
+// against the test application's Express and Fetch-API servers, on SQLite and (when a
+// cluster is up: PGHOST) PostgreSQL. The Python suite runs the same file
+// (integrations/python/tests/test_spec.py).
+"use strict";
+const test = require("node:test");
+const assert = require("node:assert/strict");
+const net = require("node:net");
+const { clientAddress, networks, normalizeIdentifier, normalizePath, refundRule, RateLimitCore,
+  UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE } = require("..");
+const { SPEC, CASES, ENGINES, database, token } = require("./support");
+const { server } = require("./servers");
+
+const TRUSTED = networks(SPEC.options.trusted_proxies);
+const BUCKET = [{ burst: 1, refill_per_minute: 1 }];
+const limiter = { check: async () => { throw new Error("no database here"); }, refund: async () => {} };
+
+test("client addresses", () => {
+  for (const c of CASES.address) {
+    assert.equal(clientAddress(c.peer, c.forwarded, TRUSTED, c.ipv6_prefix ?? 56), c.expect, JSON.stringify(c));
+  }
+});
+
+test("paths as routers dispatch them", () => {
+  for (const c of CASES.path) {
+    assert.equal(normalizePath(c.path, { caseInsensitive: c.case_insensitive ?? false, formats: c.formats ?? false }), c.expect,
+      JSON.stringify(c));
+  }
+});
+
+test("route matching", () => {
+  for (const c of CASES.match) {
+    const core = new RateLimitCore({ limiter, routes: Object.fromEntries(c.routes.map((r) => [r, { limits: BUCKET }])),
+      skip: c.skip ?? [], caseInsensitivePaths: c.case_insensitive ?? false, pathFormats: c.formats ?? false });
+    assert.equal(core.match(c.method, c.path)?.name ?? null, c.expect, JSON.stringify(c));
+  }
+});
+
+test("identifiers", () => {
+  for (const c of CASES.identifier) {
+    const value = c.repeat ? c.input.repeat(c.repeat) : c.input;
+    const got = normalizeIdentifier(value, { caseInsensitive: c.case_insensitive ?? false });
+    if (c.expect_length) {
+      assert.equal(got.length, c.expect_length, JSON.stringify(c));
+      assert.ok(got.startsWith(c.expect_prefix), JSON.stringify(c));
+    } else {
+      assert.equal(got ?? null, c.expect, JSON.stringify(c));
+    }
+  }
+});
+
+test("refunds", () => {
+  for (const c of CASES.refund) {
+    const core = new RateLimitCore({ limiter, refundOn: c.middleware ?? undefined,
+      routes: { "/r": { limits: BUCKET, refundOn: c.refund_on ?? undefined, sensitive: c.sensitive ?? false } } });
+    assert.equal(core.refunds(core.match("GET", "/r"), c.status), c.expect, JSON.stringify(c));
+  }
+  assert.equal(refundRule(undefined), undefined);
+});
+
+test("the unknown policy's codes are the spec's", () => {
+  assert.equal(UNKNOWN_POLICY_SQLSTATE, CASES.unknown_policy.sqlstate);
+  assert.deepEqual(UNKNOWN_POLICY_PREFIXES, CASES.unknown_policy.sqlite_prefixes);
+});
+
+/** One request exactly as written (no client normalizes its path), on a connection of its
+ * own: { status, headers (lower-case names), body }. */
+function exchange(port, method, target, headers, source = "127.0.0.1") {
+  return new Promise((resolve, reject) => {
+    const lines = [`${method} ${target} HTTP/1.1`, `Host: 127.0.0.1:${port}`, "Connection: close",
+      ...Object.entries(headers).map(([k, v]) => `${k}: ${v}`)];
+    if (["POST", "PUT", "PATCH"].includes(method)) lines.push("Content-Length: 0");
+    const socket = net.connect({ host: "127.0.0.1", port, localAddress: source }, () => socket.write(lines.join("\r\n") + "\r\n\r\n"));
+    const chunks = [];
+    socket.on("data", (c) => chunks.push(c));
+    socket.on("error", reject);
+    socket.on("end", () => {
+      const raw = Buffer.concat(chunks);
+      const split = raw.indexOf("\r\n\r\n");
+      const [statusLine, ...headerLines] = raw.subarray(0, split).toString("latin1").split("\r\n");
+      const got = {};
+      for (const line of headerLines) {
+        const at = line.indexOf(":");
+        got[line.slice(0, at).trim().toLowerCase()] = line.slice(at + 1).trim();
+      }
+      let body = raw.subarray(split + 4);
+      if (got["transfer-encoding"] === "chunked") {
+        const parts = [];
+        for (let at = 0; ;) {
+          const eol = body.indexOf("\r\n", at);
+          const size = parseInt(body.subarray(at, eol).toString(), 16);
+          if (!size) break;
+          parts.push(body.subarray(eol + 2, eol + 2 + size));
+          at = eol + 4 + size;
+        }
+        body = Buffer.concat(parts);
+      }
+      resolve({ status: Number(statusLine.split(" ")[1]), headers: got, body: body.toString("utf8") });
+    });
+  });
+}
+
+async function runCase(port, c) {
+  const runsBefore = JSON.parse((await exchange(port, "GET", "/runs", {})).body);
+  for (const [n, step] of c.steps.entries()) {
+    const where = `${c.name}: step ${n + 1} ${JSON.stringify(step)}`;
+    if (step.runs) {
+      const after = JSON.parse((await exchange(port, "GET", "/runs", {})).body);
+      const ran = (after[step.runs] ?? 0) - (runsBefore[step.runs] ?? 0);
+      if ("expect" in step) assert.equal(ran, step.expect, `${where}: the handler ran ${ran} times`);
+      if ("at_most" in step) assert.ok(ran <= step.at_most, `${where}: the handler ran ${ran} times`);
+      continue;
+    }
+    const headers = { ...(step.send ?? {}) };
+    if (step.as) headers.Authorization = `Bearer ${token(step.as, step.plan)}`;
+    if (step.as_long) headers.Authorization = `Bearer ${token("u".repeat(step.as_long))}`;
+    const target = step.path + (step.query ? `?${step.query}` : "");
+    const source = step.via === "proxy" ? SPEC.trusted_proxy_address : "127.0.0.1";
+    const method = step.method ?? "GET";
+    const statuses = [];
+    for (let i = 0; i < (step.repeat ?? 1); i++) {
+      const got = await exchange(port, method, target, headers, source);
+      statuses.push(got.status);
+      if (got.status === 500) assert.ok(/\/p?fail/.test(target), `${where}: 500 ${got.body.slice(0, 300)}`);
+      if ("status" in step) assert.equal(got.status, step.status, `${where}: answer ${i + 1} ${got.body.slice(0, 200)}`);
+      if ("status_not" in step) assert.notEqual(got.status, step.status_not, `${where}: answer ${i + 1}`);
+      for (const [name, value] of Object.entries(step.headers ?? {})) {
+        assert.equal(got.headers[name.toLowerCase()], value, `${where}: ${name}`);
+      }
+      for (const name of step.no_headers ?? []) assert.equal(got.headers[name.toLowerCase()], undefined, `${where}: has ${name}`);
+      if (step.body && method !== "HEAD") {
+        const answer = JSON.parse(got.body);
+        for (const [key, value] of Object.entries(step.body)) assert.deepEqual(answer[key], value, `${where}: body ${got.body}`);
+      }
+    }
+    if (step.statuses) assert.deepEqual(statuses, step.statuses, where);
+  }
+}
+
+for (const engine of ENGINES) {
+  for (const kind of ["express", "fetch"]) {
+    test(`${engine} ${kind}: the HTTP cases`, async () => {
+      const db = await database(engine);
+      const s = await server(db);
+      try {
+        const port = Number(new URL(s[kind]).port);
+        for (const c of CASES.http) await runCase(port, c);
+      } finally {
+        await s.stop();
+        await db.close();
+      }
+    });
+  }
+}
