@@ -2,6 +2,9 @@
 -- explicit (now_ms), which the demo's database allows (pg_ratelimit.allow_explicit_clock,
 -- a superuser setting); leave now_ms out to use the server's clock.
 \pset footer off
+\echo 'The walk''s clock is fixed (each call passes now_ms), so it prints the same on every run;'
+\echo 'leave now_ms out and the calls use the real clock.'
+\echo ''
 \echo '1. A token bucket: burst 3, refilling 60 per minute (one token a second).'
 WITH calls(n, t, now_ms) AS (VALUES
     (1, 'request 1 at 0 ms', 0), (2, 'request 2 at 0 ms', 0), (3, 'request 3 at 0 ms', 0),
