@@ -2,9 +2,10 @@
 # A Citus test cluster on one machine: a coordinator and two workers of PostgreSQL
 # $RL_CITUS_PG (15 unless set; 18 too) on private ports and one socket folder, run as the
 # postgres user, with citus and pg_ratelimit preloaded (explicit clocks allowed, for the
-# conformance list). Test-only: Citus is built from the tarball in ../shared/vendor
-# (RL_CITUS_TARBALL) and never ships with the project: 13.2.2 for 15 (it supports 15 to
-# 17), 14.0.1 for 18 (it supports 16 to 18), each with citus/function_call_delegation.patch.
+# conformance list). Test-only: Citus is built from the tarball in the vendor folder
+# (pg_versions.sh's vendor_dir: ../shared/vendor; RL_CITUS_TARBALL) and never ships with
+# the project: 13.2.2 for 15 (it supports 15 to 17), 14.0.1 for 18 (it supports 16 to 18),
+# each with citus/function_call_delegation.patch.
 #   scripts/citus.sh build   install that Citus into that PostgreSQL (skipped when present)
 #   scripts/citus.sh start   build if needed, create the three nodes if missing, start them,
 #                            join the workers; prints the coordinator's settings to eval
@@ -21,7 +22,7 @@ case "$PG_MAJOR" in
 esac
 PG_CONFIG=$(pg_config_of "$PG_MAJOR")
 BIN=$(dirname "$PG_CONFIG")
-TARBALL=${RL_CITUS_TARBALL:-$(pwd)/../shared/vendor/citus-$VERSION.tar.gz}
+TARBALL=${RL_CITUS_TARBALL:-$(vendor_dir)/citus-$VERSION.tar.gz}
 DIR=${RL_CITUS_DIR:-/tmp/pg_ratelimit_citus}
 PORT=${RL_CITUS_PORT:-54340}   # coordinator; workers on the next two ports
 DB=${RL_CITUS_DB:-rl}

@@ -20,8 +20,14 @@
 #   bash scripts/package.sh --sqlite  the SQL edition files, the SQLite extension's wheel and npm
 #                                     package and the three web packages: cargo, python3-venv,
 #                                     npm and gem, no cargo-pgrx and no PostgreSQL
+#   bash scripts/package.sh --pg 16 17  the SQL edition files and those majors' .deb and tarball
+#                                     only (scripts/test.sh builds the majors after the first
+#                                     this way, beside the first one's tests)
+# The PostgreSQL builds use a target folder of their own (target/pg, or $RL_PG_TARGET_DIR):
+# a cargo run for them never waits on the lock of one for the core or SQLite, and back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PG_TARGET_DIR=${RL_PG_TARGET_DIR:-target/pg}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 mkdir -p dist
 
@@ -64,8 +70,15 @@ if [ "${1:-}" = "--sql" ]; then
 fi
 # The SQLite extension's packages and the web packages: cargo, python3-venv and npm, no
 # cargo-pgrx and no PostgreSQL.
+say() { printf '\033[1m[package]\033[0m %s\n' "$*" >&2; }
 sqlite_and_web_packages() {
+  say "building the SQLite extension (cargo build --release -p sqlite_ratelimit)"
   cargo build --quiet --release -p sqlite_ratelimit
+  # the library beside the Node binding and inside the gem, where a checkout's projects (the
+  # Next.js example, the tests) and the packages below find it without a path
+  cp target/release/libratelimit.so bindings/node/
+  mkdir -p integrations/ruby/lib/ratelimit_web/native
+  cp target/release/libratelimit.so integrations/ruby/lib/ratelimit_web/native/
   # Python: the library next to the package's __init__.py, built in a throwaway copy.
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
@@ -78,14 +91,17 @@ sqlite_and_web_packages() {
   "$work/venv/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
     --wheel-dir dist ./integrations/python
   command -v npm >/dev/null || { echo "package.sh: npm is needed for the Node packages (apt-get install npm)" >&2; exit 1; }
+  say "packing sqlite_ratelimit (pip), sqlite-ratelimit (npm), ratelimit-web (pip, npm, gem) into dist/"
   # Node: the library next to index.js; npm pack writes the tarball npm install takes.
-  cp -r bindings/node "$work/node"
-  cp target/release/libratelimit.so "$work/node/"
-  (cd "$work/node" && npm pkg set version="$version" >/dev/null && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
+  node_version=$(sed -n 's/.*"version": "\(.*\)".*/\1/p' bindings/node/package.json)
+  [ "$node_version" = "$version" ] || { echo "package.sh: bindings/node says $node_version, Cargo.toml $version" >&2; exit 1; }
+  (cd bindings/node && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
   # the web package compiles its TypeScript when packed (better-sqlite3 builds against the local Node headers)
   if [ ! -d integrations/node/node_modules ]; then
     (cd integrations/node && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
       && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  else
+    (cd integrations/node && npx tsc -p .)
   fi
   (cd integrations/node && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
   command -v gem >/dev/null || { echo "package.sh: gem is needed for the Ruby package (apt-get install ruby)" >&2; exit 1; }
@@ -93,10 +109,18 @@ sqlite_and_web_packages() {
   [ "$gem_version" = "$version" ] || { echo "package.sh: integrations/ruby says $gem_version, Cargo.toml $version" >&2; exit 1; }
   (cd integrations/ruby && gem build --silent ratelimit_web.gemspec -o "$OLDPWD/dist/ratelimit-web-$version.gem" >/dev/null)
 }
-sqlite_and_web_packages
+majors=()
+if [ "${1:-}" = "--pg" ]; then
+  shift
+  majors=("$@")
+  [ ${#majors[@]} -gt 0 ] || { echo "package.sh --pg: name the majors, e.g. --pg 16 17" >&2; exit 2; }
+else
+  sqlite_and_web_packages
+fi
 if [ "${1:-}" = "--sqlite" ]; then
   ls dist/sqlite_ratelimit-"$version"-*.whl dist/sqlite-ratelimit-"$version".tgz dist/ratelimit_web-"$version"-*.whl \
     dist/ratelimit-web-"$version".tgz dist/ratelimit-web-"$version".gem
+  say "done: install them as the READMEs of integrations/python, integrations/node and integrations/ruby say"
   exit 0
 fi
 source scripts/pg_versions.sh
@@ -106,11 +130,14 @@ source scripts/pg_versions.sh
 #     (/usr/lib/postgresql/NN/lib, /usr/share/postgresql/NN/extension; Depends: postgresql-NN);
 #   - a tarball of lib/ and share/extension/ with an INSTALL, for any other layout (pg_config
 #     names the folders).
-for v in "${PG_VERSIONS[@]}"; do
+[ ${#majors[@]} -gt 0 ] || majors=("${PG_VERSIONS[@]}")
+for v in "${majors[@]}"; do
   pg_config=$(pg_config_of "$v")
-  package_root=target/release/pg_ratelimit-pg$v
+  say "building the PostgreSQL $v extension (cargo pgrx package: the one compile of this major)"
+  package_root=$PG_TARGET_DIR/release/pg_ratelimit-pg$v
   rm -rf "$package_root"
-  CC=clang cargo pgrx package -p pg_ratelimit --pg-config "$pg_config" --no-default-features --features "pg$v" >/dev/null
+  CC=clang CARGO_TARGET_DIR=$PG_TARGET_DIR cargo pgrx package -p pg_ratelimit --pg-config "$pg_config" \
+    --no-default-features --features "pg$v" >/dev/null
   library="$package_root$("$pg_config" --pkglibdir)/pg_ratelimit.so"
   extension_files=("$package_root$("$pg_config" --sharedir)"/extension/pg_ratelimit*)
 

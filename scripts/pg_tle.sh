@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # pg_tle (Trusted Language Extensions, as Amazon RDS, Aurora and Supabase offer it), built
-# into PostgreSQL 15 from the tarball in ../shared/vendor (RL_PG_TLE_TARBALL) so that the
+# into PostgreSQL 15 from the tarball in the vendor folder (pg_versions.sh's vendor_dir;
+# RL_PG_TLE_TARBALL) so that the
 # SQL edition's pg_tle install path is tested. Test-only: pg_tle never ships with the project.
 #   scripts/pg_tle.sh build       install pg_tle 1.5.3 into PostgreSQL 15 (skipped when present)
 #   scripts/pg_tle.sh available   succeeds when pg_tle is installed or its tarball is at hand
 #   scripts/pg_tle.sh version     the version it builds
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/pg_versions.sh
 VERSION=1.5.3
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-TARBALL=${RL_PG_TLE_TARBALL:-$(pwd)/../shared/vendor/pg_tle-$VERSION.tar.gz}
+TARBALL=${RL_PG_TLE_TARBALL:-$(vendor_dir)/pg_tle-$VERSION.tar.gz}
 SHA256=be6691479b260ea630c69338cfe95727d0ca4ebf2f23f3f58bb8b65f040aa0bb
 log() { printf '\033[1m[pg_tle]\033[0m %s\n' "$*" >&2; }
 

@@ -60,3 +60,19 @@ pg_config_of() {
         echo "${found[0]}" ;;
   esac
 }
+
+# The folder of vendored sources (Citus, pg_tle): $RL_VENDOR_DIR, else ../shared/vendor beside
+# this checkout, else beside the checkout this one was cloned from (CI clones into a folder
+# of its own); nothing when none has it.
+vendor_dir() {
+  local here origin candidate
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  origin=$(git -C "$here" remote get-url origin 2>/dev/null || true)
+  for candidate in "${RL_VENDOR_DIR:-}" "$here/../shared/vendor" "${origin:+$origin/../shared/vendor}"; do
+    if [ -n "$candidate" ] && [ -d "$candidate" ]; then
+      (cd "$candidate" && pwd)
+      return 0
+    fi
+  done
+  echo "$here/../shared/vendor"
+}

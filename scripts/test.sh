@@ -17,8 +17,9 @@
 #                                       native extension;
 #                                    4. the .deb and the tarball of every major as a user installs
 #                                       them; Citus 13.2.2 on 15 and 14.0.1 on 18.
-#   bash scripts/test.sh --fast      the core's tests and the SQLite client tests: no root, no apt,
-#                                    no PostgreSQL; under a minute once built.
+#   bash scripts/test.sh --fast      the core's tests and the SQLite client tests (not the
+#                                    packages'): no root, no apt, no PostgreSQL; under a minute
+#                                    once built.
 #   bash scripts/test.sh --edition   the SQL edition on PostgreSQL 15 against the native extension:
 #                                    its suite and a 10,000-call differential run (a few minutes).
 set -euo pipefail
@@ -40,7 +41,7 @@ if [ "${1:-}" = "--fast" ]; then
   step "build: SQLite extension"
   cargo build --release -p sqlite_ratelimit
   step "SQLite client tests (PostgreSQL ones skip)"
-  env -u PGHOST -u RL_REQUIRE_PG RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -q tests
+  env -u PGHOST -u RL_REQUIRE_PG RL_SKIP_PACKAGES=1 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -q tests
   exit 0
 fi
 
@@ -92,13 +93,50 @@ cargo test -p ratelimit_core
 step "Rust: register(&conn) on an application's own rusqlite connection (its own build)"
 cargo test -p sqlite_ratelimit --no-default-features
 
-step "build: the SQLite extension and every package, each PostgreSQL major compiled once (bash scripts/package.sh)"
+step "build: the SQLite extension, its packages and the web packages; PostgreSQL ${PG_VERSIONS[0]} (bash scripts/package.sh --sqlite, --pg ${PG_VERSIONS[0]})"
 cargo build --release -p sqlite_ratelimit
-bash scripts/package.sh
+bash scripts/package.sh --sqlite
+bash scripts/package.sh --pg "${PG_VERSIONS[0]}"
 "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
+
+# The build lane: the other majors (one compile each), pg_tle and Citus build in the
+# background, at the lowest priority, while the first major's suites run in the foreground
+# (they wait on servers and clients as much as they compute). Each job leaves a mark in
+# $lane: <job>.done, or <job>.failed with its log beside it; lane_wait blocks on one.
+lane=$(mktemp -d /tmp/pg_ratelimit_lane.XXXXXX)
+lane_jobs=()
+for v in "${PG_VERSIONS[@]:1}"; do lane_jobs+=("pg$v"); done
+lane_jobs+=(pg_tle citus15 citus18)
+lane_script='
+  for job in "$@"; do
+    case "$job" in
+      pg*[0-9]) run=(bash scripts/package.sh --pg "${job#pg}") ;;
+      pg_tle) run=(bash -c "! bash scripts/pg_tle.sh available || bash scripts/pg_tle.sh build") ;;
+      citus*) run=(env RL_CITUS_PG="${job#citus}" bash -c "! bash scripts/citus.sh available || bash scripts/citus.sh build") ;;
+    esac
+    if nice -n 19 "${run[@]}" >"$LANE/$job.log" 2>&1; then touch "$LANE/$job.done"; else touch "$LANE/$job.failed"; fi
+  done'
+# a session of its own, so that stopping the tests stops every compiler it started
+LANE=$lane setsid bash -c "$lane_script" lane "${lane_jobs[@]}" &
+lane_pid=$!
+lane_wait() {
+  local started=$SECONDS
+  until [ -e "$lane/$1.done" ] || [ -e "$lane/$1.failed" ]; do
+    kill -0 "$lane_pid" 2>/dev/null || { echo "the build lane stopped before $1" >&2; return 1; }
+    sleep 2
+  done
+  [ $((SECONDS - started)) -lt 2 ] || echo "(waited $((SECONDS - started)) s for the build lane's $1)"
+  if [ -e "$lane/$1.failed" ]; then
+    echo "the build lane's $1 failed:" >&2
+    tail -40 "$lane/$1.log" >&2
+    return 1
+  fi
+}
+trap 'kill -- -"$lane_pid" 2>/dev/null || true; cleanup' EXIT
 
 first=${PG_VERSIONS[0]}
 for v in "${PG_VERSIONS[@]}"; do
+  [ "$v" = "$first" ] || lane_wait "pg$v"
   cluster_stop "$v"  # the cluster preloads the library: never overwrite it under a running server
   bash scripts/pg_install.sh "$v"
   cluster_start "$v"
@@ -138,8 +176,9 @@ for v in "${PG_VERSIONS[@]}"; do
       cluster_stop "$old"
     done
     cluster_stop 15
+    lane_wait pg_tle
     if bash scripts/pg_tle.sh available; then
-      step "postgres $v: the SQL edition through pg_tle (pg_tle $(bash scripts/pg_tle.sh version) built from ../shared/vendor)"
+      step "postgres $v: the SQL edition through pg_tle (pg_tle $(bash scripts/pg_tle.sh version), built from the vendor folder)"
       bash scripts/pg_tle.sh build
       cluster_start 15 pg_ratelimit,pg_tle
       RL_PG_EDITION=pg_tle RL_REQUIRE_PG=1 RL_SQLITE=0 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v \
@@ -156,9 +195,10 @@ bash scripts/test_system_packages.sh
 # oldest and newest majors each supports here), each built once per machine (citus.sh)
 for major in 15 18; do
   step "Citus on PostgreSQL $major: a coordinator and two workers (RL_CITUS_PG=$major bash scripts/test_citus.sh)"
+  lane_wait "citus$major"
   if RL_CITUS_PG=$major bash scripts/citus.sh available; then
     RL_CITUS_PG=$major bash scripts/test_citus.sh
   else
-    echo "skipped: Citus is not installed for $major and its source tarball is not in ../shared/vendor (set RL_CITUS_TARBALL)"
+    echo "skipped: Citus is not installed for $major and its source tarball is not in $(vendor_dir) (set RL_CITUS_TARBALL)"
   fi
 done

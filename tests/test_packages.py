@@ -1,5 +1,6 @@
 """The packages of scripts/package.sh, installed the way their users install them."""
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -60,10 +61,14 @@ def test_the_npm_package_installs_and_loads_into_better_sqlite3(tmp_path):
     env = dict(os.environ)
     if os.path.isdir("/usr/include/node"):
         env["npm_config_nodedir"] = "/usr"  # build better-sqlite3 against the local headers
+    if os.path.isdir("/opt/pg_ratelimit/prebuilds"):  # this machine's build of it (scripts/better_sqlite3.sh)
+        env.setdefault("npm_config_better_sqlite3_local_prebuilds", "/opt/pg_ratelimit/prebuilds")
     app = tmp_path / "app"
     app.mkdir()
     subprocess.run(["npm", "init", "-y"], cwd=app, check=True, capture_output=True)
-    subprocess.run(["npm", "install", "--no-audit", "--no-fund", tarball, "better-sqlite3@12"], cwd=app, env=env,
+    # the version the web package pins (scripts/better_sqlite3.sh keeps a build of it per machine)
+    pinned = json.load(open(os.path.join(ROOT, "integrations", "node", "package.json")))["devDependencies"]["better-sqlite3"]
+    subprocess.run(["npm", "install", "--no-audit", "--no-fund", tarball, f"better-sqlite3@{pinned}"], cwd=app, env=env,
                    check=True, capture_output=True)
     program = """
 const assert = require("assert");
