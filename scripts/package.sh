@@ -30,6 +30,8 @@ cd "$(dirname "$0")/.."
 PG_TARGET_DIR=${RL_PG_TARGET_DIR:-target/pg}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 mkdir -p dist
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
 # The SQL edition: the script shared/src/sql_edition.rs writes, and pg_tle's registration
 # of its extension form (the body between dollar quotes no script of ours contains).
@@ -80,8 +82,6 @@ sqlite_and_web_packages() {
   mkdir -p integrations/ruby/lib/ratelimit_web/native
   cp target/release/libratelimit.so integrations/ruby/lib/ratelimit_web/native/
   # Python: the library next to the package's __init__.py, built in a throwaway copy.
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
   cp -r bindings/python "$work/python"
   cp target/release/libratelimit.so "$work/python/sqlite_ratelimit/"
   /usr/bin/python3 -m venv "$work/venv"
