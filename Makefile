@@ -1,7 +1,7 @@
 # One door for every job; each target runs one script of scripts/ (read them for the
 # settings they take). `make` alone lists them.
 .DEFAULT_GOAL := help
-.PHONY: help demo demo-postgres setup test-fast test edition lint package package-sqlite package-sql bench chaos
+.PHONY: help demo demo-postgres setup test-fast test edition lint package package-sqlite package-sql reference bench soak chaos
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  make %-16s %s\n", $$1, $$2 }'
@@ -36,8 +36,14 @@ package-sqlite: ## the SQLite extension's and the web packages alone (no cargo-p
 package-sql: ## the SQL edition's two files alone (seconds)
 	bash scripts/package.sh --sql
 
+reference: ## rewrite docs/reference.md from the function table (a test fails while it is stale)
+	RL_BLESS=1 cargo test -q -p ratelimit_core --test generated
+
 bench: ## the benchmark harness (about 45 minutes; RL_BENCH_ONLY=targets|memory|kinds|edition for one section)
 	bash scripts/bench.sh
+
+soak: ## 1,000,000 keys on both engines, then swept while another connection takes (about 5 minutes)
+	bash scripts/soak.sh
 
 chaos: ## clients under killed backends, restarts and a stopped pgbouncer (10 minutes; RL_CHAOS_SECONDS)
 	bash scripts/chaos.sh

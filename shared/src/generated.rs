@@ -72,3 +72,96 @@ pub fn tests_json() -> String {
     text.push('\n');
     text
 }
+
+/// `docs/reference.md`: every function as the table declares it (its signature, what it
+/// does, its parameters and defaults, the keys of its answer, who may call it and where it
+/// exists), then the administrators' views.
+pub fn reference_md() -> String {
+    use crate::functions::{Function, ServerCall};
+    let mut out = String::from(
+        "# Reference\n\n\
+         Generated from the function table, `shared/src/functions.rs` (`RL_BLESS=1 cargo test -p ratelimit_core \
+         --test generated` rewrites it; a test fails while it is stale). The same functions, arguments, answers \
+         and errors on SQLite, the PostgreSQL extension and the SQL edition, unless a function says otherwise. \
+         How each kind of limit behaves, with examples: [guides/limits.md](guides/limits.md); which to choose: \
+         [guides/choosing-limits.md](guides/choosing-limits.md); errors: [guides/limits.md](guides/limits.md#separation-and-errors).\n\n\
+         SQLite takes any value for an argument and reads it as the type shown; PostgreSQL's own parser checks the \
+         types first. `now_ms` (milliseconds since the epoch) replaces the clock: on PostgreSQL only where \
+         `pg_ratelimit.allow_explicit_clock` allows it.\n\n",
+    );
+    let public: Vec<&Function> = ALL.iter().filter(|f| !f.is_internal()).collect();
+    out += "| function | returns | what it does |\n|---|---|---|\n";
+    for f in &public {
+        out += &format!(
+            "| [`{}`](#{}) | `{}` | {} |\n",
+            f.name,
+            f.name,
+            f.returns.pg_name(),
+            f.comment.replace('|', "\\|")
+        );
+    }
+    for f in &public {
+        let args: Vec<String> = f
+            .params
+            .iter()
+            .map(|p| match (p.variadic, p.default) {
+                (true, _) => format!("{} ...", p.name),
+                (false, None) => p.name.to_owned(),
+                (false, Some(d)) => format!("[{} = {d}]", p.name),
+            })
+            .collect();
+        out += &format!(
+            "\n## {}\n\n`{}({})` → `{}`\n\n{}.\n\n",
+            f.name,
+            f.name,
+            args.join(", "),
+            f.returns.pg_name(),
+            f.comment
+        );
+        if !f.params.is_empty() {
+            out += "| parameter | type | default |\n|---|---|---|\n";
+            for p in f.params {
+                let ty = if p.variadic {
+                    format!("{}, any number (at least one)", p.sql_type.pg_name())
+                } else {
+                    p.sql_type.pg_name().to_owned()
+                };
+                let default = match p.default {
+                    None => "required".to_owned(),
+                    Some("NULL") if p.name == "now_ms" => "NULL: the clock".to_owned(),
+                    Some(d) => format!("`{d}`"),
+                };
+                let zero = if p.zero_allowed { " (0 allowed: reads without taking)" } else { "" };
+                out += &format!("| `{}` | {ty}{zero} | {default} |\n", p.name);
+            }
+            out += "\n";
+        }
+        if !f.result_keys.is_empty() {
+            let keys: Vec<String> = f.result_keys.iter().map(|k| format!("`{k}`")).collect();
+            out += &format!("Answer: a JSON object with the keys {}.\n\n", keys.join(", "));
+        }
+        let who = if f.admin_only { "members of `rl_admin` and the owner (PostgreSQL)" } else { "any role (PUBLIC)" };
+        let engines = match f.entry {
+            Entry::Server(ServerCall::MemoryStats) => "the PostgreSQL extension (not SQLite, not the SQL edition)",
+            Entry::Server(ServerCall::SelfTest) => "the PostgreSQL extension (not SQLite, not the SQL edition)",
+            _ => "SQLite, the PostgreSQL extension and the SQL edition",
+        };
+        out += &format!(
+            "Called by: {who}. Exists in: {engines}. PostgreSQL: `{}`, `PARALLEL {}`.\n",
+            f.volatility(),
+            f.parallel()
+        );
+    }
+    out += "\n## Views (PostgreSQL: the owner and `rl_admin` only)\n\n";
+    out += "| view | what it lists |\n|---|---|\n\
+            | `rl_policies` | every policy: `name`, `definition` |\n\
+            | `rl_blocks` | the subjects with strikes or a block: `subject`, `strikes`, `blocked_until_ms` |\n\
+            | `rl_stats` | `rl_policy_stats()` as rows: `policy`, `admitted`, `refused`, `would_refuse`, `refused_blocked` |\n";
+    let internal: Vec<String> = ALL.iter().filter(|f| f.is_internal()).map(|f| format!("`{}`", f.name)).collect();
+    out += &format!(
+        "\nThe extension's own statements also call {} (schema `ratelimit`, no EXECUTE for anyone else; \
+         every other call fails).\n",
+        internal.join(", ")
+    );
+    out
+}

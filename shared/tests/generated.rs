@@ -41,3 +41,8 @@ fn the_open_upgrade_script_carries_the_generated_privileges() {
     assert!(text.contains("-- generated: remember ") && text.contains("-- generated: privileges "), "{newest}");
     check(&format!("pg_ext/sql/{newest}"), generated::upgrade_script(&text));
 }
+
+#[test]
+fn docs_reference_md_is_generated_from_the_table() {
+    check("docs/reference.md", generated::reference_md());
+}
