@@ -11,7 +11,7 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
 };
 use pgrx::{pg_sys, FromDatum, IntoDatum};
-use ratelimit_core::render::{number_form, Json, NumberForm};
+use ratelimit_core::json::{number_form, Json, NumberForm};
 use std::cell::RefCell;
 use std::ffi::CString;
 use std::rc::Rc;

@@ -15,7 +15,7 @@ use crate::jsonb::JsonbResult;
 use pgrx::prelude::*;
 use pgrx::IntoDatum;
 use ratelimit_core::functions::{Entry, ALL};
-use ratelimit_core::render::Json;
+use ratelimit_core::json::Json;
 
 /// What the checks found: how many ran, and a line for each that failed.
 #[derive(Default)]

@@ -14,9 +14,9 @@ use crate::bucket::BucketLimits;
 use crate::error::{Error, Result};
 use crate::functions::{Function, Param, SqlType};
 use crate::lease::MAX_IN_FLIGHT;
-use crate::limits::{self, LimitShape};
-use crate::multi::{BucketItem, BudgetItem, Limit, WindowItem, MAX_ITEMS};
+use crate::limit_json::{self, LimitShape};
 use crate::penalty::Escalation;
+use crate::take_all::{BucketItem, BudgetItem, Limit, WindowItem, MAX_ITEMS};
 use crate::units::{Period, MICROS_PER_UNIT};
 use crate::window::WindowLimits;
 
@@ -396,9 +396,9 @@ impl<'a> TakeAllArgs<'a> {
 
 /// One item of rl_take_all: a key, a limit (by the parser policies share) and a cost.
 fn item<'a>(position: usize, v: &'a Value) -> Result<Limit<'a>> {
-    let o = limits::object(v, &limits::ITEM)?;
+    let o = limit_json::object(v, &limit_json::ITEM)?;
     let key = key(&o.get("key").map_or(Arg::Null, json_arg))?;
-    let shape = limits::shape(o)?;
+    let shape = limit_json::shape(o)?;
     let cost = o.get("cost").map(json_arg);
     let micros = |cost: Option<Arg>| cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros("cost", &c));
     Ok(match shape {

@@ -11,7 +11,8 @@ use crate::call_args::{
 use crate::decision_slot::{self, NotInStatement};
 use crate::error::{Error, Result};
 use crate::functions::{Entry, Function, InternalCall, ProcessCall, PureCall, StateCall};
-use crate::render::{Json, ToJson};
+use crate::json::Json;
+use crate::render::ToJson;
 use crate::store::Store;
 use crate::{headers, key, protocol};
 

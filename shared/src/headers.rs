@@ -7,7 +7,7 @@
 //! up, so it is never 0 while the caller is limited (and absent for a cost above the limit).
 
 use crate::error::{Error, Result};
-use crate::render::Json;
+use crate::json::Json;
 use crate::units::MAX_WAIT_MS;
 use serde_json::{Map, Value};
 
@@ -152,7 +152,7 @@ fn whole(v: f64) -> i64 {
 }
 
 fn shown(v: f64) -> String {
-    crate::render::number_text(v.max(0.0))
+    crate::json::number_text(v.max(0.0))
 }
 
 /// `rl_headers(result)`: a JSON object of header names to values, as text.

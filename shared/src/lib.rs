@@ -3,11 +3,11 @@
 //! Every rule lives here; the engine crates only convert values, run statements and
 //! return answers. Modules, leaves first:
 //! - [`units`]: units, ranges and calendar periods.
-//! - [`bucket`], [`budget`], [`window`], [`lease`], [`multi`]: the arithmetic of each
+//! - [`bucket`], [`budget`], [`window`], [`lease`], [`take_all`]: the arithmetic of each
 //!   kind of limit, pure.
 //! - [`args`]: engine values parsed into typed values, with every validation rule and its
 //!   error text; [`call_args`]: each function's arguments read through its descriptor;
-//!   [`limits`]: the one parser of limit objects (rl_take_all's items, policies' limits);
+//!   [`limit_json`]: the one parser of limit objects (rl_take_all's items, policies' limits);
 //!   [`render`]: answers as JSON; [`headers`], [`key`]: pure functions.
 //! - [`store`]: the seam an engine implements; [`protocol`]: the flows that make each call
 //!   atomic over it; [`decision_slot`]: how one SQL statement reaches a call's decision.
@@ -30,12 +30,12 @@ pub mod error;
 pub mod functions;
 pub mod generated;
 pub mod headers;
+pub mod json;
 pub mod key;
 pub mod lease;
-pub mod limits;
+pub mod limit_json;
 pub mod memory;
 pub mod memory_store;
-pub mod multi;
 pub mod penalty;
 pub mod policy;
 pub mod policy_cache;
@@ -47,6 +47,7 @@ pub mod sql_edition;
 pub mod sql_store;
 pub mod stats;
 pub mod store;
+pub mod take_all;
 pub mod units;
 pub mod window;
 

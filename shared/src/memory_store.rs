@@ -5,8 +5,8 @@
 use crate::bucket::BucketState;
 use crate::decision_slot::Decide;
 use crate::memory::{part_of, Hash, Part, PartRef, PARTS};
-use crate::multi::BucketItem;
 use crate::store::{BucketRows, ChangeResult, Changed, PolicyGuard, StoreResult, TableRows, TablesElsewhere};
+use crate::take_all::BucketItem;
 
 /// What the engine provides: the table's parts under its locks. Work done under a lock is
 /// pure arithmetic on the part; it never fails and never waits for anything else.

@@ -10,10 +10,10 @@ use crate::args::{self, json_arg};
 use crate::bucket::{BucketLimits, RefundDecision};
 use crate::budget::BudgetRefund;
 use crate::error::{Error, Result};
-use crate::limits::{self, LimitShape};
-use crate::multi::{BucketItem, BudgetItem, Limit, TakeAllAnswer, WindowItem};
+use crate::json::Json;
+use crate::limit_json::{self, LimitShape};
 use crate::penalty::Block;
-use crate::render::Json;
+use crate::take_all::{BucketItem, BudgetItem, Limit, TakeAllAnswer, WindowItem};
 use crate::units::{MAX_AMOUNT, MAX_TOKENS, MICROS_PER_UNIT};
 use crate::window::{WindowDecision, WindowLimits};
 
@@ -130,7 +130,7 @@ impl Policy {
                 return Err(invalid(
                     format!(
                         "definition.tiers.{name}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay above 0 and at most 1000000000000000, a quota or window limit from 0.000001 to 1000000000)",
-                        crate::render::number_text(*m),
+                        crate::json::number_text(*m),
                         i + 1
                     ),
                 ));
@@ -232,7 +232,7 @@ impl Policy {
 
 /// One limit of a definition, by the parser rl_take_all's items share.
 fn limit(v: &Value) -> Result<LimitShape> {
-    limits::shape(limits::object(v, &limits::POLICY)?)
+    limit_json::shape(limit_json::object(v, &limit_json::POLICY)?)
 }
 
 /// A revision for a newly stored definition: random, so that a policy dropped and set

@@ -1,17 +1,16 @@
-//! Results as JSON values ([`Json`]) that each engine writes its own way: whole numbers
-//! as integers (3.0 as 3), other numbers in their shortest exact form, keys in the order
-//! of each function's `result_keys` ([`crate::functions`]).
-
-use std::fmt::Write;
+//! Each decision of the core as the JSON answer its SQL function returns ([`ToJson`]),
+//! keys in the order of the function's `result_keys` ([`crate::functions`]); the value
+//! itself and how numbers are written are [`crate::json`].
 
 use crate::bucket::{RefundDecision, TakeDecision};
 use crate::budget::{BudgetCharge, BudgetRefund, SpendDecision};
+use crate::json::Json;
 use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
-use crate::multi::{LimitAnswer, TakeAllDecision};
 use crate::penalty::{Block, BlockAnswer};
 use crate::policy::{CheckDecision, LimitRefund, RefundCheckDecision};
-use crate::units::{ceil_seconds, MICROS_PER_UNIT};
+use crate::take_all::{LimitAnswer, TakeAllDecision};
+use crate::units::ceil_seconds;
 use crate::window::WindowDecision;
 
 /// A result that SQL callers receive as a JSON object.
@@ -213,114 +212,6 @@ impl ToJson for TakeAllDecision<'_, '_> {
     }
 }
 
-/// A result as the core answers it. Each engine writes it its own way: SQLite as text
-/// ([`Json::to_text`]), PostgreSQL straight into `jsonb`, so no text is printed to be
-/// parsed again.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Int(i64),
-    /// A limit, level or amount: written as [`number_form`] says.
-    Number(f64),
-    Array(Vec<Json>),
-    /// Keys are the contract's own names: plain ASCII that needs no escaping.
-    Object(Vec<(&'static str, Json)>),
-    /// An object whose keys are data (a policy's tier names), written with JSON escapes.
-    Map(Vec<(String, Json)>),
-    /// A string value (written with JSON escapes).
-    Str(String),
-}
-
-/// `{"key":value,...}`, the keys written with JSON escapes if `escape_keys`.
-fn write_object<'j>(out: &mut String, fields: impl Iterator<Item = (&'j str, &'j Json)>, escape_keys: bool) {
-    out.push('{');
-    for (i, (key, value)) in fields.enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        match escape_keys {
-            true => out.push_str(&serde_json::Value::String(key.to_owned()).to_string()),
-            false => {
-                out.push('"');
-                out.push_str(key);
-                out.push('"');
-            }
-        }
-        out.push(':');
-        value.write(out);
-    }
-    out.push('}');
-}
-
-/// How a number is written: whole numbers as integers (3.0 as 3), others in their shortest
-/// exact decimal form, a non-finite one as null.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NumberForm {
-    Int(i64),
-    Decimal(String),
-    Null,
-}
-
-pub fn number_form(v: f64) -> NumberForm {
-    if !v.is_finite() {
-        NumberForm::Null
-    } else if v.fract() == 0.0 && v.abs() < 9.0e15 {
-        NumberForm::Int(v as i64)
-    } else {
-        NumberForm::Decimal(ryu::Buffer::new().format_finite(v).to_owned())
-    }
-}
-
-impl Json {
-    /// An exact budget amount kept in millionths: 1000000 is 1, 300000 is 0.3.
-    pub fn micros(micros: i64) -> Json {
-        if micros % MICROS_PER_UNIT == 0 {
-            Json::Int(micros / MICROS_PER_UNIT)
-        } else {
-            // Amounts stay below 2^53 millionths, so the shortest f64 form is the exact decimal.
-            Json::Number(micros as f64 / MICROS_PER_UNIT as f64)
-        }
-    }
-
-    pub fn to_text(&self) -> String {
-        let mut out = String::with_capacity(192);
-        self.write(&mut out);
-        out
-    }
-
-    fn write(&self, out: &mut String) {
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Str(s) => out.push_str(&serde_json::Value::String(s.clone()).to_string()),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Int(n) => {
-                let _ = write!(out, "{n}");
-            }
-            Json::Number(v) => match number_form(*v) {
-                NumberForm::Int(n) => {
-                    let _ = write!(out, "{n}");
-                }
-                NumberForm::Decimal(d) => out.push_str(&d),
-                NumberForm::Null => out.push_str("null"),
-            },
-            Json::Array(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    item.write(out);
-                }
-                out.push(']');
-            }
-            // the contract's keys need no escaping; a map's keys are data
-            Json::Object(fields) => write_object(out, fields.iter().map(|(k, v)| (*k, v)), false),
-            Json::Map(fields) => write_object(out, fields.iter().map(|(k, v)| (k.as_str(), v)), true),
-        }
-    }
-}
-
 /// A JSON object under construction.
 struct JsonObject {
     fields: Vec<(&'static str, Json)>,
@@ -356,9 +247,4 @@ impl JsonObject {
     fn finish(self) -> Json {
         Json::Object(self.fields)
     }
-}
-
-/// A number as JSON text (for header values).
-pub fn number_text(v: f64) -> String {
-    Json::Number(v).to_text()
 }

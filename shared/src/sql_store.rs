@@ -6,7 +6,7 @@ use crate::bucket;
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::decision_slot::{self, Decide};
-use crate::multi::BucketItem;
+use crate::take_all::BucketItem;
 use crate::sql::{Statement, Value};
 use crate::store::{
     BucketRows, BudgetAt, ChangeResult, Changed, PolicyGuard, RowAt, StoreError, StoreResult, StoredPolicy, TableRow,

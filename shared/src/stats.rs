@@ -11,7 +11,7 @@ use std::hash::{Hash as _, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use crate::render::Json;
+use crate::json::Json;
 
 /// How one rl_check was answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

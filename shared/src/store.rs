@@ -18,8 +18,8 @@
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::decision_slot::Decide;
-use crate::multi::BucketItem;
 use crate::sql::{RowStatements, Statement, Value};
+use crate::take_all::BucketItem;
 use crate::units::Period;
 
 /// A statement that failed in the engine: its message, and the engine's own error code.

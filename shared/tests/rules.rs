@@ -9,11 +9,11 @@ use ratelimit_core::call_args::{CallArgs, SpendArgs};
 use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::memory;
 use ratelimit_core::memory_store::{MemoryStore, SharedTable};
-use ratelimit_core::multi::BucketItem;
 use ratelimit_core::store::{
     BucketRows, ChangeResult, Changed, EntriesRow, EntryKind, PolicyGuard, RowAt, Rows, StoreResult, StoredPolicy,
     TableRow, TableRows,
 };
+use ratelimit_core::take_all::BucketItem;
 use ratelimit_core::units::{Period, MAX_WAIT_MS};
 use ratelimit_core::ErrorKind;
 use serde_json::{json, Value};

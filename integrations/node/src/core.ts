@@ -2,7 +2,7 @@
 // the subject, the decision, the fallback when the database does not answer.
 import { createHash } from "node:crypto";
 import { isIP } from "node:net";
-import { DatabaseUnavailable, isMissingPolicy, Limiter, multiplier, Route } from "./limiter";
+import { DatabaseUnavailable, isMissingPolicy, Limiter, multiplier, RefundOn, Route } from "./limiter";
 import { Metrics, Outcome } from "./metrics";
 
 // -- the pure rules, the same as the Python and Ruby packages' (integrations/spec/cases.json
@@ -183,10 +183,6 @@ export function normalizeIdentifier(value: unknown, { caseInsensitive = false } 
   if (caseInsensitive) text = text.toLowerCase();
   return text ? bounded(text) : undefined;
 }
-
-/** Which statuses give back what a request took: status classes and codes (["5xx"],
- * [503]) or a function of the status. */
-export type RefundOn = (string | number)[] | ((status: number) => boolean);
 
 /** refundOn as a predicate of the status; undefined: never. */
 export function refundRule(refundOn: RefundOn | undefined | null): ((status: number) => boolean) | undefined {

@@ -1,6 +1,6 @@
 export { Counters, LocalBucket, RateLimitCore, RefusalCache, addressSubject, bounded, clientAddress, networks,
   normalizeIdentifier, normalizePath, parseAddress, refundRule, IDENTIFIER_MAX_BYTES } from "./core";
-export type { Address, Decision, Network, Options, RefundOn } from "./core";
+export type { Address, Decision, Network, Options } from "./core";
 export { rateLimit } from "./express";
 export { fetchWithRateLimit, retryAfterMs, backoffMs } from "./fetch";
 export type { RetryOptions } from "./fetch";
@@ -8,6 +8,6 @@ export { peers, withRateLimit } from "./fetch-handler";
 export type { FetchOptions } from "./fetch-handler";
 export { DatabaseUnavailable, isMissingPolicy, limitKey, PostgresLimiter, SqliteLimiter, UNKNOWN_POLICY_PREFIXES,
   UNKNOWN_POLICY_SQLSTATE } from "./limiter";
-export type { Answer, Limit, Limiter, Route } from "./limiter";
+export type { Answer, Limit, Limiter, RefundOn, Route } from "./limiter";
 export { PrometheusMetrics } from "./metrics";
 export type { Metrics, Outcome } from "./metrics";

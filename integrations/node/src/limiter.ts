@@ -1,6 +1,9 @@
 // The database side: one SQL statement per check, on PostgreSQL (node-postgres) or SQLite
 // (better-sqlite3 with the loadable extension).
-import type { RefundOn } from "./core";
+
+/** Which statuses give back what a request took: status classes and codes (["5xx"],
+ * [503]) or a function of the status. */
+export type RefundOn = (string | number)[] | ((status: number) => boolean);
 
 /** A bucket, a calendar budget (a UTC "day" or "month") or a sliding window. */
 export type Limit =

@@ -1,7 +1,7 @@
 //! Policies (rl_policy_set, rl_check, rl_refund_check), strikes and blocks.
 
-use super::limits::read_rows;
 use super::rows::{change_entries, damaged, window_entries, window_row};
+use super::take_all::read_rows;
 use super::*;
 use crate::policy_cache;
 
@@ -42,7 +42,7 @@ pub fn check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<CheckDeci
     let args = TakeAllArgs { limits, now_ms: a.now_ms };
     let decision = match blocked {
         None => take_all(store, &args)?,
-        Some(_) => multi::decide(read_rows(store, &args)?, a.now_ms),
+        Some(_) => all_or_none::decide(read_rows(store, &args)?, a.now_ms),
     };
     let d = check_decision(a, &policy, blocked, &decision);
     let outcome = match (d.shadow, d.would_refuse()) {
@@ -139,7 +139,7 @@ pub(super) fn check_one_bucket<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -
         PolicyGuard { policy: a.policy, revision: cached.revision, subject: a.subject, now_ms: a.now_ms, epoch };
     let changed = store.change_bucket_for_policy(&keys[0], &guard, decide)?;
     let Changed { decided_on: Some(row), written: true } = changed else { return Ok(None) };
-    let decision = multi::decide(vec![ItemRow::Bucket(item, Some(row))], a.now_ms);
+    let decision = all_or_none::decide(vec![ItemRow::Bucket(item, Some(row))], a.now_ms);
     stats::sink().count(a.policy, Outcome::Admitted);
     Ok(Some(check_decision(a, &policy, None, &decision)))
 }

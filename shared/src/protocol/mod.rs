@@ -1,19 +1,19 @@
 //! The flows that make each call one atomic read-modify-write over a store
 //! ([`crate::store`]): typed arguments in, decisions out. By job: `rows`, the calls on
-//! one row (buckets, budgets, windows, leases, sweeps, resets); `limits`, rl_take_all's
+//! one row (buckets, budgets, windows, leases, sweeps, resets); `take_all`, rl_take_all's
 //! several limits as one; `checks`, policies, strikes and blocks. Here: the paths they
 //! share.
 
 mod checks;
-mod limits;
 mod rows;
+mod take_all;
 
 pub use checks::{block, check, penalize, policy_drop, policy_set, refund_check, unblock};
-pub use limits::take_all;
 pub use rows::{
     acquire, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew, reset, spend,
     sweep, take, window, window_peek,
 };
+pub use take_all::take_all;
 
 use std::rc::Rc;
 
@@ -26,12 +26,12 @@ use crate::call_args::{
 use crate::decision_slot::Decide;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
-use crate::limits::LimitShape;
-use crate::multi::{self, ItemAnswer, ItemRow, Limit, TakeAllDecision};
+use crate::limit_json::LimitShape;
 use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
 use crate::policy::{self, CheckDecision, LimitRefund, Policy, RefundCheckDecision};
 use crate::stats::{self, Outcome};
 use crate::store::{BudgetAt, Changed, EntriesAt, EntriesRow, EntryKind, PolicyGuard, RowAt, Rows, Store, StoreResult};
+use crate::take_all::{self as all_or_none, ItemAnswer, ItemRow, Limit, TakeAllDecision};
 use crate::window::{self, WindowDecision};
 
 /// Attempts before a call gives up on a row that keeps appearing and disappearing under it

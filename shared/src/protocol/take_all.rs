@@ -9,7 +9,7 @@ use super::*;
 /// the held rows and the buckets are written; the budgets are written last.
 pub fn take_all<'i, 'a, S: Store>(store: &mut S, a: &'i TakeAllArgs<'a>) -> Result<TakeAllDecision<'i, 'a>> {
     writable_for(store, &a.limits)?;
-    let first = multi::decide(read_rows(store, a)?, a.now_ms);
+    let first = all_or_none::decide(read_rows(store, a)?, a.now_ms);
     if !first.admitted {
         return Ok(first);
     }
@@ -50,7 +50,7 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
                 Limit::Window(w) => ItemRow::Window(w, window_rows.next().map(|(_, e)| e.clone()).unwrap_or_default()),
             })
             .collect();
-        let decision = multi::decide(rows, a.now_ms);
+        let decision = all_or_none::decide(rows, a.now_ms);
         let writes = decision
             .items
             .iter()
@@ -100,10 +100,10 @@ pub(super) fn read_rows<'i, 'a, S: Store>(store: &mut S, a: &'i TakeAllArgs<'a>)
         .collect()
 }
 
-fn budget_at<'a>(item: &multi::BudgetItem<'a>) -> BudgetAt<'a> {
+fn budget_at<'a>(item: &all_or_none::BudgetItem<'a>) -> BudgetAt<'a> {
     BudgetAt { key: item.key, period: item.period }
 }
 
-fn window_at<'a>(item: &multi::WindowItem<'a>) -> EntriesAt<'a> {
+fn window_at<'a>(item: &all_or_none::WindowItem<'a>) -> EntriesAt<'a> {
     EntriesAt { kind: EntryKind::Window, key: item.key }
 }
