@@ -11,6 +11,34 @@ const SCHEMA: &str = include_str!("../../sql/pg_schema.sql");
 const STATS_VIEW: &str = include_str!("../../sql/pg_stats_view.sql");
 const HELPERS: &str = include_str!("../../sql/edition/helpers.sql");
 const BODIES: &str = include_str!("../../sql/edition/functions.sql");
+
+/// The core's limits that the edition's SQL names as `@NAME@`, substituted when the script
+/// is written, so the two editions cannot disagree on them.
+pub fn constants() -> Vec<(&'static str, String)> {
+    use crate::units;
+    vec![
+        ("MAX_KEY_BYTES", units::MAX_KEY_BYTES.to_string()),
+        ("MAX_TOKENS", (units::MAX_TOKENS as i64).to_string()),
+        ("MAX_AMOUNT", (units::MAX_AMOUNT as i64).to_string()),
+        ("MICROS_PER_UNIT", units::MICROS_PER_UNIT.to_string()),
+        ("MAX_DURATION_SECONDS", (units::MAX_DURATION_SECONDS as i64).to_string()),
+        ("MAX_WAIT_MS", units::MAX_WAIT_MS.to_string()),
+        ("MAX_NOW_MS", units::MAX_NOW_MS.to_string()),
+        ("MAX_JSON_BYTES", units::MAX_JSON_BYTES.to_string()),
+        ("MAX_WINDOW_ENTRIES", crate::window::MAX_ENTRIES.to_string()),
+        ("MAX_IN_FLIGHT", crate::lease::MAX_IN_FLIGHT.to_string()),
+        ("MAX_ATTEMPTS", crate::protocol::MAX_ATTEMPTS.to_string()),
+    ]
+}
+
+/// `text` with every `@NAME@` of [`constants`] (and `@VERSION@`) replaced.
+fn substitute(text: &str, version: &str) -> String {
+    let mut out = text.replace("@VERSION@", version);
+    for (name, value) in constants() {
+        out = out.replace(&format!("@{name}@"), &value);
+    }
+    out
+}
 const SECTION: &str = "-- function: ";
 
 /// The name this edition installs under (pg_tle lets a file-based extension of the same
@@ -153,7 +181,7 @@ pub fn script(extension: bool) -> String {
         }
         out += "\n";
     }
-    out += HELPERS.trim_end();
+    out += &substitute(HELPERS.trim_end(), version);
     out += "\n\n-- The functions: the native extension's declarations, PL/pgSQL bodies.\n";
     let bodies = bodies();
     for f in offered() {
@@ -164,7 +192,7 @@ pub fn script(extension: bool) -> String {
             f.pg_arguments(),
             f.returns.pg_name(),
             attributes(f),
-            body.trim().replace("@VERSION@", version)
+            substitute(body.trim(), version)
         );
         out += &format!("COMMENT ON FUNCTION {} IS\n  '{}';\n\n", f.pg_signature(), quote(f.comment));
     }
@@ -204,5 +232,28 @@ mod tests {
         assert!(!plain.contains("SELECT pg_catalog.pg_extension_config_dump"));
         assert!(script(true).contains("SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_policy', '');"));
         assert!(!plain.contains("@VERSION@"));
+    }
+
+    #[test]
+    fn every_placeholder_is_a_constant_of_the_core() {
+        for form in [false, true] {
+            let script = script(form);
+            let left: Vec<&str> = script
+                .match_indices('@')
+                .filter_map(|(i, _)| {
+                    let rest = &script[i + 1..];
+                    let end = rest.find('@')?;
+                    let name = &rest[..end];
+                    (!name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')).then_some(name)
+                })
+                .collect();
+            assert_eq!(left, Vec::<&str>::new(), "placeholders no constant replaced");
+        }
+        for (name, _) in constants() {
+            assert!(
+                HELPERS.contains(&format!("@{name}@")) || BODIES.contains(&format!("@{name}@")),
+                "{name} is named by no SQL of the edition"
+            );
+        }
     }
 }

@@ -220,8 +220,8 @@ DECLARE
     lease_ms bigint;
     now bigint;
 BEGIN
-    IF cap IS NULL OR cap < 1 OR cap > 1000 THEN
-        PERFORM ratelimit.rl__invalid(fn, 'max_in_flight must be an integer from 1 to 1000, got '
+    IF cap IS NULL OR cap < 1 OR cap > @MAX_IN_FLIGHT@ THEN
+        PERFORM ratelimit.rl__invalid(fn, 'max_in_flight must be an integer from 1 to @MAX_IN_FLIGHT@, got '
             || coalesce(cap::text, 'NULL'));
     END IF;
     lease_ms := ratelimit.rl__duration_ms(fn, 'lease_seconds', lease_seconds);
@@ -316,8 +316,8 @@ DECLARE
     item record;
 BEGIN
     IF limits IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'limits must be a JSON array, got NULL'); END IF;
-    IF pg_column_size(limits) > 262144 THEN
-        PERFORM ratelimit.rl__invalid(fn, format('limits must be at most 262144 bytes of JSON, got %s bytes',
+    IF pg_column_size(limits) > @MAX_JSON_BYTES@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format('limits must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
                                                  pg_column_size(limits)));
     END IF;
     now := ratelimit.rl__now(fn, now_ms);
@@ -343,8 +343,8 @@ DECLARE
     p record;
 BEGIN
     IF definition IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'definition must be JSON, got NULL'); END IF;
-    IF pg_column_size(definition) > 262144 THEN
-        PERFORM ratelimit.rl__invalid(fn, format('definition must be at most 262144 bytes of JSON, got %s bytes',
+    IF pg_column_size(definition) > @MAX_JSON_BYTES@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format('definition must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
                                                  pg_column_size(definition)));
     END IF;
     p := ratelimit.rl__policy_parse(fn, definition);
@@ -361,8 +361,8 @@ DECLARE
     fn CONSTANT text := 'rl_policy_validate';
 BEGIN
     IF definition IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'definition must be JSON, got NULL'); END IF;
-    IF pg_column_size(definition) > 262144 THEN
-        PERFORM ratelimit.rl__invalid(fn, format('definition must be at most 262144 bytes of JSON, got %s bytes',
+    IF pg_column_size(definition) > @MAX_JSON_BYTES@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format('definition must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
                                                  pg_column_size(definition)));
     END IF;
     RETURN (ratelimit.rl__policy_parse(fn, definition)).canonical::jsonb;
@@ -383,7 +383,7 @@ DECLARE
     fn CONSTANT text := 'rl_check';
     p text := ratelimit.rl__name(fn, 'policy', policy);
     s text := ratelimit.rl__name(fn, 'subject', subject);
-    c double precision := ratelimit.rl__micros_of(fn, 'cost', cost)::float8 / 1000000;
+    c double precision := ratelimit.rl__micros_of(fn, 'cost', cost)::float8 / @MICROS_PER_UNIT@;
     t text := CASE WHEN tier IS NOT NULL THEN ratelimit.rl__name(fn, 'tier', tier) END;
     now bigint := ratelimit.rl__now(fn, now_ms);
     pi record;
@@ -419,7 +419,7 @@ DECLARE
     fn CONSTANT text := 'rl_refund_check';
     p text := ratelimit.rl__name(fn, 'policy', policy);
     s text := ratelimit.rl__name(fn, 'subject', subject);
-    c double precision := ratelimit.rl__micros_of(fn, 'cost', cost)::float8 / 1000000;
+    c double precision := ratelimit.rl__micros_of(fn, 'cost', cost)::float8 / @MICROS_PER_UNIT@;
     t text := CASE WHEN tier IS NOT NULL THEN ratelimit.rl__name(fn, 'tier', tier) END;
     now bigint := ratelimit.rl__now(fn, now_ms);
     pi record;
@@ -476,8 +476,8 @@ DECLARE
     out jsonb;
 BEGIN
     IF result IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'result must be JSON text, got NULL'); END IF;
-    IF pg_column_size(result) > 262144 THEN
-        PERFORM ratelimit.rl__invalid(fn, format('result must be at most 262144 bytes of JSON, got %s bytes',
+    IF pg_column_size(result) > @MAX_JSON_BYTES@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format('result must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
                                                  pg_column_size(result)));
     END IF;
     IF jsonb_typeof(o) <> 'object' THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
@@ -488,9 +488,9 @@ BEGIN
         FOR f IN 1..3 LOOP
             CONTINUE WHEN jsonb_typeof(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]) IS DISTINCT FROM 'number';
             v := ratelimit.rl__json_double(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]);
-            IF abs(v) > 9007199254740991 THEN
+            IF abs(v) > @MAX_WAIT_MS@ THEN
                 RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format(
-                    'rl_headers: result: %s must be at most 9007199254740991 in magnitude, got %s',
+                    'rl_headers: result: %s must be at most @MAX_WAIT_MS@ in magnitude, got %s',
                     (ARRAY['limit', 'remaining', 'in_flight'])[f], ratelimit.rl__describe(v));
             END IF;
         END LOOP;

@@ -50,7 +50,7 @@ LANGUAGE sql IMMUTABLE SET extra_float_digits = 1 AS $$
     SELECT v::text::numeric
 $$;
 
--- A double as the core writes it in an answer (render::number_form): whole numbers below
+-- A double as the core writes it in an answer (json::number_form): whole numbers below
 -- 9e15 as integers, others in their shortest exact form, non-finite ones as null.
 CREATE OR REPLACE FUNCTION ratelimit.rl__number(v double precision) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
@@ -60,13 +60,13 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 
--- An exact amount kept in millionths (render's Json::micros): 1000000 is 1, 300000 is 0.3.
+-- An exact amount kept in millionths (json's Json::micros): 1000000 is 1, 300000 is 0.3.
 -- (The SQL helpers are STABLE where they call to_jsonb or format, as those are, so that
 -- PostgreSQL inlines them into the calling expression instead of running each as a query.)
 CREATE OR REPLACE FUNCTION ratelimit.rl__micros(micros bigint) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN micros % 1000000 = 0 THEN to_jsonb(micros / 1000000)
-                ELSE to_jsonb(trim_scale(micros::numeric / 1000000)) END
+    SELECT CASE WHEN micros % @MICROS_PER_UNIT@ = 0 THEN to_jsonb(micros / @MICROS_PER_UNIT@)
+                ELSE to_jsonb(trim_scale(micros::numeric / @MICROS_PER_UNIT@)) END
 $$;
 
 -- Whole seconds, rounded up (units::ceil_seconds): a wait of 1 ms is 1 s, never 0.
@@ -96,8 +96,8 @@ BEGIN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be text, got NULL');
     ELSIF v = '' THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must not be empty');
-    ELSIF octet_length(v) > 1024 THEN
-        PERFORM ratelimit.rl__invalid(fn, format('%s must be at most 1024 bytes, got %s bytes', what, octet_length(v)));
+    ELSIF octet_length(v) > @MAX_KEY_BYTES@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format('%s must be at most @MAX_KEY_BYTES@ bytes, got %s bytes', what, octet_length(v)));
     ELSIF what = 'key' AND left(v, 1) = chr(1) THEN
         PERFORM ratelimit.rl__invalid(fn, 'key must not start with U+0001, which marks the keys of policies');
     END IF;
@@ -107,12 +107,12 @@ $$;
 
 CREATE OR REPLACE FUNCTION ratelimit.rl__name(fn text, what text, v text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v <> '' AND octet_length(v) <= 1024 THEN v ELSE ratelimit.rl__name_error(fn, what, v) END
+    SELECT CASE WHEN v <> '' AND octet_length(v) <= @MAX_KEY_BYTES@ THEN v ELSE ratelimit.rl__name_error(fn, what, v) END
 $$;
 
 CREATE OR REPLACE FUNCTION ratelimit.rl__key(fn text, key text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN key <> '' AND octet_length(key) <= 1024 AND left(key, 1) <> chr(1) THEN key
+    SELECT CASE WHEN key <> '' AND octet_length(key) <= @MAX_KEY_BYTES@ AND left(key, 1) <> chr(1) THEN key
                 ELSE ratelimit.rl__name_error(fn, 'key', key) END
 $$;
 
@@ -126,13 +126,13 @@ BEGIN
         PERFORM ratelimit.rl__invalid(fn, what || CASE WHEN zero THEN ' must be a finite number of at least 0, got '
             ELSE ' must be a finite number greater than 0, got ' END || ratelimit.rl__describe(v));
     END IF;
-    IF max = '31536000' AND v > 31536000 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 31536000 (one year), got ' || ratelimit.rl__describe(v));
+    IF max = '@MAX_DURATION_SECONDS@' AND v > @MAX_DURATION_SECONDS@ THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most @MAX_DURATION_SECONDS@ (one year), got ' || ratelimit.rl__describe(v));
     END IF;
     IF max <> 'Infinity' AND v > max::float8 THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be at most ' || max || ', got ' || ratelimit.rl__describe(v));
     END IF;
-    IF max = '1000000000' AND v < 1.0::float8 / 1000000 THEN
+    IF max = '@MAX_AMOUNT@' AND v < 1.0::float8 / @MICROS_PER_UNIT@ THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be at least 0.000001, got ' || ratelimit.rl__describe(v));
     END IF;
     RETURN v;
@@ -149,38 +149,38 @@ $$;
 -- A bucket's burst, refill_per_minute or cost (args::token_number): at most 1e15.
 CREATE OR REPLACE FUNCTION ratelimit.rl__tokens(fn text, what text, v double precision) RETURNS double precision
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v > 0 AND v <= 1e15::float8 THEN v
-                ELSE ratelimit.rl__number_error(fn, what, v, '1000000000000000', false) END
+    SELECT CASE WHEN v > 0 AND v <= @MAX_TOKENS@::float8 THEN v
+                ELSE ratelimit.rl__number_error(fn, what, v, '@MAX_TOKENS@', false) END
 $$;
 
 -- A cost that may also be 0 (the peeks: args::cost_number with zero allowed).
 CREATE OR REPLACE FUNCTION ratelimit.rl__peek_tokens(fn text, what text, v double precision) RETURNS double precision
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v = 0 OR (v > 0 AND v <= 1e15::float8) THEN v
-                ELSE ratelimit.rl__number_error(fn, what, v, '1000000000000000', true) END
+    SELECT CASE WHEN v = 0 OR (v > 0 AND v <= @MAX_TOKENS@::float8) THEN v
+                ELSE ratelimit.rl__number_error(fn, what, v, '@MAX_TOKENS@', true) END
 $$;
 
 -- A budget amount as an exact count of millionths (args::amount_micros): 0.000001 to
 -- 1,000,000,000, rounded half away from zero as Rust's f64::round.
 CREATE OR REPLACE FUNCTION ratelimit.rl__micros_of(fn text, what text, v double precision) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v >= 1.0::float8 / 1000000 AND v <= 1e9::float8 THEN ratelimit.rl__round(v * 1000000)::bigint
-                ELSE ratelimit.rl__number_error(fn, what, v, '1000000000', false)::bigint END
+    SELECT CASE WHEN v >= 1.0::float8 / @MICROS_PER_UNIT@ AND v <= @MAX_AMOUNT@::float8 THEN ratelimit.rl__round(v * @MICROS_PER_UNIT@)::bigint
+                ELSE ratelimit.rl__number_error(fn, what, v, '@MAX_AMOUNT@', false)::bigint END
 $$;
 
 -- A budget cost that may be 0 (rl_budget: args::cost_micros with zero allowed).
 CREATE OR REPLACE FUNCTION ratelimit.rl__peek_micros(fn text, what text, v double precision) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v = 0 OR (v >= 1.0::float8 / 1000000 AND v <= 1e9::float8) THEN ratelimit.rl__round(v * 1000000)::bigint
-                ELSE ratelimit.rl__number_error(fn, what, v, '1000000000', true)::bigint END
+    SELECT CASE WHEN v = 0 OR (v >= 1.0::float8 / @MICROS_PER_UNIT@ AND v <= @MAX_AMOUNT@::float8) THEN ratelimit.rl__round(v * @MICROS_PER_UNIT@)::bigint
+                ELSE ratelimit.rl__number_error(fn, what, v, '@MAX_AMOUNT@', true)::bigint END
 $$;
 
 -- A number of seconds as whole milliseconds (args::duration_ms): above 0, at most a year,
 -- rounded half away from zero, at least 1.
 CREATE OR REPLACE FUNCTION ratelimit.rl__duration_ms(fn text, what text, seconds double precision) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN seconds > 0 AND seconds <= 31536000 THEN greatest(ratelimit.rl__round(seconds * 1000)::bigint, 1)
-                ELSE ratelimit.rl__number_error(fn, what, seconds, '31536000', false)::bigint END
+    SELECT CASE WHEN seconds > 0 AND seconds <= @MAX_DURATION_SECONDS@ THEN greatest(ratelimit.rl__round(seconds * 1000)::bigint, 1)
+                ELSE ratelimit.rl__number_error(fn, what, seconds, '@MAX_DURATION_SECONDS@', false)::bigint END
 $$;
 
 -- A budget period (args::period): 'day' or 'month'.
@@ -234,7 +234,7 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__now(fn text, now_ms double precision) RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
     SELECT CASE WHEN now_ms IS NULL
-                THEN least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 253402300799999)
+                THEN least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, @MAX_NOW_MS@)
                 ELSE ratelimit.rl__explicit_now(fn, now_ms) END
 $$;
 
@@ -294,7 +294,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__wait_for(has_row boolean, level double 
                                                   target double precision)
 RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    max_wait CONSTANT bigint := 9007199254740991;
+    max_wait CONSTANT bigint := @MAX_WAIT_MS@;
     start bigint;
     deficit double precision;
     estimate double precision;
@@ -352,7 +352,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__take_decision(has_row boolean, level do
                                                        OUT new_full_at bigint)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    max_wait CONSTANT bigint := 9007199254740991;
+    max_wait CONSTANT bigint := @MAX_WAIT_MS@;
     cur double precision := ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, now);
     retry bigint;
     full_ms double precision;
@@ -408,7 +408,7 @@ DECLARE
     cur double precision;
 BEGIN
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
-    FOR attempt IN 1..1000 LOOP
+    FOR attempt IN 1..@MAX_ATTEMPTS@ LOOP
         IF op = 'refund' THEN
             UPDATE ratelimit.rl_bucket AS t
             SET level = least(ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) + amount, b),
@@ -427,7 +427,7 @@ BEGIN
                     greatest(t.refilled_at, now), b, r, now, b)
             WHERE t.key = k AND CASE op
                 WHEN 'take' THEN amount <= ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now)
-                ELSE NOT (ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) - amount < -1e15::float8) END
+                ELSE NOT (ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now) - amount < -@MAX_TOKENS@::float8) END
             RETURNING t.level, t.refilled_at, t.full_at INTO new_level, row_refilled_at, new_full_at;
         END IF;
         IF FOUND THEN
@@ -450,9 +450,9 @@ BEGIN
                     ratelimit.rl__wait_for(true, row_level, row_refilled_at, b, r, now, b)));
             END IF;
             IF op = 'charge' THEN
-                CONTINUE WHEN NOT (cur - amount < -1e15::float8);
+                CONTINUE WHEN NOT (cur - amount < -@MAX_TOKENS@::float8);
                 RAISE EXCEPTION USING ERRCODE = '22003',
-                    MESSAGE = fn || ': the bucket''s debt would pass 1000000000000000 tokens; nothing was charged';
+                    MESSAGE = fn || ': the bucket''s debt would pass @MAX_TOKENS@ tokens; nothing was charged';
             END IF;
             CONTINUE WHEN amount <= cur;
             RETURN (ratelimit.rl__take_decision(true, row_level, row_refilled_at, b, r, amount, now)).answer;
@@ -474,7 +474,7 @@ BEGIN
         END IF;
         -- another call inserted the row first: decide on that row
     END LOOP;
-    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': the row kept changing under 1000 attempts; try again';
+    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': the row kept changing under @MAX_ATTEMPTS@ attempts; try again';
 END
 $$;
 
@@ -517,7 +517,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__budget_change(fn text, op text, k text,
                                                        amount bigint, now bigint)
 RETURNS jsonb LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    max_used CONSTANT bigint := 9007199254740991;
+    max_used CONSTANT bigint := @MAX_WAIT_MS@;
     new_used bigint;
     new_resets_at bigint;
     row_used bigint;
@@ -526,7 +526,7 @@ DECLARE
     period_end bigint := ratelimit.rl__period_end(p, now);
 BEGIN
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
-    FOR attempt IN 1..1000 LOOP
+    FOR attempt IN 1..@MAX_ATTEMPTS@ LOOP
         UPDATE ratelimit.rl_budget AS t
         SET used = CASE op WHEN 'refund'
                 THEN greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
@@ -575,7 +575,7 @@ BEGIN
             RETURN ratelimit.rl__spend_answer(true, amount, period_end, p, quota, 0, now);
         END IF;
     END LOOP;
-    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': the row kept changing under 1000 attempts; try again';
+    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': the row kept changing under @MAX_ATTEMPTS@ attempts; try again';
 END
 $$;
 
@@ -612,7 +612,7 @@ BEGIN
         INTO damaged, ats, micros
         FROM (SELECT n, d, u, sum(d) OVER (ORDER BY n) AS s
               FROM (SELECT n, split_part(item, ':', 1)::bigint AS d,
-                           CASE WHEN position(':' IN item) > 0 THEN split_part(item, ':', 2)::bigint ELSE 1000000 END AS u
+                           CASE WHEN position(':' IN item) > 0 THEN split_part(item, ':', 2)::bigint ELSE @MICROS_PER_UNIT@ END AS u
                     FROM unnest(string_to_array(entries, ',')) WITH ORDINALITY AS t(item, n)) AS parsed) AS summed;
         IF damaged THEN PERFORM ratelimit.rl__damaged(fn, 'window'); END IF;
         RETURN;
@@ -623,7 +623,7 @@ BEGIN
     FROM (SELECT n, d, u, sum(d) OVER (ORDER BY n) AS s
           FROM (SELECT n, ratelimit.rl__int(split_part(item, ':', 1)) AS d,
                        CASE WHEN position(':' IN item) > 0 THEN ratelimit.rl__int(substr(item, position(':' IN item) + 1))
-                            ELSE 1000000 END AS u
+                            ELSE @MICROS_PER_UNIT@ END AS u
                 FROM unnest(string_to_array(entries, ',')) WITH ORDINALITY AS t(item, n)) AS parsed) AS summed;
     IF damaged THEN PERFORM ratelimit.rl__damaged(fn, 'window'); END IF;
 END
@@ -704,7 +704,7 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    answer := jsonb_build_object('admitted', admitted, 'remaining', greatest((lim - used_after) / 1000000, 0),
+    answer := jsonb_build_object('admitted', admitted, 'remaining', greatest((lim - used_after) / @MICROS_PER_UNIT@, 0),
         'limit', ratelimit.rl__micros(lim), 'retry_after_ms', retry,
         'retry_after_seconds', ratelimit.rl__ceil_seconds(retry),
         'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms),
@@ -712,11 +712,11 @@ BEGIN
         'window_seconds', ratelimit.rl__number(window_ms::float8 / 1000));
     IF NOT admitted THEN RETURN; END IF;
     -- past the bound the row is not written: the caller raises rl__window_too_full
-    too_many := coalesce(array_length(out_ats, 1), 0) > 10000;
+    too_many := coalesce(array_length(out_ats, 1), 0) > @MAX_WINDOW_ENTRIES@;
     FOR i IN 1..coalesce(array_length(out_ats, 1), 0) LOOP
         IF i > 1 THEN text_out := text_out || ','; END IF;
         text_out := text_out || (out_ats[i] - previous)::text
-            || CASE WHEN out_units[i] <> 1000000 THEN ':' || out_units[i]::text ELSE '' END;
+            || CASE WHEN out_units[i] <> @MICROS_PER_UNIT@ THEN ':' || out_units[i]::text ELSE '' END;
         previous := out_ats[i];
     END LOOP;
     new_entries := text_out;
@@ -729,7 +729,7 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__window_too_full(fn text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = '54000', MESSAGE = fn || ': the window would hold more than 10000 entries '
+    RAISE EXCEPTION USING ERRCODE = '54000', MESSAGE = fn || ': the window would hold more than @MAX_WINDOW_ENTRIES@ entries '
         || '(one per millisecond with admissions); nothing was recorded: use a larger cost per call or a bucket for this limit';
 END
 $$;
@@ -897,7 +897,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__entries_step(step text, fn text, entrie
                                                       OUT answer jsonb, OUT new_entries text, OUT new_empty_at bigint)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    max_wait CONSTANT bigint := 9007199254740991;
+    max_wait CONSTANT bigint := @MAX_WAIT_MS@;
     w record;
     l record;
     s record;
@@ -934,7 +934,7 @@ BEGIN
             END IF;
         END LOOP;
         entries := (SELECT coalesce(string_agg((w.ats[i] - coalesce(w.ats[i - 1], 0))::text
-                                               || CASE WHEN w.micros[i] <> 1000000 THEN ':' || w.micros[i] ELSE '' END, ','
+                                               || CASE WHEN w.micros[i] <> @MICROS_PER_UNIT@ THEN ':' || w.micros[i] ELSE '' END, ','
                                                ORDER BY i), '')
                     FROM generate_series(1, coalesce(array_length(w.ats, 1), 0)) AS i);
         args := jsonb_set(args, '{cost}', '0');
@@ -1136,7 +1136,7 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     n double precision := ratelimit.rl__json_positive(fn, what, v);
 BEGIN
-    IF n > 1e15 THEN
+    IF n > @MAX_TOKENS@ THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000000000, got ' || ratelimit.rl__json_describe(v));
     END IF;
     RETURN n;
@@ -1151,8 +1151,8 @@ DECLARE
     n double precision := ratelimit.rl__json_positive(fn, what, v);
     t text;
 BEGIN
-    IF n > 1e9 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000, got ' || ratelimit.rl__json_describe(v));
+    IF n > @MAX_AMOUNT@ THEN
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most @MAX_AMOUNT@, got ' || ratelimit.rl__json_describe(v));
     END IF;
     IF n < 1.0::float8 / 1000000 THEN
         PERFORM ratelimit.rl__invalid(fn, what || ' must be at least 0.000001, got ' || ratelimit.rl__json_describe(v));
@@ -1178,7 +1178,7 @@ DECLARE
     n double precision := ratelimit.rl__json_positive(fn, what, v);
 BEGIN
     IF n > 31536000 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 31536000 (one year), got ' || ratelimit.rl__json_describe(v));
+        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most @MAX_DURATION_SECONDS@ (one year), got ' || ratelimit.rl__json_describe(v));
     END IF;
     RETURN greatest(ratelimit.rl__round(n * 1000)::bigint, 1);
 END
@@ -1222,7 +1222,7 @@ BEGIN
 END
 $$;
 
--- The limits of rl_take_all or of a policy, parsed one item at a time (args::limit): the
+-- The limits of rl_take_all or of a policy, parsed one item at a time (limit_json::shape): the
 -- kind (0 bucket, 1 budget, 2 window, the order rows are kept in), key, period and numbers.
 -- prefix leads each error ('rl_take_all: item 3').
 CREATE OR REPLACE FUNCTION ratelimit.rl__limit_item(prefix text, v jsonb, OUT kind int, OUT key text, OUT period text,
@@ -1261,7 +1261,7 @@ BEGIN
 END
 $$;
 
--- rl_take_all over parsed limits (protocol::take_all and multi::decide): decide on the rows
+-- rl_take_all over parsed limits (protocol::take_all and take_all::decide): decide on the rows
 -- as read; a refusal answers there, writing nothing. Otherwise hold every row (budgets,
 -- then windows, then buckets, each in key order, the same for every call, so concurrent
 -- calls never wait in a cycle), decide again on the held rows, and write them when all
@@ -1415,7 +1415,7 @@ END
 $$;
 
 -- The limits of rl_take_all or a policy's items as rl__take_all takes them: sorted into
--- row order, and refused when two name one row (args::TakeAllArgs::parse).
+-- row order, and refused when two name one row (call_args::TakeAllArgs::parse).
 CREATE OR REPLACE FUNCTION ratelimit.rl__sorted_items(fn text, items jsonb) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -1524,15 +1524,15 @@ BEGIN
                 IF (item ->> 'kind')::int = 0 THEN
                     v := ratelimit.rl__mul((item ->> 'burst')::float8, m);
                     scaled := ratelimit.rl__mul((item ->> 'rate')::float8, m);
-                    CONTINUE WHEN v > 0 AND v <= 1e15 AND scaled > 0 AND scaled <= 1e15;
+                    CONTINUE WHEN v > 0 AND v <= @MAX_TOKENS@ AND scaled > 0 AND scaled <= @MAX_TOKENS@;
                 ELSE
                     scaled := ratelimit.rl__mul((item ->> 'quota')::bigint::float8, m);
                     scaled := ratelimit.rl__round(scaled);
-                    CONTINUE WHEN scaled >= 1 AND scaled <= 1e15;
+                    CONTINUE WHEN scaled >= 1 AND scaled <= @MAX_TOKENS@;
                 END IF;
                 PERFORM ratelimit.rl__invalid(fn, format('definition.tiers.%s: a multiplier of %s takes limits item %s out of '
-                    || 'range (a bucket''s burst and refill must stay above 0 and at most 1000000000000000, a quota or window '
-                    || 'limit from 0.000001 to 1000000000)', t.key, ratelimit.rl__number(m)::text, i));
+                    || 'range (a bucket''s burst and refill must stay above 0 and at most @MAX_TOKENS@, a quota or window '
+                    || 'limit from 0.000001 to @MAX_AMOUNT@)', t.key, ratelimit.rl__number(m)::text, i));
             END LOOP;
             tier_texts := tier_texts || (to_jsonb(t.key)::text || ':' || ratelimit.rl__number(m)::text);
         END LOOP;
@@ -1619,7 +1619,7 @@ BEGIN
 END
 $$;
 
--- A double as the native library writes it in text (render::number_text): whole numbers
+-- A double as the native library writes it in text (json::number_text): whole numbers
 -- below 9e15 as integers, others as ryu writes them (the shortest digits; an exponent
 -- below 1e-5 and from 1e16, as 1.5e16 and 1e-7; a whole number as 9500000000000000.0).
 CREATE OR REPLACE FUNCTION ratelimit.rl__number_text(v double precision) RETURNS text
