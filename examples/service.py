@@ -46,9 +46,9 @@ POLICIES = {
 
 def make_app(options):
     if options.sqlite:
-        limiter = SQLiteLimiter(options.sqlite, extension=options.extension)
+        limiter = SQLiteLimiter(options.sqlite, extension=options.extension, timeout=options.check_timeout or 1.0)
     else:
-        limiter = PostgresLimiter(options.postgres)
+        limiter = PostgresLimiter(options.postgres, timeout=options.check_timeout or 0.5)
     mark = "?" if options.sqlite else "%s"
 
     async def query(sql, *args):
@@ -106,12 +106,15 @@ def make_app(options):
     app = Starlette(routes=[Path("/work", work), Path("/login", login), Path("/webhooks", webhooks),
                             Path("/health", health)], lifespan=lifespan)
     app.add_middleware(
-        RateLimitMiddleware, limiter=limiter, identify=user_of, tier=plan_of, check_timeout=options.check_timeout,
+        RateLimitMiddleware, limiter=limiter, identify=user_of, tier=plan_of,
         routes={
             "/login": Route(policy="login", sensitive=True),
             "/webhooks": Route(policy="webhooks"),
             "/work": Route(limits=[{"burst": options.burst, "refill_per_minute": options.per_minute},
-                                   {"period": "day", "quota": options.daily}], cost=cost_of),
+                                   {"period": "day", "quota": options.daily}], cost=cost_of,
+                           # the work's own failure (a 5xx) gives back what it took; the
+                           # client cannot cause one (?fail=1 stands for a broken backend)
+                           refund_on=["5xx"]),
         })
     return app
 
@@ -123,8 +126,9 @@ def main():
     engine.add_argument("--postgres", metavar="DSN", help="libpq connection string (pg_ratelimit installed)")
     p.add_argument("--extension", default=DEFAULT_EXTENSION, help="path of libratelimit for SQLite")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--check-timeout", type=float, default=0.05, metavar="SECONDS",
-                   help="how long a request waits for the database before the fallback decides")
+    p.add_argument("--check-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long a check may take before the database counts as unreachable and the fallback "
+                        "decides (default: the limiter's, 1 s on SQLite and 0.5 s on PostgreSQL)")
     p.add_argument("--burst", type=float, default=5)
     p.add_argument("--per-minute", type=float, default=30)
     p.add_argument("--daily", type=float, default=1000)
