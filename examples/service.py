@@ -7,7 +7,8 @@ the limits); the tier is read from the user's row. A wrong password records a st
 (rl_penalize): after three, the subject is blocked for 120 s, then 240 s, ..., and every
 policy refuses it meanwhile. /login fails closed (503) if the database does not answer.
 
-/work shows explicit limits instead: each user gets a bucket (a burst, refilled per
+/work shows explicit limits instead: each signed-in user (`?user=` with its `&password=`; a
+request that proves no user is limited by its address) gets a bucket (a burst, refilled per
 minute) and a daily budget, both charged or neither (`&cost=`, default 1). A refusal is
 a 429 with the RateLimit headers and {"detail", "limit", "remaining", "reset",
 "retry_after"}; a cost above a limit, which no wait admits, a 413 without Retry-After.
@@ -57,28 +58,43 @@ def make_app(options):
         value = None if row is None else row[0]
         return json.loads(value) if isinstance(value, str) and value.startswith(("{", "[")) else value
 
-    def user_of(request):
-        return request.query_params.get("user", "anonymous")
+    async def signed_in(request):
+        """The user the request proves it is (`?user=` with its `&password=`), else None."""
+        name, password = request.query_params.get("user", ""), request.query_params.get("password", "")
+        if name and await query("SELECT EXISTS (SELECT 1 FROM app_users WHERE name = ? AND password = ?)",
+                                name, password):
+            return name
+        return None
+
+    async def user_of(request):
+        """Whom a request is limited as. A login is limited per account it tries (the name
+        it claims: guessing one account's password stays slow from any address); any other
+        route per signed-in user, and a request that proves no user per client address
+        (None: the middleware's rule), so a name alone never buys a bucket of its own."""
+        if request.url.path == "/login":
+            return request.query_params.get("user", "")
+        return await signed_in(request)
 
     async def plan_of(request):
-        """The tier: the user's plan (users without a row are free)."""
-        plan = await query("SELECT plan FROM app_users WHERE name = ?", user_of(request))
+        """The tier: the signed-in user's plan (free for everyone else)."""
+        user = await signed_in(request)
+        plan = user and await query("SELECT plan FROM app_users WHERE name = ?", user)
         return plan or "free"
 
     async def work(request):
         if request.query_params.get("fail") == "1":
             return JSONResponse({"error": "the work failed"}, status_code=500)
-        return JSONResponse({"ok": True, "user": user_of(request)})
+        return JSONResponse({"ok": True, "user": await signed_in(request)})
 
     async def login(request):
-        user, password = user_of(request), request.query_params.get("password", "")
+        user, password = request.query_params.get("user", ""), request.query_params.get("password", "")
         if not await query("SELECT EXISTS (SELECT 1 FROM app_users WHERE name = ? AND password = ?)", user, password):
             strike = await query("SELECT rl_penalize(?)", user)  # three free strikes, then blocks
             return JSONResponse({"error": "wrong_password", "strikes": strike["strikes"]}, status_code=401)
         return JSONResponse({"ok": True, "user": user, "tier": await plan_of(request)})
 
     async def webhooks(request):
-        return JSONResponse({"ok": True, "user": user_of(request), "tier": await plan_of(request)})
+        return JSONResponse({"ok": True, "user": await signed_in(request), "tier": await plan_of(request)})
 
     async def health(request):
         return JSONResponse({"ok": True})
