@@ -6,11 +6,17 @@
 //! again: what EvalPlanQual gives the guarded UPDATE (`sql/bucket_change.sql`). This skips
 //! that statement's plan cache, executor start-up and four SQL function calls.
 //!
-//! Only where the two cannot differ: a read committed transaction (a repeatable read or
-//! serializable one must fail on a concurrent update, as its UPDATE does), a writable one,
-//! and `ratelimit.rl_bucket` as the extension made it: a heap table without triggers, row
-//! security or a replica identity other than its primary key, which is its only index.
-//! Elsewhere, and with `pg_ratelimit.direct_writes` off, the guarded UPDATE runs.
+//! Only where the two cannot differ ([`Shape`] names each condition): a read committed
+//! transaction (a repeatable read or serializable one must fail on a concurrent update, as
+//! its UPDATE does), a writable one, no `ExecutorCheckPerms_hook` (pgaudit, sepgsql), and
+//! `ratelimit.rl_bucket` as the extension made it: a plain heap table of the four columns,
+//! without triggers, rules, row security, CHECK constraints (valid or not), identity or
+//! generated columns, partitioning or inheritance children, published for updates by no
+//! publication, updatable by the caller, and whose only index is a valid btree primary key
+//! on exactly `(key)` with text's default operator class and the database's default
+//! collation. The table's shape is judged once per relcache entry ([`forget`] runs on its
+//! invalidation). Elsewhere, and with `pg_ratelimit.direct_writes` off (the default), the
+//! guarded UPDATE runs, which enforces each of those as PostgreSQL does.
 //!
 //! Writes `unsafe` (the workspace denies it elsewhere): heap and index access are C
 //! functions over raw pointers, each used as PostgreSQL's own executor uses it.
@@ -23,57 +29,174 @@ use ratelimit_core::bucket::BucketState;
 use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::store::{ChangeResult, Changed};
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The columns of rl_bucket, in order (sql/pg_schema.sql).
 const COLUMNS: [pg_sys::Oid; 4] = [pg_sys::TEXTOID, pg_sys::FLOAT8OID, pg_sys::INT8OID, pg_sys::INT8OID];
 
-/// Changes the bucket row of `key` by `decide`; None where the guarded UPDATE must run.
-pub(crate) fn change_bucket(key: &str, decide: &Decide<BucketState>) -> Option<ChangeResult<BucketState>> {
-    if !DIRECT_WRITES.get() {
-        return None;
+/// The table's shape as last judged: the oid of rl_bucket, the user it was judged for,
+/// and its primary key when the direct write may run on it (0: it may not). Zeroed by
+/// [`forget`], so the next call judges again.
+static JUDGED_TABLE: AtomicU32 = AtomicU32::new(0);
+static JUDGED_USER: AtomicU32 = AtomicU32::new(0);
+static USABLE_INDEX: AtomicU32 = AtomicU32::new(0);
+
+/// From the relcache invalidation callback: any change to `relid` (InvalidOid: to any
+/// relation) means the shape is judged again.
+pub(crate) fn forget(relid: pg_sys::Oid) {
+    let table = JUDGED_TABLE.load(Ordering::Relaxed);
+    if relid == pg_sys::InvalidOid || relid.to_u32() == table || USABLE_INDEX.load(Ordering::Relaxed) == relid.to_u32()
+    {
+        JUDGED_TABLE.store(0, Ordering::Relaxed);
     }
-    // SAFETY: backend-global transaction state, read on the backend's only thread; the
-    // relation is opened, checked and closed here (its lock kept to the end of the
-    // transaction, as an UPDATE keeps it).
+}
+
+/// Whether this call may change a bucket row directly: the setting, the transaction and
+/// the hooks, then the table's shape (judged once per relcache entry).
+pub(crate) fn applies() -> bool {
+    if !DIRECT_WRITES.get() {
+        return false;
+    }
+    // SAFETY: backend-global transaction state and hook, read on the backend's only thread.
     unsafe {
-        if pg_sys::XactReadOnly || pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
-            return None;
-        }
+        !pg_sys::XactReadOnly
+            && pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32
+            && std::ptr::addr_of!(pg_sys::ExecutorCheckPerms_hook).read().is_none()
+    }
+}
+
+/// Changes the bucket row of `key` by `decide`; None where the guarded UPDATE must run
+/// (the table is not in the shape [`Shape`] requires). Call only where [`applies`].
+pub(crate) fn change_bucket(key: &str, decide: &Decide<BucketState>) -> Option<ChangeResult<BucketState>> {
+    // SAFETY: the relation is opened, checked and closed here (its lock kept to the end of
+    // the transaction, as an UPDATE keeps it).
+    unsafe {
         let namespace = pg_sys::get_namespace_oid(c"ratelimit".as_ptr(), true);
         let table = pg_sys::get_relname_relid(c"rl_bucket".as_ptr(), namespace);
         if table == pg_sys::InvalidOid {
             return None;
         }
         let rel = pg_sys::table_open(table, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-        let changed = key_index(rel).map(|index| change_in(rel, index, key, decide));
+        let user = pg_sys::GetUserId();
+        // the lock taken above has run every invalidation queued for the table
+        if JUDGED_TABLE.load(Ordering::Relaxed) != table.to_u32()
+            || JUDGED_USER.load(Ordering::Relaxed) != user.to_u32()
+        {
+            let index = Shape::judge(rel, user).usable_index();
+            USABLE_INDEX.store(index.map_or(0, |i| i.to_u32()), Ordering::Relaxed);
+            JUDGED_USER.store(user.to_u32(), Ordering::Relaxed);
+            JUDGED_TABLE.store(table.to_u32(), Ordering::Relaxed);
+        }
+        let index = match USABLE_INDEX.load(Ordering::Relaxed) {
+            0 => None,
+            oid => Some(pg_sys::Oid::from(oid)),
+        };
+        let changed = index.map(|index| change_in(rel, index, key, decide));
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
         changed.map(Ok)
     }
 }
 
-/// The primary key of `rel`, if rl_bucket is still the plain heap table the extension
-/// made, with that key as its only index.
+/// What the direct write needs of rl_bucket, each a way the guarded UPDATE would act
+/// differently if it did not hold.
+#[derive(Debug, Default)]
+struct Shape {
+    /// a plain heap table (not partitioned, a view or a foreign table), not a partition,
+    /// without inheritance children
+    plain_heap: bool,
+    /// no row trigger, rule or row security: the UPDATE would run or obey them
+    nothing_fires: bool,
+    /// the four columns of sql/pg_schema.sql, no identity or generated column
+    columns: bool,
+    /// no CHECK constraint, valid or NOT VALID: the UPDATE checks every one
+    no_checks: bool,
+    /// published for updates by no publication (with a row filter or a column list, the
+    /// UPDATE fails where the replica identity does not cover them; with neither, the
+    /// executor's replica identity check is the UPDATE's to make)
+    unpublished: bool,
+    /// the caller may UPDATE and SELECT the table, as the UPDATE's permission check asks
+    permitted: bool,
+    /// the primary key on exactly (key), the only index: btree, valid, text's default
+    /// operator class, the column's collation, which is deterministic
+    key_index: Option<pg_sys::Oid>,
+}
+
+impl Shape {
+    /// # Safety
+    /// `rel` is open.
+    unsafe fn judge(rel: pg_sys::Relation, user: pg_sys::Oid) -> Shape {
+        // SAFETY: as the function's contract says; the lists are fresh copies.
+        unsafe {
+            let form = &*(*rel).rd_rel;
+            let desc = PgTupleDesc::from_pg_unchecked((*rel).rd_att);
+            let constr = (*(*rel).rd_att).constr;
+            let mut publication: pg_sys::PublicationDesc = std::mem::zeroed();
+            pg_sys::RelationBuildPublicationDesc(rel, &mut publication);
+            let acl =
+                pg_sys::pg_class_aclcheck(form.oid, user, (pg_sys::ACL_UPDATE | pg_sys::ACL_SELECT) as pg_sys::AclMode);
+            Shape {
+                plain_heap: form.relkind as u8 == pg_sys::RELKIND_RELATION
+                    && !form.relispartition
+                    && !form.relhassubclass
+                    && std::ptr::eq((*rel).rd_tableam, pg_sys::GetHeapamTableAmRoutine()),
+                nothing_fires: (*rel).trigdesc.is_null()
+                    && (*rel).rd_rules.is_null()
+                    && !form.relhasrules
+                    && !form.relrowsecurity
+                    && form.relreplident as u8 == pg_sys::REPLICA_IDENTITY_DEFAULT,
+                columns: desc.len() == COLUMNS.len()
+                    && desc.iter().zip(COLUMNS).all(|(att, type_oid)| {
+                        !att.attisdropped && att.atttypid == type_oid && att.attidentity == 0 && att.attgenerated == 0
+                    }),
+                no_checks: constr.is_null() || (*constr).num_check == 0,
+                unpublished: !publication.pubactions.pubupdate,
+                permitted: acl == pg_sys::AclResult::ACLCHECK_OK,
+                key_index: key_index(rel, &desc),
+            }
+        }
+    }
+
+    fn usable_index(&self) -> Option<pg_sys::Oid> {
+        let Shape { plain_heap, nothing_fires, columns, no_checks, unpublished, permitted, key_index } = *self;
+        (plain_heap && nothing_fires && columns && no_checks && unpublished && permitted).then_some(key_index).flatten()
+    }
+}
+
+/// The primary key of `rel` if it is its only index and exactly the one the extension
+/// made: a valid btree on `(key)` alone, no INCLUDE columns, text's default operator
+/// class, and the database's default collation (a deterministic one) on column and key.
 ///
 /// # Safety
-/// `rel` is open.
-unsafe fn key_index(rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
-    // SAFETY: as the function's contract says; the index list is a fresh copy.
+/// `rel` is open; `desc` is its tuple descriptor.
+unsafe fn key_index(rel: pg_sys::Relation, desc: &PgTupleDesc) -> Option<pg_sys::Oid> {
+    // SAFETY: as the function's contract says; the index is opened and closed here.
     unsafe {
-        let form = &*(*rel).rd_rel;
-        let plain = form.relkind as u8 == pg_sys::RELKIND_RELATION
-            && form.relreplident as u8 == pg_sys::REPLICA_IDENTITY_DEFAULT
-            && !form.relrowsecurity
-            && (*rel).trigdesc.is_null()
-            && std::ptr::eq((*rel).rd_tableam, pg_sys::GetHeapamTableAmRoutine());
-        let desc = PgTupleDesc::from_pg_unchecked((*rel).rd_att);
-        let columns = desc.len() == COLUMNS.len()
-            && desc.iter().zip(COLUMNS).all(|(att, type_oid)| !att.attisdropped && att.atttypid == type_oid);
-        if !plain || !columns {
+        let indexes = pg_sys::RelationGetIndexList(rel);
+        let only = (!indexes.is_null() && (*indexes).length == 1).then(|| (*(*indexes).elements).oid_value)?;
+        if only != (*rel).rd_pkindex || desc.is_empty() {
             return None;
         }
-        let indexes = pg_sys::RelationGetIndexList(rel);
-        let only = (!indexes.is_null() && (*indexes).length == 1).then(|| (*(*indexes).elements).oid_value);
-        only.filter(|&index| index == (*rel).rd_pkindex)
+        let index_rel = pg_sys::index_open(only, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let index = &*(*index_rel).rd_index;
+        let key_column = desc.get(0)?;
+        let text_ops = pg_sys::GetDefaultOpClass(pg_sys::TEXTOID, pg_sys::BTREE_AM_OID);
+        let exact = (*(*index_rel).rd_rel).relam == pg_sys::BTREE_AM_OID
+            && index.indisprimary
+            && index.indisunique
+            && index.indisvalid
+            && index.indisready
+            && index.indislive
+            && index.indnatts == 1
+            && index.indnkeyatts == 1
+            && index.indkey.values.as_slice(1)[0] == 1
+            && text_ops != pg_sys::InvalidOid
+            && *(*index_rel).rd_opfamily == pg_sys::get_opclass_family(text_ops)
+            && *(*index_rel).rd_opcintype == pg_sys::TEXTOID
+            && key_column.attcollation == pg_sys::DEFAULT_COLLATION_OID
+            && *(*index_rel).rd_indcollation == pg_sys::DEFAULT_COLLATION_OID
+            && pg_sys::get_collation_isdeterministic(pg_sys::DEFAULT_COLLATION_OID);
+        pg_sys::index_close(index_rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        exact.then_some(only)
     }
 }
 
@@ -119,7 +242,7 @@ unsafe fn change_in(
         pg_sys::index_endscan(scan);
 
         let changed = if found {
-            write_decided(rel, index_rel, snapshot, slot, decide)
+            write_decided(rel, index_rel, snapshot, slot, key, decide)
         } else {
             Changed { decided_on: None, written: false }
         };
@@ -134,7 +257,8 @@ unsafe fn change_in(
 }
 
 /// Decides on the row in `slot` and writes what the decision wants; on a row another
-/// transaction changed first, locks its newest version and decides again.
+/// transaction changed first, locks its newest version (in the mode heap_update asked
+/// for), tests its key again and decides again, as EvalPlanQual does for the UPDATE.
 ///
 /// # Safety
 /// As [`change_in`]; `slot` holds a row of `rel` found under `snapshot`.
@@ -143,13 +267,19 @@ unsafe fn write_decided(
     index_rel: pg_sys::Relation,
     snapshot: pg_sys::Snapshot,
     slot: *mut pg_sys::TupleTableSlot,
+    key: &str,
     decide: &Decide<BucketState>,
 ) -> Changed<BucketState> {
     // SAFETY: as the function's contract says.
     unsafe {
         let command = pg_sys::GetCurrentCommandId(true);
+        let mut newest_version = false;
         loop {
             let (row, mut values) = read_row(rel, slot);
+            // the UPDATE's WHERE key = $1, tested again on the newest version
+            if newest_version && String::from_datum(values[0], false).as_deref() != Some(key) {
+                return Changed { decided_on: None, written: false };
+            }
             let Some(new) = decide(&row) else { return Changed { decided_on: Some(row), written: false } };
             values[1] = new.level.into_datum().expect("a float8 datum");
             values[2] = new.refilled_at.into_datum().expect("an int8 datum");
@@ -158,7 +288,7 @@ unsafe fn write_decided(
             let tuple = pg_sys::heap_form_tuple((*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             let mut old_tid = (*slot).tts_tid;
             let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-            let (result, index_too) = update_waiting(rel, &mut old_tid, tuple, command, &mut failure);
+            let (result, index_too, lock_mode) = update_waiting(rel, &mut old_tid, tuple, command, &mut failure);
             match result {
                 pg_sys::TM_Result::TM_Ok => {
                     if index_too {
@@ -178,13 +308,16 @@ unsafe fn write_decided(
                         snapshot,
                         slot,
                         command,
-                        pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
+                        lock_mode,
                         pg_sys::LockWaitPolicy::LockWaitBlock,
                         pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8,
                         &mut failure,
                     );
                     match locked {
-                        pg_sys::TM_Result::TM_Ok => continue,
+                        pg_sys::TM_Result::TM_Ok => {
+                            newest_version = true;
+                            continue;
+                        }
                         // deleted meanwhile (a sweep): as the UPDATE, change nothing
                         pg_sys::TM_Result::TM_Deleted => return Changed { decided_on: Some(row), written: false },
                         other => pgrx::error!("could not lock the bucket row to change it (result {other})"),
@@ -198,7 +331,8 @@ unsafe fn write_decided(
 }
 
 /// heap_update of `tid` to `tuple`, waiting for a concurrent writer as an UPDATE does;
-/// with whether the new version needs an index entry (it left the page: not HOT).
+/// with whether the new version needs an index entry (it left the page: not HOT) and the
+/// lock mode to take the newest version in when another transaction updated it first.
 ///
 /// # Safety
 /// As [`write_decided`]; `tuple` is a new version of the row at `tid`.
@@ -208,7 +342,7 @@ unsafe fn update_waiting(
     tuple: pg_sys::HeapTuple,
     command: pg_sys::CommandId,
     failure: &mut pg_sys::TM_FailureData,
-) -> (pg_sys::TM_Result::Type, bool) {
+) -> (pg_sys::TM_Result::Type, bool, pg_sys::LockTupleMode::Type) {
     let mut lock_mode: pg_sys::LockTupleMode::Type = 0;
     // SAFETY: as the function's contract says; no crosscheck snapshot, as for an UPDATE.
     unsafe {
@@ -224,7 +358,7 @@ unsafe fn update_waiting(
             pg_sys::heap_update(rel, tid, tuple, command, null_mut(), true, failure, &mut lock_mode, &mut indexes);
         #[cfg(not(feature = "pg15"))]
         let index_too = indexes == pg_sys::TU_UpdateIndexes::TU_All;
-        (result, index_too)
+        (result, index_too, lock_mode)
     }
 }
 

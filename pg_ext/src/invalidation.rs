@@ -30,6 +30,8 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
         CHECKS_EPOCH.fetch_add(1, Ordering::Relaxed);
         POLICY_TABLE.store(0, Ordering::Relaxed);
     }
+    // rl_bucket altered, or anything it depends on: its shape is judged again
+    crate::heap_change::forget(relid);
     // Citus invalidates a table it distributes (or undistributes).
     if everything || STATE_TABLES.iter().any(|t| t.load(Ordering::Relaxed) == relid.to_u32()) {
         DISTRIBUTED.store(UNKNOWN, Ordering::Relaxed);

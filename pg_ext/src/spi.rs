@@ -12,7 +12,7 @@ use ratelimit_core::bucket::BucketState;
 use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::functions::SqlType;
 use ratelimit_core::sql::{self, Statement, Value};
-use ratelimit_core::sql_store::{SqlEngine, SqlStore};
+use ratelimit_core::sql_store::{BucketWrite, SqlEngine, SqlStore};
 use ratelimit_core::store::ChangeResult;
 use ratelimit_core::{StoreError, StoreResult};
 
@@ -202,6 +202,16 @@ impl SqlEngine for PgEngine<'_, '_> {
         invalidation::state_is_distributed(sharded)
             .map(|distributed| !distributed)
             .map_err(|message| StoreError { message, engine_code: None })
+    }
+
+    fn bucket_write(&mut self) -> StoreResult<BucketWrite> {
+        Ok(if !self.runs_guarded_updates()? {
+            BucketWrite::LockAndCompare
+        } else if crate::heap_change::applies() {
+            BucketWrite::InPlace
+        } else {
+            BucketWrite::GuardedUpdate
+        })
     }
 
     fn change_bucket_in_place(&mut self, key: &str, decide: &Decide<BucketState>) -> Option<ChangeResult<BucketState>> {

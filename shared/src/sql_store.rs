@@ -6,12 +6,12 @@ use crate::bucket;
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::decision_slot::{self, Decide};
-use crate::take_all::BucketItem;
 use crate::sql::{Statement, Value};
 use crate::store::{
     BucketRows, BudgetAt, ChangeResult, Changed, PolicyGuard, RowAt, StoreError, StoreResult, StoredPolicy, TableRow,
     TableRows,
 };
+use crate::take_all::BucketItem;
 use crate::units::Period;
 
 /// What an SQL engine provides.
@@ -34,9 +34,14 @@ pub trait SqlEngine {
     fn runs_guarded_updates(&mut self) -> StoreResult<bool> {
         Ok(true)
     }
-    /// Changes the bucket row of `key` as the guarded UPDATE would, without a statement:
-    /// the engine finds the row, decides on it, writes, and decides again on a newer
-    /// version it meets. None: the engine cannot here, so the guarded UPDATE runs.
+    /// How this call changes a bucket row: the one place the choice is made.
+    fn bucket_write(&mut self) -> StoreResult<BucketWrite> {
+        Ok(if self.runs_guarded_updates()? { BucketWrite::GuardedUpdate } else { BucketWrite::LockAndCompare })
+    }
+    /// Changes the bucket row of `key` as the guarded UPDATE would, without a statement
+    /// ([`BucketWrite::InPlace`]): the engine finds the row, decides on it, writes, and
+    /// decides again on a newer version it meets. None: the table is not in a shape that
+    /// allows it, so the guarded UPDATE runs.
     fn change_bucket_in_place(
         &mut self,
         _key: &str,
@@ -52,6 +57,24 @@ pub trait SqlEngine {
     fn checks_epoch(&mut self) -> Option<u64>;
     /// See [`TableRows::checks_changed`].
     fn checks_changed(&mut self) -> StoreResult<()>;
+}
+
+/// The ways a bucket row (rl_take, rl_refund, rl_charge) is changed, chosen per call by
+/// [`SqlEngine::bucket_write`]. ARCHITECTURE.md's table says when each applies and which
+/// tests cover it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketWrite {
+    /// `sql/bucket_change.sql`: one UPDATE whose WHERE and SET clauses ask the decision of
+    /// the call in progress ([`decision_slot`]). SQLite always; PostgreSQL by default.
+    GuardedUpdate,
+    /// The engine changes the row itself as the guarded UPDATE would
+    /// ([`SqlEngine::change_bucket_in_place`]): PostgreSQL with `pg_ratelimit.direct_writes`
+    /// on, in a read committed, writable transaction; the guarded UPDATE still runs where
+    /// the table's shape does not allow it.
+    InPlace,
+    /// The row locked FOR UPDATE, decided on, then compared and set: where the engine
+    /// refuses guarded UPDATEs (Citus's distributed tables).
+    LockAndCompare,
 }
 
 /// A store over an SQL engine.
@@ -115,12 +138,17 @@ impl<E: SqlEngine> BucketRows for SqlStore<E> {
     }
 
     fn change_bucket(&mut self, key: &str, decide: Decide<BucketState>) -> ChangeResult<BucketState> {
-        if !self.0.runs_guarded_updates()? {
-            let row = self.bucket(Statement::BucketLock, key)?;
-            return change_held(row, decide, |new, old| self.replace_bucket(key, old, new));
-        }
-        if let Some(changed) = self.0.change_bucket_in_place(key, &decide) {
-            return changed;
+        match self.0.bucket_write()? {
+            BucketWrite::LockAndCompare => {
+                let row = self.bucket(Statement::BucketLock, key)?;
+                return change_held(row, decide, |new, old| self.replace_bucket(key, old, new));
+            }
+            BucketWrite::InPlace => {
+                if let Some(changed) = self.0.change_bucket_in_place(key, &decide) {
+                    return changed;
+                }
+            }
+            BucketWrite::GuardedUpdate => {}
         }
         let (written, decided_on) = decision_slot::with_decision(&decision_slot::BUCKET, decide, || {
             self.0.execute(Statement::BucketChange, &[Value::Text(key)])
