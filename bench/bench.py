@@ -275,6 +275,27 @@ SQL_DB = "rl_bench_sql"
 EDITION_FUNCTIONS = ["rl_take", "rl_spend", "rl_window", "rl_check (one bucket)"]
 
 
+def hot_key_section():
+    """One key taken by every client (a global limit) beside 100,000 keys, for each store,
+    8 and 32 clients, synchronous_commit on and off, in one interleaved run. A table-store
+    take holds its row lock until its commit is flushed, so one key admits about one call
+    per WAL flush; the memory store writes no WAL."""
+    print("hot key: setup", file=sys.stderr)
+    setup_postgres(KEYS)
+    subprocess.run(["psql", "-X", "-q", "-d", DB, "-c", "SET pg_ratelimit.buckets = 'memory'", "-c",
+                    f"SELECT count(rl_take('k' || g, {BIG})) FROM generate_series(1, {KEYS}) g"],
+                   check=True, stdout=subprocess.DEVNULL)
+    take = PG_SCRIPTS["rl_take"]
+    matrix = {}
+    for sync in (True, False):
+        for store in ("table", "memory"):
+            for clients in (8, 32):
+                for keys in (1, KEYS):
+                    matrix[(store, sync, clients, keys)] = \
+                        (lambda b=store, y=sync, c=clients, k=keys: pgbench(take, c, k, y, b))
+    return run_matrix(matrix)
+
+
 def edition_section():
     """The SQL edition (managed PostgreSQL) beside the native table store: the same calls on
     the same rows in two databases of one cluster, 8 clients, synchronous_commit on and off."""
@@ -405,6 +426,9 @@ def main():
 
     if os.environ.get("RL_BENCH_ONLY") == "kinds":
         report.write_kinds(*kinds_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "hotkey":
+        report.write_hot_key(hot_key_section())
         return
     if os.environ.get("RL_BENCH_ONLY") == "edition":
         report.write_edition(edition_section())

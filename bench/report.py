@@ -174,6 +174,27 @@ def write_kinds(cells, sizes):
         f.write("\n".join(lines))
 
 
+def write_hot_key(cells):
+    reps, seconds = os.environ.get("RL_BENCH_REPS", "3"), os.environ.get("RL_BENCH_SECONDS", "3")
+    lines = ["# One hot key beside many keys", "",
+             f"One interleaved run (`RL_BENCH_REPS={reps} RL_BENCH_SECONDS={seconds} RL_BENCH_ONLY=hotkey bash "
+             f"scripts/bench.sh`), medians of {reps} runs of {seconds} s per cell; 2 cores, PostgreSQL 15, pgbench "
+             "with prepared statements, every call admitted: `rl_take` on one key that every client takes from (a "
+             "global limit) beside 100,000 keys taken at random.", "",
+             "| store | synchronous_commit | clients | one key calls/s | 100,000 keys calls/s | one key / many | "
+             "one key p99 ms |", "|---|---|---|---|---|---|---|"]
+    for (store, sync, clients, keys), cell in cells.items():
+        if keys != 1:
+            continue
+        many = cells[(store, sync, clients, max(k for (_, _, _, k) in cells))]
+        lines.append(f"| {store} | {'on' if sync else 'off'} | {clients} | {cell['calls_per_s']:,.0f} | "
+                     f"{many['calls_per_s']:,.0f} | {cell['calls_per_s'] / many['calls_per_s']:.2f}x | "
+                     f"{cell['p99_ms']:.2f} |")
+    lines.append("")
+    with open(os.path.join(RESULTS, "hot_key.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
 def write_edition(cells):
     reps, seconds = os.environ.get("RL_BENCH_REPS", "3"), os.environ.get("RL_BENCH_SECONDS", "3")
     lines = ["# The SQL edition beside the native table store", "",
