@@ -37,8 +37,14 @@ impl<'a> Given<'a> {
 }
 
 /// What a descriptor without the parameter asked for reads: NULL, under a name that says so.
-static NO_SUCH_PARAMETER: Param =
-    Param { name: "?", sql_type: SqlType::Text, default: None, variadic: false, zero_allowed: false };
+static NO_SUCH_PARAMETER: Param = Param {
+    name: "?",
+    sql_type: SqlType::Text,
+    default: None,
+    variadic: false,
+    zero_allowed: false,
+    rule: crate::functions::Rule::Unchecked,
+};
 
 /// A call's arguments beside its descriptor's parameters (the count was checked before).
 #[derive(Debug, Clone, Copy)]

@@ -41,6 +41,54 @@ pub struct Param {
     pub variadic: bool,
     /// A cost that may be 0 (the peeks, where 0 reads what is left).
     pub zero_allowed: bool,
+    /// How the argument is checked: the rule the native library applies through `args`
+    /// and the SQL edition through the helper [`Rule::edition_helper`] names.
+    pub rule: Rule,
+}
+
+/// The rule an argument is checked by. The SQL edition's bodies that say `@ARGUMENTS@`
+/// get one line per ruled parameter, in the parameters' order (`sql_edition::arguments`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Checked by the function's own code (JSON, integers, leases).
+    Unchecked,
+    /// `args::key`: a name that is no policy key.
+    Key,
+    /// `args::name`: non-empty text of at most MAX_KEY_BYTES bytes.
+    Name,
+    /// `args::token_number`: a bucket's number, above 0 and at most MAX_TOKENS.
+    Tokens,
+    /// The same, or 0 (a peek).
+    PeekTokens,
+    /// `args::amount_micros`: an exact amount in millionths.
+    Amount,
+    /// The same, or 0 (a peek).
+    PeekAmount,
+    /// `args::duration_ms`: seconds above 0, at most a year, kept to the millisecond.
+    Duration,
+    /// `args::period`: 'day' or 'month'.
+    Period,
+    /// The explicit clock, or the real one.
+    Now,
+}
+
+impl Rule {
+    /// The edition's helper for the rule, the type it returns, and whether it is given the
+    /// argument's name (for its errors); None for [`Rule::Unchecked`].
+    pub fn edition_helper(self) -> Option<(&'static str, &'static str, bool)> {
+        Some(match self {
+            Rule::Unchecked => return None,
+            Rule::Key => ("rl__key", "text", false),
+            Rule::Name => ("rl__name", "text", true),
+            Rule::Tokens => ("rl__tokens", "double precision", true),
+            Rule::PeekTokens => ("rl__peek_tokens", "double precision", true),
+            Rule::Amount => ("rl__micros_of", "bigint", true),
+            Rule::PeekAmount => ("rl__peek_micros", "bigint", true),
+            Rule::Duration => ("rl__duration_ms", "bigint", true),
+            Rule::Period => ("rl__period", "text", false),
+            Rule::Now => ("rl__now", "bigint", false),
+        })
+    }
 }
 
 impl Param {
@@ -55,11 +103,11 @@ impl Param {
 }
 
 const fn required(name: &'static str, sql_type: SqlType) -> Param {
-    Param { name, sql_type, default: None, variadic: false, zero_allowed: false }
+    Param { name, sql_type, default: None, variadic: false, zero_allowed: false, rule: Rule::Unchecked }
 }
 
 const fn optional(name: &'static str, sql_type: SqlType, default: &'static str) -> Param {
-    Param { name, sql_type, default: Some(default), variadic: false, zero_allowed: false }
+    Param { name, sql_type, default: Some(default), variadic: false, zero_allowed: false, rule: Rule::Unchecked }
 }
 
 /// How a function is run, which decides how each engine declares it.
@@ -258,27 +306,39 @@ impl Function {
     }
 }
 
-const KEY: Param = required("key", SqlType::Text);
-const BURST: Param = required("burst", SqlType::Float8);
-const REFILL: Param = required("refill_per_minute", SqlType::Float8);
-const PERIOD: Param = required("period", SqlType::Text);
-const QUOTA: Param = required("quota", SqlType::Float8);
-const AMOUNT: Param = required("amount", SqlType::Float8);
-const COST: Param = optional("cost", SqlType::Float8, "1");
-const PEEK_COST: Param = Param { zero_allowed: true, ..COST };
-const NOW_MS: Param = optional("now_ms", SqlType::Float8, "NULL");
+const fn ruled(param: Param, rule: Rule) -> Param {
+    Param { rule, ..param }
+}
+const KEY: Param = ruled(required("key", SqlType::Text), Rule::Key);
+const BURST: Param = ruled(required("burst", SqlType::Float8), Rule::Tokens);
+const REFILL: Param = ruled(required("refill_per_minute", SqlType::Float8), Rule::Tokens);
+const PERIOD: Param = ruled(required("period", SqlType::Text), Rule::Period);
+const QUOTA: Param = ruled(required("quota", SqlType::Float8), Rule::Amount);
+/// A bucket's tokens given back or charged.
+const AMOUNT: Param = ruled(required("amount", SqlType::Float8), Rule::Tokens);
+/// A budget's amount given back or charged.
+const BUDGET_AMOUNT: Param = ruled(AMOUNT, Rule::Amount);
+/// A bucket's cost.
+const COST: Param = ruled(optional("cost", SqlType::Float8, "1"), Rule::Tokens);
+const PEEK_COST: Param = Param { zero_allowed: true, rule: Rule::PeekTokens, ..COST };
+/// A budget's or a window's cost (an exact amount).
+const AMOUNT_COST: Param = ruled(COST, Rule::Amount);
+const PEEK_AMOUNT_COST: Param = Param { zero_allowed: true, rule: Rule::PeekAmount, ..COST };
+const NOW_MS: Param = ruled(optional("now_ms", SqlType::Float8, "NULL"), Rule::Now);
 const TAKE_ARGS: &[Param] = &[KEY, BURST, REFILL, COST, NOW_MS];
 const PEEK_ARGS: &[Param] = &[KEY, BURST, REFILL, PEEK_COST, NOW_MS];
-const WINDOW_LIMIT: Param = required("limit", SqlType::Float8);
-const WINDOW_SECONDS: Param = required("window_seconds", SqlType::Float8);
-const WINDOW_ARGS: &[Param] = &[KEY, WINDOW_LIMIT, WINDOW_SECONDS, COST, NOW_MS];
-const WINDOW_PEEK_ARGS: &[Param] = &[KEY, WINDOW_LIMIT, WINDOW_SECONDS, PEEK_COST, NOW_MS];
+const WINDOW_LIMIT: Param = ruled(required("limit", SqlType::Float8), Rule::Amount);
+const WINDOW_SECONDS: Param = ruled(required("window_seconds", SqlType::Float8), Rule::Duration);
+const WINDOW_ARGS: &[Param] = &[KEY, WINDOW_LIMIT, WINDOW_SECONDS, AMOUNT_COST, NOW_MS];
+const WINDOW_PEEK_ARGS: &[Param] = &[KEY, WINDOW_LIMIT, WINDOW_SECONDS, PEEK_AMOUNT_COST, NOW_MS];
 const LEASE: Param = required("lease", SqlType::Text);
-const SUBJECT: Param = required("subject", SqlType::Text);
+const SUBJECT: Param = ruled(required("subject", SqlType::Text), Rule::Name);
+const POLICY_NAME: Param = ruled(required("name", SqlType::Text), Rule::Name);
+const POLICY: Param = ruled(required("policy", SqlType::Text), Rule::Name);
 const BLOCK_KEYS: &[&str] = &["strikes", "blocked", "blocked_until", "retry_after_seconds"];
-const LEASE_SECONDS: Param = required("lease_seconds", SqlType::Float8);
-const SPEND_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, COST, NOW_MS];
-const BUDGET_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, PEEK_COST, NOW_MS];
+const LEASE_SECONDS: Param = ruled(required("lease_seconds", SqlType::Float8), Rule::Duration);
+const SPEND_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, AMOUNT_COST, NOW_MS];
+const BUDGET_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, PEEK_AMOUNT_COST, NOW_MS];
 
 /// What rl_take and rl_window answer alike; each adds the rate it was given as a time.
 const ADMISSION_KEYS: [&str; 7] =
@@ -338,7 +398,7 @@ mod table {
         ..state("rl_refund", StateCall::Refund, &[KEY, BURST, REFILL, AMOUNT, NOW_MS],
         "give amount tokens back to a bucket, never above burst; returns the new state as jsonb") };
     pub const RL_REFUND_BUDGET: Function = Function { result_keys: &["used", "resets_at"],
-        ..state("rl_refund_budget", StateCall::RefundBudget, &[KEY, PERIOD, AMOUNT, NOW_MS],
+        ..state("rl_refund_budget", StateCall::RefundBudget, &[KEY, PERIOD, BUDGET_AMOUNT, NOW_MS],
         "lower the current period's used by amount, never below 0; returns the new state as jsonb") };
     pub const RL_RESET: Function = Function { returns: Int8, admin_only: true, ..state("rl_reset", StateCall::Reset, &[KEY],
         "forget every bucket and budget under key; returns the number of rows removed") };
@@ -364,25 +424,25 @@ mod table {
         ..state("rl_charge", StateCall::Charge, &[KEY, BURST, REFILL, AMOUNT, NOW_MS],
         "take amount tokens from a bucket whatever its level, into debt if need be (a cost known after the work); returns jsonb") };
     pub const RL_CHARGE_BUDGET: Function = Function { result_keys: &["admitted", "used", "resets_at"],
-        ..state("rl_charge_budget", StateCall::ChargeBudget, &[KEY, PERIOD, AMOUNT, NOW_MS],
+        ..state("rl_charge_budget", StateCall::ChargeBudget, &[KEY, PERIOD, BUDGET_AMOUNT, NOW_MS],
         "add amount to the current period of a budget, past its quota if need be (a cost known after the work); returns jsonb") };
     pub const RL_POLICY_SET: Function = Function { admin_only: true,
-        ..state("rl_policy_set", StateCall::PolicySet, &[required("name", Text), required("definition", Jsonb)],
+        ..state("rl_policy_set", StateCall::PolicySet, &[POLICY_NAME, required("definition", Jsonb)],
         "insert or replace a policy: limits (buckets, budgets, windows), tiers (name to multiplier) and shadow, validated whole; returns the stored definition (rl_admin only)") };
     pub const RL_POLICY_VALIDATE: Function = function("rl_policy_validate", Entry::Pure(PureCall::PolicyValidate),
         &[required("definition", Jsonb)], Jsonb, &["limits", "tiers", "shadow"],
         "validate a policy definition as rl_policy_set does, storing nothing: the same errors, naming the field; returns the definition with every field");
     pub const RL_POLICY_DROP: Function = Function { returns: Bool, admin_only: true,
-        ..state("rl_policy_drop", StateCall::PolicyDrop, &[required("name", Text)],
+        ..state("rl_policy_drop", StateCall::PolicyDrop, &[POLICY_NAME],
         "delete a policy; returns whether it existed (rl_admin only)") };
     pub const RL_CHECK: Function = Function {
         result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items", "policy", "tier", "shadow", "would_refuse", "blocked"],
         ..state("rl_check", StateCall::Check,
-        &[required("policy", Text), required("subject", Text), COST, optional("tier", Text, "NULL"), NOW_MS],
+        &[POLICY, SUBJECT, AMOUNT_COST, optional("tier", Text, "NULL"), NOW_MS],
         "apply every limit of a policy to subject, all or nothing, scaled by the tier's multiplier; returns jsonb") };
     pub const RL_REFUND_CHECK: Function = Function { result_keys: &["policy", "tier", "items"],
         ..state("rl_refund_check", StateCall::RefundCheck,
-        &[required("policy", Text), required("subject", Text), COST, optional("tier", Text, "NULL"), NOW_MS],
+        &[POLICY, SUBJECT, AMOUNT_COST, optional("tier", Text, "NULL"), NOW_MS],
         "give cost back to every limit of a policy for subject, scaled by the tier (after an admitted rl_check whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb") };
     pub const RL_PENALIZE: Function = Function { result_keys: BLOCK_KEYS,
         ..state("rl_penalize", StateCall::Penalize,

@@ -31,6 +31,48 @@ pub fn constants() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The PL/pgSQL variable a checked argument is kept in, by the parameter's name.
+fn variable_of(param: &str) -> Option<&'static str> {
+    Some(match param {
+        "key" => "k",
+        "burst" => "b",
+        "refill_per_minute" => "r",
+        "cost" => "c",
+        "amount" => "a",
+        "period" | "policy" => "p",
+        "quota" => "q",
+        "limit" => "lim",
+        "window_seconds" => "w",
+        "now_ms" => "now",
+        "subject" => "s",
+        "name" => "n",
+        _ => return None,
+    })
+}
+
+/// The DECLARE lines that check `f`'s arguments by their rules ([`crate::functions::Rule`]),
+/// in the order of its parameters, each kept in its variable: what `@ARGUMENTS@` stands for.
+pub fn arguments(f: &Function) -> String {
+    let mut out = Vec::new();
+    for param in f.params.iter() {
+        let Some((helper, pg_type, named)) = param.rule.edition_helper() else { continue };
+        let variable = variable_of(param.name)
+            .unwrap_or_else(|| panic!("{}: no edition variable for the argument {}", f.name, param.name));
+        let given = if named { format!("'{}', {}", param.name, param.pg_name()) } else { param.pg_name() };
+        out.push(format!("    {variable} {pg_type} := ratelimit.{helper}(fn, {given});"));
+    }
+    out.join("\n")
+}
+
+/// A body with its `@ARGUMENTS@` line, if it has one, replaced by [`arguments`].
+fn with_arguments(body: &str, f: &Function) -> String {
+    if body.contains("    @ARGUMENTS@") {
+        body.replace("    @ARGUMENTS@", &arguments(f))
+    } else {
+        body.to_string()
+    }
+}
+
 /// `text` with every `@NAME@` of [`constants`] (and `@VERSION@`) replaced.
 fn substitute(text: &str, version: &str) -> String {
     let mut out = text.replace("@VERSION@", version);
@@ -192,7 +234,7 @@ pub fn script(extension: bool) -> String {
             f.pg_arguments(),
             f.returns.pg_name(),
             attributes(f),
-            substitute(body.trim(), version)
+            substitute(&with_arguments(body.trim(), f), version)
         );
         out += &format!("COMMENT ON FUNCTION {} IS\n  '{}';\n\n", f.pg_signature(), quote(f.comment));
     }
@@ -232,6 +274,26 @@ mod tests {
         assert!(!plain.contains("SELECT pg_catalog.pg_extension_config_dump"));
         assert!(script(true).contains("SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_policy', '');"));
         assert!(!plain.contains("@VERSION@"));
+    }
+
+    #[test]
+    fn generated_argument_checks_call_helpers_that_exist_once_each() {
+        let bodies = bodies();
+        let mut generated = 0;
+        for f in offered() {
+            let Some((_, body)) = bodies.iter().find(|(n, _)| *n == f.name) else { continue };
+            if !body.contains("    @ARGUMENTS@") {
+                continue;
+            }
+            generated += 1;
+            let filled = with_arguments(body, f);
+            for line in arguments(f).lines() {
+                assert_eq!(filled.matches(line).count(), 1, "{}: {line}", f.name);
+                let helper = line.split("ratelimit.").nth(1).unwrap().split('(').next().unwrap();
+                assert!(HELPERS.contains(&format!("FUNCTION ratelimit.{helper}(")), "{helper} is no helper");
+            }
+        }
+        assert!(generated >= 15, "bodies whose argument checks are generated: {generated}");
     }
 
     #[test]

@@ -3,16 +3,14 @@
 -- defaults, volatility, security), comments and grants are generated from the native
 -- library's function table (shared/src/sql_edition.rs), so both editions declare the
 -- same functions. Arguments are checked in the order the native one parses them, so the
--- first bad one is the one named.
+-- first bad one is the one named. A body's `@ARGUMENTS@` line becomes one DECLARE line per
+-- argument with a rule in the function table (functions::Rule; sql_edition::arguments),
+-- in that order; the bodies without it check their arguments themselves.
 
 -- function: rl_take
 DECLARE
     fn CONSTANT text := 'rl_take';
-    k text := ratelimit.rl__key(fn, key);
-    b double precision := ratelimit.rl__tokens(fn, 'burst', burst);
-    r double precision := ratelimit.rl__tokens(fn, 'refill_per_minute', refill_per_minute);
-    c double precision := ratelimit.rl__tokens(fn, 'cost', cost);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
 BEGIN
     RETURN ratelimit.rl__bucket_change(fn, 'take', k, b, r, c, now);
 END
@@ -20,11 +18,7 @@ END
 -- function: rl_peek
 DECLARE
     fn CONSTANT text := 'rl_peek';
-    k text := ratelimit.rl__key(fn, key);
-    b double precision := ratelimit.rl__tokens(fn, 'burst', burst);
-    r double precision := ratelimit.rl__tokens(fn, 'refill_per_minute', refill_per_minute);
-    c double precision := ratelimit.rl__peek_tokens(fn, 'cost', cost);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
     row_level double precision;
     row_refilled_at bigint;
 BEGIN
@@ -35,11 +29,7 @@ END
 -- function: rl_refund
 DECLARE
     fn CONSTANT text := 'rl_refund';
-    k text := ratelimit.rl__key(fn, key);
-    b double precision := ratelimit.rl__tokens(fn, 'burst', burst);
-    r double precision := ratelimit.rl__tokens(fn, 'refill_per_minute', refill_per_minute);
-    a double precision := ratelimit.rl__tokens(fn, 'amount', amount);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
 BEGIN
     RETURN ratelimit.rl__bucket_change(fn, 'refund', k, b, r, a, now);
 END
@@ -47,11 +37,7 @@ END
 -- function: rl_charge
 DECLARE
     fn CONSTANT text := 'rl_charge';
-    k text := ratelimit.rl__key(fn, key);
-    b double precision := ratelimit.rl__tokens(fn, 'burst', burst);
-    r double precision := ratelimit.rl__tokens(fn, 'refill_per_minute', refill_per_minute);
-    a double precision := ratelimit.rl__tokens(fn, 'amount', amount);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
 BEGIN
     RETURN ratelimit.rl__bucket_change(fn, 'charge', k, b, r, a, now);
 END
@@ -59,11 +45,7 @@ END
 -- function: rl_spend
 DECLARE
     fn CONSTANT text := 'rl_spend';
-    k text := ratelimit.rl__key(fn, key);
-    p text := ratelimit.rl__period(fn, period);
-    q bigint := ratelimit.rl__micros_of(fn, 'quota', quota);
-    c bigint := ratelimit.rl__micros_of(fn, 'cost', cost);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
 BEGIN
     RETURN ratelimit.rl__budget_change(fn, 'spend', k, p, q, c, now);
 END
@@ -71,11 +53,7 @@ END
 -- function: rl_budget
 DECLARE
     fn CONSTANT text := 'rl_budget';
-    k text := ratelimit.rl__key(fn, key);
-    p text := ratelimit.rl__period(fn, period);
-    q bigint := ratelimit.rl__micros_of(fn, 'quota', quota);
-    c bigint := ratelimit.rl__peek_micros(fn, 'cost', cost);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
     row_used bigint;
     row_resets_at bigint;
 BEGIN
@@ -87,10 +65,7 @@ END
 -- function: rl_refund_budget
 DECLARE
     fn CONSTANT text := 'rl_refund_budget';
-    k text := ratelimit.rl__key(fn, key);
-    p text := ratelimit.rl__period(fn, period);
-    a bigint := ratelimit.rl__micros_of(fn, 'amount', amount);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
 BEGIN
     RETURN ratelimit.rl__budget_change(fn, 'refund', k, p, NULL, a, now);
 END
@@ -98,10 +73,7 @@ END
 -- function: rl_charge_budget
 DECLARE
     fn CONSTANT text := 'rl_charge_budget';
-    k text := ratelimit.rl__key(fn, key);
-    p text := ratelimit.rl__period(fn, period);
-    a bigint := ratelimit.rl__micros_of(fn, 'amount', amount);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
 BEGIN
     RETURN ratelimit.rl__budget_change(fn, 'charge', k, p, NULL, a, now);
 END
@@ -149,7 +121,7 @@ END
 -- function: rl_reset
 DECLARE
     fn CONSTANT text := 'rl_reset';
-    k text := ratelimit.rl__key(fn, key);
+    @ARGUMENTS@
     removed bigint := 0;
     n bigint;
 BEGIN
@@ -188,11 +160,7 @@ END
 -- function: rl_window
 DECLARE
     fn CONSTANT text := 'rl_window';
-    k text := ratelimit.rl__key(fn, key);
-    lim bigint := ratelimit.rl__micros_of(fn, 'limit', "limit");
-    w bigint := ratelimit.rl__duration_ms(fn, 'window_seconds', window_seconds);
-    c bigint := ratelimit.rl__micros_of(fn, 'cost', cost);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
 BEGIN
     RETURN ratelimit.rl__entries_change(fn, k, 'window', 'window',
         jsonb_build_object('limit', lim, 'window_ms', w, 'cost', c), now, '');
@@ -201,11 +169,7 @@ END
 -- function: rl_window_peek
 DECLARE
     fn CONSTANT text := 'rl_window_peek';
-    k text := ratelimit.rl__key(fn, key);
-    lim bigint := ratelimit.rl__micros_of(fn, 'limit', "limit");
-    w bigint := ratelimit.rl__duration_ms(fn, 'window_seconds', window_seconds);
-    c bigint := ratelimit.rl__peek_micros(fn, 'cost', cost);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
     seen text;
 BEGIN
     SELECT t.entries INTO seen FROM ratelimit.rl_entries AS t WHERE t.key = k AND t.kind = 'window';
@@ -258,8 +222,7 @@ END
 -- function: rl_in_flight
 DECLARE
     fn CONSTANT text := 'rl_in_flight';
-    k text := ratelimit.rl__key(fn, key);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
     seen text;
 BEGIN
     SELECT t.entries INTO seen FROM ratelimit.rl_entries AS t WHERE t.key = k AND t.kind = 'lease';
@@ -301,8 +264,7 @@ END
 -- function: rl_unblock
 DECLARE
     fn CONSTANT text := 'rl_unblock';
-    s text := ratelimit.rl__name(fn, 'subject', subject);
-    now bigint := ratelimit.rl__now(fn, now_ms);
+    @ARGUMENTS@
 BEGIN
     RETURN ratelimit.rl__entries_change(fn, s, 'block', 'unblock', '{}', now,
         ratelimit.rl__strikes_encode(0, 0, 0, false, NULL))::boolean;
@@ -339,7 +301,7 @@ END
 -- function: rl_policy_set
 DECLARE
     fn CONSTANT text := 'rl_policy_set';
-    n text := ratelimit.rl__name(fn, 'name', name);
+    @ARGUMENTS@
     p record;
 BEGIN
     IF definition IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'definition must be JSON, got NULL'); END IF;
@@ -371,7 +333,7 @@ END
 -- function: rl_policy_drop
 DECLARE
     fn CONSTANT text := 'rl_policy_drop';
-    n text := ratelimit.rl__name(fn, 'name', name);
+    @ARGUMENTS@
 BEGIN
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     DELETE FROM ratelimit.rl_policy AS t WHERE t.name = n;
