@@ -18,9 +18,13 @@ if ENGINE == "sqlite":
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": DB, "ATOMIC_REQUESTS": ATOMIC,
                              "OPTIONS": {"timeout": float(os.environ.get("RL_WEB_TIMEOUT") or 5)}}}
 else:
-    # persistent connections, as a deployment on PostgreSQL has them (one per request is slow)
-    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": DB.removeprefix("dbname="), "CONN_MAX_AGE": 60,
-                             "ATOMIC_REQUESTS": ATOMIC}}
+    # persistent connections under WSGI, as a deployment on PostgreSQL has them (one per
+    # request is slow); none under ASGI, as Django advises: there each request runs its
+    # database work in a thread of its own, and persistent connections pile up past the
+    # server's max_connections under a burst
+    ASGI = os.environ.get("RL_DJANGO_ASGI") == "1"
+    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": DB.removeprefix("dbname="),
+                             "CONN_MAX_AGE": 0 if ASGI else 60, "ATOMIC_REQUESTS": ATOMIC}}
 
 
 def _user(request):
