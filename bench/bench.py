@@ -323,6 +323,53 @@ def edition_section():
     return run_matrix(matrix)
 
 
+REFUSED_SUBJECTS = 256
+
+
+def refused_section():
+    """What the refused-subject summary costs a flood of refusals: rl_check refusing under a
+    policy that has a summary slot beside the same flood under a policy that has none (the
+    128 slots taken by other policies first), in one interleaved run, for both stores, 8
+    clients. 256 subjects, more than the summary's 64 entries, so most refusals replace an
+    entry (its dearest path)."""
+    print("refused summary: setup", file=sys.stderr)
+    setup_postgres(KEYS)
+    tight = json.dumps({"limits": [{"burst": 1, "refill_per_minute": 0.000001}]})
+    subjects = f"generate_series(1, {REFUSED_SUBJECTS}) s, generate_series(1, 2) twice"
+    psql("SELECT rl_stats_reset()")
+    for store in ("table", "memory"):
+        psql(f"SET pg_ratelimit.buckets = '{store}'; SELECT rl_policy_set('with_{store}', '{tight}'); "
+             f"SELECT count(rl_check('with_{store}', 's' || s)) FROM {subjects}")
+    psql(f"SELECT rl_policy_set('fill' || p, '{tight}') FROM generate_series(1, 126) p")
+    psql("SELECT count(rl_check('fill' || p, 'x')) FROM generate_series(1, 126) p, generate_series(1, 2) twice")
+    for store in ("table", "memory"):
+        psql(f"SET pg_ratelimit.buckets = '{store}'; SELECT rl_policy_set('without_{store}', '{tight}'); "
+             f"SELECT count(rl_check('without_{store}', 's' || s)) FROM {subjects}")
+    listed = psql_value("SELECT string_agg(DISTINCT policy, ' ') FROM rl_refused WHERE policy LIKE 'with%'")
+    assert listed == "with_memory with_table", f"only the policies with a slot have a summary: {listed}"
+    matrix = {}
+    for store in ("table", "memory"):
+        for summary in ("with", "without"):
+            script = f"\\set s random(1, {REFUSED_SUBJECTS})\nSELECT rl_check('{summary}_{store}', 's' || :s);"
+            matrix[(store, summary, "8 clients")] = (lambda sc=script, b=store: pgbench(sc, 8, KEYS, True, b))
+            matrix[(store, summary, "one statement")] = (lambda p=f"{summary}_{store}", b=store: refusals_in_one_statement(p, b))
+    cells = run_matrix(matrix)
+    # the summary's own work, apart from the noise of whole calls
+    record_ns = float(subprocess.run(["cargo", "run", "--release", "-q", "-p", "ratelimit_core", "--example",
+                                      "refused_record"], check=True, capture_output=True, text=True, cwd=ROOT).stdout)
+    return cells, record_ns
+
+
+def refusals_in_one_statement(policy, buckets, calls=100_000):
+    """Refusals per second of one backend calling rl_check `calls` times in one statement (no
+    client round trips or scheduling between calls: the steadiest view of a call's own cost)."""
+    out = subprocess.run(["psql", "-X", "-At", "-d", DB, "-c", f"SET pg_ratelimit.buckets = '{buckets}'", "-c",
+                          f"EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(rl_check('{policy}', 's' || (g % {REFUSED_SUBJECTS} + 1))) "
+                          f"FROM generate_series(1, {calls}) g"], check=True, capture_output=True, text=True).stdout
+    seconds = json.loads(out[out.index("["):])[0]["Execution Time"] / 1000
+    return {"calls_per_s": calls / seconds, "p50_ms": 1000 * seconds / calls, "p99_ms": 1000 * seconds / calls}
+
+
 BIG_KEYS = int(os.environ.get("RL_BENCH_BIG_KEYS", "10000000"))
 BIG_DB = "rl_bench_big"
 # rl_take's answer to every admitted call of the runs below, as a constant: what returning
@@ -429,6 +476,9 @@ def main():
         return
     if os.environ.get("RL_BENCH_ONLY") == "hotkey":
         report.write_hot_key(hot_key_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "refused":
+        report.write_refused(*refused_section())
         return
     if os.environ.get("RL_BENCH_ONLY") == "edition":
         report.write_edition(edition_section())

@@ -55,7 +55,9 @@ COMMENT ON FUNCTION rl_unblock(text, double precision) IS
 COMMENT ON FUNCTION rl_policy_stats() IS
   'counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked) since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)';
 COMMENT ON FUNCTION rl_stats_reset() IS
-  'forget the counts of rl_policy_stats; returns how many policies had some (rl_admin only)';
+  'forget the counts of rl_policy_stats and the subjects of rl_top_refused; returns how many policies had counts (rl_admin only)';
+COMMENT ON FUNCTION rl_top_refused(text, bigint) IS
+  'the n (1 to 64) subjects rl_check refused most under policy since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
 COMMENT ON FUNCTION rl_headers(jsonb) IS
   'HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result';
 COMMENT ON FUNCTION rl_version() IS
@@ -112,11 +114,12 @@ BEGIN
          'rl_unblock(text, double precision)',
          'rl_policy_stats()',
          'rl_stats_reset()',
+         'rl_top_refused(text, bigint)',
          'rl_self_test()']::regprocedure[]) AS f(oid)
         JOIN pg_catalog.pg_proc AS p ON p.oid OPERATOR(pg_catalog.=) f.oid
         UNION ALL
         SELECT 'TABLE', c.oid::regclass::text, c.relacl, 'r', c.relowner, CASE WHEN admin_role THEN 'SELECT' END, true
-        FROM pg_catalog.unnest(ARRAY['rl_policies', 'rl_blocks', 'rl_stats']::regclass[]) AS v(oid)
+        FROM pg_catalog.unnest(ARRAY['rl_policies', 'rl_blocks', 'rl_stats', 'rl_refused']::regclass[]) AS v(oid)
         JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) v.oid
         UNION ALL
         -- the application's: EXECUTE for PUBLIC, unless the function was there before (its
@@ -187,7 +190,7 @@ BEGIN
         FROM (SELECT 'table' AS kind, c.oid::regclass::text AS name, c.relacl AS acl, c.relowner AS owner
               FROM pg_catalog.pg_class AS c
               WHERE c.relnamespace OPERATOR(pg_catalog.=) 'ratelimit'::regnamespace
-                 OR c.oid OPERATOR(pg_catalog.=) ANY (ARRAY['rl_policies', 'rl_blocks', 'rl_stats']::regclass[]::oid[])
+                 OR c.oid OPERATOR(pg_catalog.=) ANY (ARRAY['rl_policies', 'rl_blocks', 'rl_stats', 'rl_refused']::regclass[]::oid[])
               UNION ALL
               SELECT 'function', p.oid::regprocedure::text, p.proacl, p.proowner FROM pg_catalog.pg_proc AS p
               WHERE p.pronamespace OPERATOR(pg_catalog.=) 'ratelimit'::regnamespace
@@ -198,6 +201,7 @@ BEGIN
          'rl_unblock(text, double precision)',
          'rl_policy_stats()',
          'rl_stats_reset()',
+         'rl_top_refused(text, bigint)',
          'rl_self_test()']::regprocedure[]::oid[])) AS x,
              pg_catalog.aclexplode(x.acl) AS a
         WHERE a.grantee OPERATOR(pg_catalog.<>) x.owner

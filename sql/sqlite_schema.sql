@@ -8,7 +8,8 @@
 -- PRAGMA user_version is the application's. A database without rl_meta was written by
 -- 0.1.0 or 0.2.0, in schema_version 1; schema_version 2 adds rl_entries, rl_policy, the
 -- views rl_policies, rl_blocks and rl_stats and the checks epoch (0.3.0), created on
--- first use.
+-- first use; the view rl_refused (0.4.0) is made with the tables, so a database whose
+-- tables 0.3.0 made lacks it until its CREATE VIEW below is run there.
 CREATE TABLE IF NOT EXISTS main.rl_bucket (
     key         TEXT    NOT NULL PRIMARY KEY,
     level       REAL    NOT NULL,
@@ -52,6 +53,10 @@ CREATE VIEW IF NOT EXISTS main.rl_stats AS
     SELECT key AS policy, json_extract(value, '$.admitted') AS admitted, json_extract(value, '$.refused') AS refused,
            json_extract(value, '$.would_refuse') AS would_refuse, json_extract(value, '$.refused_blocked') AS refused_blocked
     FROM json_each(rl_policy_stats(), '$.policies');
+CREATE VIEW IF NOT EXISTS main.rl_refused AS
+    SELECT p.key AS policy, json_extract(e.value, '$.subject') AS subject, json_extract(e.value, '$.refusals') AS refusals,
+           json_extract(e.value, '$.error') AS error, json_extract(e.value, '$.last_refused_ms') AS last_refused_ms
+    FROM json_each(rl_policy_stats(), '$.policies') AS p, json_each(rl_top_refused(p.key, 64), '$.subjects') AS e;
 CREATE TABLE IF NOT EXISTS main.rl_meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL

@@ -503,6 +503,11 @@ STEPS = [
      ("error", "rl_policy_validate: definition.limits item 1: period must be 'day' or 'month', got 'hour'")),
     ("rl_policy_validate", ("[]",), ("error", "rl_policy_validate: definition must be a JSON object with limits, and optionally tiers and shadow")),
     ("rl_policy_validate", (None,), ("error", "rl_policy_validate: definition must be JSON, got NULL")),
+    # rl_top_refused: n from 1 to the summary's 64 entries; the policy is a name
+    ("rl_top_refused", ("p", 0), ("error", "rl_top_refused: n must be an integer from 1 to 64, got 0")),
+    ("rl_top_refused", ("p", 65), ("error", "rl_top_refused: n must be an integer from 1 to 64, got 65")),
+    ("rl_top_refused", ("p", None), ("error", "rl_top_refused: n must be an integer from 1 to 64, got NULL")),
+    ("rl_top_refused", ("",), ("error", "rl_top_refused: policy must not be empty")),
     ("rl_check", ("x", "ann"), ("error", "rl_check: there is no policy named 'x'", "42704")),
     ("rl_policy_set", ("x", '{"limits": []}'), ("error", "rl_policy_set: definition.limits must hold 1 to 16 items, got 0")),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 0, "refill_per_minute": 5}]}'),

@@ -18,7 +18,7 @@ psycopg2 = pytest.importorskip("psycopg2")
 CALLS = int(os.environ.get("RL_DIFF_CALLS", "100000"))
 # Counters differ by design (the native ones count for the whole server, the edition's per
 # session), the memory store is the native extension's alone, and rl_version says which.
-LEFT_OUT = {"rl_policy_stats", "rl_stats_reset", "rl_memory_stats", "rl_version"}
+LEFT_OUT = {"rl_policy_stats", "rl_stats_reset", "rl_top_refused", "rl_memory_stats", "rl_version"}
 PARAMS = {f["name"]: f["params"] for f in FUNCTIONS}
 LAST_LEASE = "(the last lease this engine handed out on the key)"
 

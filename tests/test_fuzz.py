@@ -115,6 +115,8 @@ def random_call(rng, functions):
             args.append(rng.choice(NUMBERS))
         if rng.random() < 0.7 and (function != "rl_penalize" or len(args) == 5):
             args.append(rng.choice(CLOCKS))
+    elif function == "rl_top_refused":
+        args = [rng.choice(POLICIES + [None])] + ([rng.choice([1, 10, 64, 0, 65, -1, None])] if rng.random() < 0.7 else [])
     elif function == "rl_policy_drop":
         args = [rng.choice(POLICIES + [None, ""])]
     elif function in ("rl_check", "rl_refund_check"):
@@ -181,6 +183,12 @@ def check_answer(function, value):
         return
     if function in ("rl_refund_budget", "rl_charge_budget"):
         assert sorted(r) == sorted(RESULT_KEYS[function]) and r["used"] >= 0
+        return
+    if function == "rl_top_refused":
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and r["scope"] in ("server", "session", "process")
+        counts = [e["refusals"] for e in r["subjects"]]
+        assert counts == sorted(counts, reverse=True) and len(counts) <= 64
+        assert all(e["refusals"] > e["error"] >= 0 for e in r["subjects"])
         return
     if function == "rl_policy_stats":
         r = json.loads(value) if isinstance(value, str) else value

@@ -21,7 +21,7 @@ DOC = os.path.join(ROOT, "docs", "managed-postgres.md")
 # the public functions of each edition (the native one's also answers about its server)
 APP = {"sql": [f for f in FUNCTIONS if f["kind"] not in ("internal", "server")],
        "native": [f for f in FUNCTIONS if f["kind"] != "internal"]}
-ADMIN_VIEWS = ("rl_policies", "rl_blocks", "rl_stats")
+ADMIN_VIEWS = ("rl_policies", "rl_blocks", "rl_stats", "rl_refused")
 BROWSER_ROLES = ("anon", "authenticated", "service_role")
 RELEASED = os.path.join(ROOT, "sql", "edition", "released")
 
@@ -95,7 +95,8 @@ def assert_browser_roles_shut_out(conn, schema="public"):
                         f"""SELECT {schema}.rl_policy_set('p', '{{"limits": [{{"burst": 1, "refill_per_minute": 1}}]}}')""",
                         f"SELECT {schema}.rl_policy_drop('p')", f"SELECT {schema}.rl_stats_reset()",
                         f"SELECT * FROM {schema}.rl_blocks", f"SELECT * FROM {schema}.rl_policies",
-                        f"SELECT * FROM {schema}.rl_stats", "SELECT * FROM ratelimit.rl_bucket",
+                        f"SELECT * FROM {schema}.rl_stats", f"SELECT * FROM {schema}.rl_refused",
+                        f"SELECT {schema}.rl_top_refused('p')", "SELECT * FROM ratelimit.rl_bucket",
                         "UPDATE ratelimit.rl_entries SET entries = ''", "SELECT ratelimit.rl__ceil_seconds(1)"):
                 with pytest.raises(psycopg2.errors.InsufficientPrivilege):
                     cur.execute(sql)

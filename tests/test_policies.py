@@ -2,6 +2,7 @@
 totals when many sessions check one policy and subject, and the listing on both engines.
 Each answer's exact values are in the conformance list (tests/test_conformance.py)."""
 import json
+import sqlite3
 
 import pytest
 
@@ -103,6 +104,95 @@ def test_sqlite_counts_every_outcome_per_process(tmp_path):
     assert json.loads(a.execute("SELECT rl_policy_stats()").fetchone()[0])["scope"] == "process"
     assert a.execute("SELECT rl_stats_reset()").fetchone()[0] == 2
     assert a.execute("SELECT count(*) FROM rl_stats").fetchone()[0] == 0
+
+
+def refuse(conn, policy, subject, times):
+    for _ in range(times):
+        conn.execute("SELECT rl_check(?, ?)", (policy, subject)).fetchall()
+
+
+def test_sqlite_lists_the_subjects_refused_most(tmp_path):
+    """rl_top_refused and the view rl_refused: a space-saving summary of 64 subjects per
+    policy, per process; a listed count is at most `error` above the true one."""
+    path = str(tmp_path / "r.db")
+    a, b = sqlite_connect(path), sqlite_connect(path)
+    a.execute("SELECT rl_stats_reset()")
+    a.execute("SELECT rl_policy_set('login', ?), rl_policy_set('api', ?)", (COUNTED, COUNTED))
+    refuse(a, "login", "ip:1", 2 + 5)  # 2 admitted, 5 refused
+    refuse(b, "login", "ip:2", 2 + 2)  # another connection of the process
+    refuse(a, "api", "ip:1", 2 + 1)
+    a.execute("SELECT rl_block('ip:3', NULL)")
+    refuse(a, "login", "ip:3", 1)  # refused while blocked counts too
+    top = json.loads(a.execute("SELECT rl_top_refused('login')").fetchone()[0])
+    assert (top["policy"], top["scope"]) == ("login", "process")
+    assert [(e["subject"], e["refusals"], e["error"]) for e in top["subjects"]] == [
+        ("ip:1", 5, 0), ("ip:2", 2, 0), ("ip:3", 1, 0)]
+    assert all(isinstance(e["last_refused_ms"], int) and e["last_refused_ms"] > 1.7e12 for e in top["subjects"])
+    assert len(json.loads(a.execute("SELECT rl_top_refused('login', 1)").fetchone()[0])["subjects"]) == 1
+    rows = a.execute("SELECT policy, subject, refusals, error FROM rl_refused ORDER BY policy, refusals DESC").fetchall()
+    assert rows == [("api", "ip:1", 1, 0), ("login", "ip:1", 5, 0), ("login", "ip:2", 2, 0), ("login", "ip:3", 1, 0)]
+    # past 64 subjects the least counted entry is replaced, and the bound still holds
+    for i in range(100):
+        refuse(a, "login", f"bot:{i}", 3)  # 2 admitted, 1 refused each
+    refuse(a, "login", "ip:1", 20)
+    truth = {"ip:1": 25, "ip:2": 2, "ip:3": 1, **{f"bot:{i}": 1 for i in range(100)}}
+    listed = json.loads(a.execute("SELECT rl_top_refused('login', 64)").fetchone()[0])["subjects"]
+    assert len(listed) == 64 and listed[0]["subject"] == "ip:1"
+    assert all(e["refusals"] - e["error"] <= truth[e["subject"]] <= e["refusals"] for e in listed)
+    with pytest.raises(sqlite3.Error, match="rl_top_refused: n must be an integer from 1 to 64, got 0"):
+        a.execute("SELECT rl_top_refused('login', 0)")
+    a.execute("SELECT rl_stats_reset()")
+    assert a.execute("SELECT count(*) FROM rl_refused").fetchone()[0] == 0
+
+
+def test_postgres_lists_the_subjects_refused_most_to_rl_admin_only(pg_db, roles):
+    conn, _ = pg_db
+    app, admin = roles
+    with conn.cursor() as cur:
+        cur.execute("SELECT rl_stats_reset()")
+        cur.execute("SELECT rl_policy_set('login', %s)", (COUNTED,))
+        cur.execute(f"SET ROLE {app}")
+        for subject, calls in (("ip:1", 6), ("ip:2", 3)):
+            for _ in range(calls):
+                cur.execute("SELECT rl_check('login', %s)", (subject,))
+        for sql in ["SELECT * FROM rl_refused", "SELECT rl_top_refused('login')"]:
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute(sql)
+        cur.execute(f"SET ROLE {admin}")
+        cur.execute("SELECT subject, refusals, error FROM rl_refused WHERE policy = 'login' ORDER BY refusals DESC")
+        assert cur.fetchall() == [("ip:1", 4, 0), ("ip:2", 1, 0)]
+        cur.execute("SELECT rl_top_refused('login', 1)")
+        top = cur.fetchone()[0]
+        assert top["scope"] == ("server" if EDITION == "native" else "session")
+        assert [e["subject"] for e in top["subjects"]] == ["ip:1"]
+        cur.execute("SELECT rl_stats_reset()")
+        cur.execute("SELECT count(*) FROM rl_refused")
+        assert cur.fetchone() == (0,)
+        cur.execute("RESET ROLE")
+
+
+def test_postgres_summary_is_exact_across_sessions(pg_db):
+    """Sixteen sessions refused at once: with the library preloaded the server's summary
+    counts every refusal (fewer than 64 subjects: no error); the SQL edition's is per session."""
+    conn, name = pg_db
+    one(conn, "SELECT rl_policy_set('flood', %s)", (COUNTED,))
+    one(conn, "SELECT rl_stats_reset()")
+
+    def work(i, c):
+        for n in range(60):
+            one(c, "SELECT rl_check('flood', %s)", (f"s{(i + n) % 8}",))
+
+    run_sessions(name, 16, work)
+    with conn.cursor() as cur:
+        cur.execute("SELECT refused FROM rl_stats WHERE policy = 'flood'")
+        refused = cur.fetchone()
+        cur.execute("SELECT sum(refusals), max(error), count(*) FROM rl_refused WHERE policy = 'flood'")
+        listed = cur.fetchone()
+    if EDITION == "native":
+        assert refused == (16 * 60 - 8 * 2,)
+        assert listed == (16 * 60 - 8 * 2, 0, 8)
+    else:
+        assert refused is None and listed == (None, None, 0)
 
 
 def test_postgres_counts_and_only_rl_admin_reads_or_resets_them(pg_db, roles):

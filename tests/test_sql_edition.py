@@ -51,7 +51,7 @@ def test_every_function_and_view_has_a_comment_and_the_native_privileges(pg_sql_
             assert volatile == ("i" if f["kind"] == "pure" else "v"), f["name"]
             assert public == (not f["admin_only"]), f["name"]
         assert declared == {}, "no function beyond the native extension's"
-        for view in ("rl_policies", "rl_blocks", "rl_stats"):
+        for view in ("rl_policies", "rl_blocks", "rl_stats", "rl_refused"):
             cur.execute("SELECT obj_description(%s::regclass, 'pg_class'), has_table_privilege('public', %s, 'SELECT')",
                         (view, view))
             comment, public = cur.fetchone()

@@ -7,6 +7,7 @@
 -- about the leader's own counters. rl_self_test(): the in-server checks.
 -- rl_policy_validate(definition): rl_policy_set's validation alone. A check of a policy
 -- that does not exist fails with SQLSTATE 42704 (undefined_object), not 22023.
+-- rl_top_refused(policy, n) and the view rl_refused: the subjects rl_check refuses most.
 
 -- complain if this script is run in psql rather than by ALTER EXTENSION
 \echo Use "ALTER EXTENSION pg_ratelimit UPDATE TO '0.4.0'" to load this file. \quit
@@ -16,7 +17,7 @@ DO $rl_existing$ BEGIN
     PERFORM pg_catalog.set_config('pg_ratelimit_install.existing_functions', coalesce((
         SELECT pg_catalog.string_agg(p.oid::text, ' ') FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
-          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
+          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
 END $rl_existing$;
 -- end generated
 
@@ -36,6 +37,23 @@ STRICT VOLATILE PARALLEL RESTRICTED
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_self_test_wrapper';
 COMMENT ON FUNCTION rl_self_test() IS
   'checks this build of the library against this server: each answer it lays out in jsonb is byte for byte what the server''s jsonb_in makes of its text, and each function''s catalog entry is what the library''s table says; returns the number of checks and the failures (rl_admin only)';
+
+-- The subjects rl_check refuses most, per policy: a summary in memory beside the counters,
+-- forgotten by rl_stats_reset, and the view of every policy's.
+CREATE FUNCTION "rl_top_refused"("policy" text, "n" bigint DEFAULT 10) RETURNS jsonb
+VOLATILE PARALLEL RESTRICTED
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_top_refused_wrapper';
+COMMENT ON FUNCTION rl_top_refused(text, bigint) IS
+  'the n (1 to 64) subjects rl_check refused most under policy since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
+COMMENT ON FUNCTION rl_stats_reset() IS
+  'forget the counts of rl_policy_stats and the subjects of rl_top_refused; returns how many policies had counts (rl_admin only)';
+-- The subjects rl_check refused most, every policy's (after rl_top_refused, which it reads).
+CREATE VIEW rl_refused AS
+    SELECT p.policy, e ->> 'subject' AS subject, (e ->> 'refusals')::bigint AS refusals,
+           (e ->> 'error')::bigint AS error, (e ->> 'last_refused_ms')::bigint AS last_refused_ms
+    FROM (SELECT pg_catalog.jsonb_object_keys(rl_policy_stats() -> 'policies') AS policy) AS p,
+         pg_catalog.jsonb_array_elements(rl_top_refused(p.policy, 64) -> 'subjects') AS e;
+COMMENT ON VIEW rl_refused IS 'the subjects rl_check refused most per policy since rl_stats_reset (rl_top_refused): refusals are at most error above the true count; readable by rl_admin';
 
 -- generated: privileges (shared/src/privileges.rs; RL_BLESS=1 cargo test -p ratelimit_core --test generated)
 -- Privileges: exactly what the extension intends, whatever ALTER DEFAULT PRIVILEGES granted
@@ -71,11 +89,12 @@ BEGIN
          'rl_unblock(text, double precision)',
          'rl_policy_stats()',
          'rl_stats_reset()',
+         'rl_top_refused(text, bigint)',
          'rl_self_test()']::regprocedure[]) AS f(oid)
         JOIN pg_catalog.pg_proc AS p ON p.oid OPERATOR(pg_catalog.=) f.oid
         UNION ALL
         SELECT 'TABLE', c.oid::regclass::text, c.relacl, 'r', c.relowner, CASE WHEN admin_role THEN 'SELECT' END, true
-        FROM pg_catalog.unnest(ARRAY['rl_policies', 'rl_blocks', 'rl_stats']::regclass[]) AS v(oid)
+        FROM pg_catalog.unnest(ARRAY['rl_policies', 'rl_blocks', 'rl_stats', 'rl_refused']::regclass[]) AS v(oid)
         JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) v.oid
         UNION ALL
         -- the application's: EXECUTE for PUBLIC, unless the function was there before (its
@@ -146,7 +165,7 @@ BEGIN
         FROM (SELECT 'table' AS kind, c.oid::regclass::text AS name, c.relacl AS acl, c.relowner AS owner
               FROM pg_catalog.pg_class AS c
               WHERE c.relnamespace OPERATOR(pg_catalog.=) 'ratelimit'::regnamespace
-                 OR c.oid OPERATOR(pg_catalog.=) ANY (ARRAY['rl_policies', 'rl_blocks', 'rl_stats']::regclass[]::oid[])
+                 OR c.oid OPERATOR(pg_catalog.=) ANY (ARRAY['rl_policies', 'rl_blocks', 'rl_stats', 'rl_refused']::regclass[]::oid[])
               UNION ALL
               SELECT 'function', p.oid::regprocedure::text, p.proacl, p.proowner FROM pg_catalog.pg_proc AS p
               WHERE p.pronamespace OPERATOR(pg_catalog.=) 'ratelimit'::regnamespace
@@ -157,6 +176,7 @@ BEGIN
          'rl_unblock(text, double precision)',
          'rl_policy_stats()',
          'rl_stats_reset()',
+         'rl_top_refused(text, bigint)',
          'rl_self_test()']::regprocedure[]::oid[])) AS x,
              pg_catalog.aclexplode(x.acl) AS a
         WHERE a.grantee OPERATOR(pg_catalog.<>) x.owner

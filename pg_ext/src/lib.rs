@@ -32,7 +32,11 @@ use pgrx::prelude::*;
 ::pgrx::pg_module_magic!(name, version);
 
 pgrx::extension_sql_file!("../../sql/pg_schema.sql", name = "schema", bootstrap);
-pgrx::extension_sql_file!("../../sql/pg_stats_view.sql", name = "stats_view", requires = [wrappers::rl_policy_stats]);
+pgrx::extension_sql_file!(
+    "../../sql/pg_stats_view.sql",
+    name = "stats_view",
+    requires = [wrappers::rl_policy_stats, wrappers::rl_top_refused]
+);
 pgrx::extension_sql_file!("../../sql/pg_finalize.sql", name = "comments", finalize);
 
 #[pg_guard]

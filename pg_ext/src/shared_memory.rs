@@ -21,6 +21,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
 use ratelimit_core::memory::{self, save_file, Hash, MemoryStats, Part, PartRef, PARTS};
 use ratelimit_core::memory_store::SharedTable;
+use ratelimit_core::refused::{self, Refused, RefusedSlots};
 use ratelimit_core::stats::{CounterSink, CounterSlots, Outcome, PolicyCounts, ProcessCounters, SLOT_WORDS};
 
 /// Buckets the table holds, fixed at server start.
@@ -29,6 +30,7 @@ pub static MEMORY_BUCKETS: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
 const TRANCHE: &CStr = c"pg_ratelimit";
 const SEGMENT: &CStr = c"pg_ratelimit buckets";
 const COUNTER_SEGMENT: &CStr = c"pg_ratelimit counters";
+const REFUSED_SEGMENT: &CStr = c"pg_ratelimit refused subjects";
 /// Policies the counters hold (rl_policy_stats); a policy beyond them is not counted.
 const COUNTER_SLOTS: usize = 1024;
 /// The lock after the parts' serializes claiming a counter slot and resetting them.
@@ -58,6 +60,7 @@ const _: () = assert!(std::mem::size_of::<Header>() == HEADER_BYTES);
 
 static TABLE: AtomicPtr<u8> = AtomicPtr::new(null_mut());
 static COUNTER_WORDS: AtomicPtr<AtomicU64> = AtomicPtr::new(null_mut());
+static REFUSED_WORDS: AtomicPtr<AtomicU64> = AtomicPtr::new(null_mut());
 static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(null_mut());
 static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
@@ -105,6 +108,7 @@ unsafe extern "C-unwind" fn request_memory() {
         }
         pg_sys::RequestAddinShmemSpace(total_bytes());
         pg_sys::RequestAddinShmemSpace(counter_bytes());
+        pg_sys::RequestAddinShmemSpace(refused_bytes());
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), PARTS as i32 + 1);
     }
 }
@@ -130,8 +134,13 @@ unsafe extern "C-unwind" fn make_table() {
         if !found {
             counters.write_bytes(0, counter_bytes()); // every slot free
         }
+        let refused = pg_sys::ShmemInitStruct(REFUSED_SEGMENT.as_ptr(), refused_bytes(), &mut found).cast::<u8>();
+        if !found {
+            refused.write_bytes(0, refused_bytes()); // every slot free, every lock open
+        }
         pg_sys::LWLockRelease(init_lock);
         COUNTER_WORDS.store(counters.cast(), Ordering::Release);
+        REFUSED_WORDS.store(refused.cast(), Ordering::Release);
         TABLE.store(base, Ordering::Release);
         LOCKS.store(locks, Ordering::Release);
         if !pg_sys::IsUnderPostmaster {
@@ -358,6 +367,10 @@ fn counter_bytes() -> usize {
     COUNTER_SLOTS * SLOT_WORDS * 8
 }
 
+fn refused_bytes() -> usize {
+    refused::WORDS * 8
+}
+
 /// rl_check's counters: in shared memory when the library was preloaded (every session of
 /// the server), else in this backend (its own session's calls only).
 pub struct Counters {
@@ -373,6 +386,14 @@ impl Counters {
         // a slot's identity changes only under COUNTER_LOCK (CounterSlots' rule).
         (!words.is_null())
             .then(|| CounterSlots(unsafe { std::slice::from_raw_parts(words, COUNTER_SLOTS * SLOT_WORDS) }))
+    }
+
+    fn refused(&self) -> Option<RefusedSlots<'static>> {
+        let words = REFUSED_WORDS.load(Ordering::Acquire);
+        // SAFETY: the segment holds refused_bytes() of atomic words for the server's life;
+        // an entry changes only under its slot's lock word and a slot's policy also under
+        // COUNTER_LOCK (RefusedSlots' rule).
+        (!words.is_null()).then(|| RefusedSlots(unsafe { std::slice::from_raw_parts(words, refused::WORDS) }))
     }
 }
 
@@ -396,9 +417,27 @@ impl CounterSink for Counters {
             None => self.session.reset(),
             Some(slots) => {
                 let _held = Held::take(&[COUNTER_LOCK], pg_sys::LWLockMode::LW_EXCLUSIVE);
+                if let Some(refused) = self.refused() {
+                    refused.reset();
+                }
                 slots.reset()
             }
         }
+    }
+
+    fn refuse(&self, policy: &str, subject: &str, now_ms: i64) {
+        let Some(slots) = self.refused() else { return self.session.refuse(policy, subject, now_ms) };
+        // once every slot is taken, a policy without one costs no lock
+        if !slots.record(policy, subject, now_ms) && slots.has_free() {
+            let _held = Held::take(&[COUNTER_LOCK], pg_sys::LWLockMode::LW_EXCLUSIVE);
+            if slots.claim(policy) {
+                slots.record(policy, subject, now_ms);
+            }
+        }
+    }
+
+    fn top_refused(&self, policy: &str, n: usize) -> Vec<Refused> {
+        self.refused().map_or_else(|| self.session.top_refused(policy, n), |s| s.top(policy, n))
     }
 
     fn scope(&self) -> &'static str {

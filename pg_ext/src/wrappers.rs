@@ -178,6 +178,11 @@ fn rl_stats_reset() -> i64 {
     run(&f::RL_STATS_RESET, &[])
 }
 
+#[pg_extern(volatile, parallel_restricted)]
+fn rl_top_refused(policy: Option<&str>, n: default!(Option<i64>, 10)) -> JsonbResult {
+    run(&f::RL_TOP_REFUSED, &[text(policy), int(n)])
+}
+
 #[pg_extern(immutable, parallel_safe)]
 fn rl_headers(result: Option<JsonbArg>) -> JsonbResult {
     let result = json_text(&f::RL_HEADERS, "result", result);

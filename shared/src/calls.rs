@@ -53,6 +53,7 @@ fn without_store(entry: Entry, args: &[Arg]) -> Result<Answer> {
         },
         Entry::Process(ProcessCall::PolicyStats) => Ok(Answer::Json(crate::stats::to_json(crate::stats::sink()))),
         Entry::Process(ProcessCall::StatsReset) => Ok(Answer::Int(crate::stats::sink().reset() as i64)),
+        Entry::Process(ProcessCall::TopRefused) => top_refused(args),
         Entry::Internal(InternalCall::BucketGuard) => bucket_guard(args),
         Entry::Internal(InternalCall::BudgetGuard) => budget_guard(args),
         Entry::Internal(InternalCall::BucketNewLevel) => decided_bucket().map(|r| Answer::Real(r.level)),
@@ -63,6 +64,23 @@ fn without_store(entry: Entry, args: &[Arg]) -> Result<Answer> {
         Entry::State(_) => Err(Error::storage("needs the database it is called in")),
         Entry::Server(_) => Err(Error::storage("is answered by the PostgreSQL server")),
     }
+}
+
+/// rl_top_refused(policy [, n = 10]): n from 1 to the summary's size.
+fn top_refused(args: &[Arg]) -> Result<Answer> {
+    let policy = args::name("policy", &args::nth(args, 0))?;
+    let n = match args.get(1) {
+        None => 10,
+        Some(a) => match args::as_integer(a) {
+            Some(n) if (1..=crate::refused::ENTRIES as i64).contains(&n) => n as usize,
+            _ => {
+                let most = crate::refused::ENTRIES;
+                return Err(Error::invalid(format!("n must be an integer from 1 to {most}, got {}", a.describe())));
+            }
+        },
+    };
+    let sink = crate::stats::sink();
+    Ok(Answer::Json(crate::refused::to_json(policy, sink.scope(), &sink.top_refused(policy, n))))
 }
 
 fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clock) -> Result<Answer> {

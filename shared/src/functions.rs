@@ -214,6 +214,7 @@ pub enum InternalCall {
 pub enum ProcessCall {
     PolicyStats,
     StatsReset,
+    TopRefused,
 }
 
 #[derive(Clone, Copy)]
@@ -300,7 +301,8 @@ impl Function {
         match self.entry {
             Entry::Pure(_) | Entry::Server(ServerCall::MemoryStats) => "SAFE",
             // its checks read the catalog through SPI: the leader's
-            Entry::Process(ProcessCall::PolicyStats) | Entry::Server(ServerCall::SelfTest) => "RESTRICTED",
+            Entry::Process(ProcessCall::PolicyStats | ProcessCall::TopRefused)
+            | Entry::Server(ServerCall::SelfTest) => "RESTRICTED",
             Entry::Process(ProcessCall::StatsReset) | Entry::State(_) | Entry::Internal(_) => "UNSAFE",
         }
     }
@@ -460,7 +462,10 @@ mod table {
         "counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked) since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)") };
     pub const RL_STATS_RESET: Function = Function { admin_only: true,
         ..function("rl_stats_reset", Entry::Process(ProcessCall::StatsReset), &[], Int8, NOT_AN_OBJECT,
-        "forget the counts of rl_policy_stats; returns how many policies had some (rl_admin only)") };
+        "forget the counts of rl_policy_stats and the subjects of rl_top_refused; returns how many policies had counts (rl_admin only)") };
+    pub const RL_TOP_REFUSED: Function = Function { result_keys: &["policy", "scope", "subjects"], admin_only: true,
+        ..function("rl_top_refused", Entry::Process(ProcessCall::TopRefused), &[POLICY, optional("n", Int8, "10")], Jsonb, NOT_AN_OBJECT,
+        "the n (1 to 64) subjects rl_check refused most under policy since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy's (rl_admin only)") };
     pub const RL_VERSION: Function = function("rl_version", Entry::Pure(PureCall::Version), &[], Text, NOT_AN_OBJECT,
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
@@ -531,6 +536,7 @@ pub const ALL: &[Function] = &[
     RL_UNBLOCK,
     RL_POLICY_STATS,
     RL_STATS_RESET,
+    RL_TOP_REFUSED,
     RL_HEADERS,
     RL_VERSION,
     RL_MEMORY_STATS,

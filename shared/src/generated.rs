@@ -156,7 +156,8 @@ pub fn reference_md() -> String {
     out += "| view | what it lists |\n|---|---|\n\
             | `rl_policies` | every policy: `name`, `definition` |\n\
             | `rl_blocks` | the subjects with strikes or a block: `subject`, `strikes`, `blocked_until_ms` |\n\
-            | `rl_stats` | `rl_policy_stats()` as rows: `policy`, `admitted`, `refused`, `would_refuse`, `refused_blocked` |\n";
+            | `rl_stats` | `rl_policy_stats()` as rows: `policy`, `admitted`, `refused`, `would_refuse`, `refused_blocked` |\n\
+            | `rl_refused` | `rl_top_refused(policy, 64)` of every policy in `rl_stats`: `policy`, `subject`, `refusals`, `error`, `last_refused_ms` |\n";
     let internal: Vec<String> = ALL.iter().filter(|f| f.is_internal()).map(|f| format!("`{}`", f.name)).collect();
     out += &format!(
         "\nThe extension's own statements also call {} (schema `ratelimit`, no EXECUTE for anyone else; \

@@ -16,6 +16,7 @@
 //! - [`functions`]: every SQL function described once; [`calls`]: what each one runs;
 //!   [`generated`]: the files written from the table; [`privileges`]: who may use each
 //!   installed object, whatever the platform granted by default.
+//! - [`stats`], [`refused`]: rl_check's counts and the subjects it refuses most, in memory.
 //! - [`sql`]: the statement texts in `sql/`; [`sql_store`]: the store of both SQL engines.
 //! - [`sql_edition`]: the install script of the SQL edition (PL/pgSQL, for managed PostgreSQL).
 #![forbid(unsafe_code)]
@@ -41,6 +42,7 @@ pub mod policy;
 pub mod policy_cache;
 pub mod privileges;
 pub mod protocol;
+pub mod refused;
 pub mod render;
 pub mod sql;
 pub mod sql_edition;

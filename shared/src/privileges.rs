@@ -10,7 +10,7 @@
 //! | objects | who may use them |
 //! |---|---|
 //! | the schema `ratelimit`, its tables, and every function in it (internal functions, the edition's helpers) | the owner alone |
-//! | administration functions (`admin_only` in [`crate::functions`]), the views `rl_policies`, `rl_blocks`, `rl_stats` | the owner and `rl_admin` |
+//! | administration functions (`admin_only` in [`crate::functions`]), the views `rl_policies`, `rl_blocks`, `rl_stats`, `rl_refused` | the owner and `rl_admin` |
 //! | application functions | the owner and PUBLIC (EXECUTE) |
 //!
 //! An application function that existed before the script ran keeps the privileges it
@@ -30,7 +30,7 @@ use crate::functions::{Function, ALL};
 const EXISTING: &str = "pg_ratelimit_install.existing_functions";
 
 /// The views both editions create, readable by `rl_admin`.
-pub const ADMIN_VIEWS: [&str; 3] = ["rl_policies", "rl_blocks", "rl_stats"];
+pub const ADMIN_VIEWS: [&str; 4] = ["rl_policies", "rl_blocks", "rl_stats", "rl_refused"];
 
 /// The statement that records which of `functions` exist already in the schema the
 /// script creates them in (the first of `search_path`), for [`normalize`]. Run first.
@@ -187,7 +187,7 @@ mod tests {
                 f.name
             );
         }
-        assert!(block.contains("'rl_policies', 'rl_blocks', 'rl_stats'"));
+        assert!(block.contains("'rl_policies', 'rl_blocks', 'rl_stats', 'rl_refused'"));
         assert!(remember_existing(native_functions()).contains("'rl_take'"));
     }
 }

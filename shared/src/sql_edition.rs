@@ -28,6 +28,9 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("MAX_WINDOW_ENTRIES", crate::window::MAX_ENTRIES.to_string()),
         ("MAX_IN_FLIGHT", crate::lease::MAX_IN_FLIGHT.to_string()),
         ("MAX_ATTEMPTS", crate::protocol::MAX_ATTEMPTS.to_string()),
+        ("REFUSED_ENTRIES", crate::refused::ENTRIES.to_string()),
+        ("REFUSED_POLICIES", crate::refused::POLICIES.to_string()),
+        ("REFUSED_SUBJECT_BYTES", crate::refused::SUBJECT_BYTES.to_string()),
     ]
 }
 
@@ -176,7 +179,7 @@ BEGIN
         SELECT c.oid::regclass::text AS name, c.relkind, 'view' AS wanted
         FROM pg_catalog.pg_class AS c
         WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
-          AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_policies', 'rl_blocks', 'rl_stats']) AND c.relkind <> 'v'
+          AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_policies', 'rl_blocks', 'rl_stats', 'rl_refused']) AND c.relkind <> 'v'
         UNION ALL
         SELECT c.oid::regclass::text, c.relkind, 'table'
         FROM pg_catalog.pg_class AS c

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::json::Json;
+use crate::refused::{self, Refused, RefusedSlots};
 
 /// How one rl_check was answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,11 +54,26 @@ pub trait CounterSink: Sync {
     fn reset(&self) -> usize;
     /// What the counts cover, as rl_stats reports it.
     fn scope(&self) -> &'static str;
+    /// Notes that rl_check refused `subject` under `policy` ([`crate::refused`]).
+    fn refuse(&self, policy: &str, subject: &str, now_ms: i64);
+    /// The `n` subjects of `policy` refused most since the last reset, most first.
+    fn top_refused(&self, policy: &str, n: usize) -> Vec<Refused>;
 }
 
-/// Counts of this process only (SQLite; PostgreSQL without preload: this session).
+/// Counts of this process only (SQLite; PostgreSQL without preload: this session), and
+/// the refused subjects' summary, made at the first refusal.
 #[derive(Default)]
-pub struct ProcessCounters(Mutex<BTreeMap<String, PolicyCounts>>);
+pub struct ProcessCounters(Mutex<BTreeMap<String, PolicyCounts>>, Mutex<Vec<AtomicU64>>);
+
+impl ProcessCounters {
+    fn with_refused<R>(&self, f: impl FnOnce(RefusedSlots) -> R) -> R {
+        let mut words = self.1.lock().unwrap_or_else(|p| p.into_inner());
+        if words.is_empty() {
+            words.extend((0..refused::WORDS).map(|_| AtomicU64::new(0)));
+        }
+        f(RefusedSlots(&words))
+    }
+}
 
 impl CounterSink for ProcessCounters {
     fn count(&self, policy: &str, outcome: Outcome) {
@@ -71,12 +87,26 @@ impl CounterSink for ProcessCounters {
     }
 
     fn reset(&self) -> usize {
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         std::mem::take(&mut *map).len()
     }
 
     fn scope(&self) -> &'static str {
         "process"
+    }
+
+    fn refuse(&self, policy: &str, subject: &str, now_ms: i64) {
+        self.with_refused(|slots| {
+            slots.record(policy, subject, now_ms) || (slots.claim(policy) && slots.record(policy, subject, now_ms))
+        });
+    }
+
+    fn top_refused(&self, policy: &str, n: usize) -> Vec<Refused> {
+        if self.1.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            return Vec::new();
+        }
+        self.with_refused(|slots| slots.top(policy, n))
     }
 }
 
@@ -117,7 +147,7 @@ const NAME_WORDS: usize = 15;
 pub const NAME_BYTES: usize = NAME_WORDS * 8;
 
 /// A 64-bit name of a policy, never 0 (0 marks a free slot).
-fn name_hash(policy: &str) -> u64 {
+pub(crate) fn name_hash(policy: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     policy.hash(&mut h);
     h.finish().max(1)

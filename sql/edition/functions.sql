@@ -367,6 +367,9 @@ BEGIN
     refused := blocked OR NOT (d ->> 'admitted')::boolean;
     PERFORM ratelimit.rl__count(p, CASE WHEN NOT refused THEN 'admitted' WHEN pi.shadow THEN 'would_refuse'
                                         WHEN blocked THEN 'refused_blocked' ELSE 'refused' END);
+    IF refused AND NOT pi.shadow THEN
+        PERFORM ratelimit.rl__refuse(p, s, now);
+    END IF;
     IF pi.shadow THEN
         d := d || jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0);
     ELSIF blocked THEN
@@ -418,7 +421,27 @@ DECLARE
 BEGIN
     SELECT count(*) INTO n FROM jsonb_object_keys(counts);
     PERFORM set_config('pg_ratelimit_sql.counts', '{}', false);
+    PERFORM set_config('pg_ratelimit_sql.refused', '{}', false);
     RETURN n;
+END
+
+-- function: rl_top_refused
+DECLARE
+    fn CONSTANT text := 'rl_top_refused';
+    @ARGUMENTS@
+    summary jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.refused', true), ''), '{}')::jsonb;
+BEGIN
+    IF n IS NULL OR n < 1 OR n > @REFUSED_ENTRIES@ THEN
+        PERFORM ratelimit.rl__invalid(fn, 'n must be an integer from 1 to @REFUSED_ENTRIES@, got ' || coalesce(n::text, 'NULL'));
+    END IF;
+    -- most refused first, then by subject's bytes (refused::RefusedSlots::top)
+    RETURN jsonb_build_object('policy', p, 'scope', 'session', 'subjects', coalesce((
+        SELECT jsonb_agg(jsonb_build_object('subject', x.e ->> 's', 'refusals', (x.e ->> 'n')::bigint,
+                                            'error', (x.e ->> 'e')::bigint, 'last_refused_ms', (x.e ->> 't')::bigint)
+                         ORDER BY x.i)
+        FROM (SELECT e, row_number() OVER (ORDER BY (e ->> 'n')::bigint DESC, (e ->> 's') COLLATE "C") AS i
+              FROM jsonb_array_elements(summary -> p) AS e) AS x
+        WHERE x.i <= n), '[]'::jsonb));
 END
 
 -- function: rl_headers

@@ -1619,6 +1619,53 @@ BEGIN
 END
 $$;
 
+-- Notes that rl_check refused subject under policy, for this session (refused::RefusedSlots::record):
+-- the same space-saving summary as the native library's, kept in the session setting
+-- pg_ratelimit_sql.refused: per policy (at most @REFUSED_POLICIES@) an array of at most
+-- @REFUSED_ENTRIES@ entries in the order the native slots fill, each the subject (k), its
+-- first @REFUSED_SUBJECT_BYTES@ bytes cut at a character (s), refusals (n), error (e) and
+-- the last refusal (t). A new subject takes a free entry, else the first with the least n.
+CREATE OR REPLACE FUNCTION ratelimit.rl__refuse(policy text, subject text, now bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    summary jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.refused', true), ''), '{}')::jsonb;
+    entries jsonb := summary -> policy;
+    least int;
+    m bigint;
+    n bigint;
+    shown text := left(subject, @REFUSED_SUBJECT_BYTES@);
+BEGIN
+    IF entries IS NULL THEN
+        IF (SELECT count(*) FROM jsonb_object_keys(summary)) >= @REFUSED_POLICIES@ THEN
+            RETURN;
+        END IF;
+        entries := '[]';
+    END IF;
+    FOR i IN 0 .. jsonb_array_length(entries) - 1 LOOP
+        n := (entries -> i ->> 'n')::bigint;
+        IF entries -> i ->> 'k' = subject THEN
+            entries := jsonb_set(entries, ARRAY[i::text], entries -> i || jsonb_build_object('n', n + 1, 't', now));
+            PERFORM set_config('pg_ratelimit_sql.refused', jsonb_set(summary, ARRAY[policy], entries)::text, false);
+            RETURN;
+        END IF;
+        IF least IS NULL OR n < m THEN
+            least := i;
+            m := n;
+        END IF;
+    END LOOP;
+    WHILE octet_length(shown) > @REFUSED_SUBJECT_BYTES@ LOOP
+        shown := left(shown, -1);
+    END LOOP;
+    IF jsonb_array_length(entries) < @REFUSED_ENTRIES@ THEN
+        entries := entries || jsonb_build_array(jsonb_build_object('k', subject, 's', shown, 'n', 1, 'e', 0, 't', now));
+    ELSE
+        entries := jsonb_set(entries, ARRAY[least::text],
+                             jsonb_build_object('k', subject, 's', shown, 'n', m + 1, 'e', m, 't', now));
+    END IF;
+    PERFORM set_config('pg_ratelimit_sql.refused', jsonb_set(summary, ARRAY[policy], entries, true)::text, false);
+END
+$$;
+
 -- A double as the native library writes it in text (json::number_text): whole numbers
 -- below 9e15 as integers, others as ryu writes them (the shortest digits; an exponent
 -- below 1e-5 and from 1e16, as 1.5e16 and 1e-7; a whole number as 9500000000000000.0).

@@ -52,6 +52,9 @@ pub fn check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<CheckDeci
         (false, true) => Outcome::Refused,
     };
     stats::sink().count(a.policy, outcome);
+    if matches!(outcome, Outcome::Refused | Outcome::RefusedBlocked) {
+        stats::sink().refuse(a.policy, a.subject, a.now_ms);
+    }
     Ok(d)
 }
 
