@@ -22,7 +22,7 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 missing=()
 need_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed" || missing+=("$1"); }
 
-for p in sqlite3 libsqlite3-dev python3 python3-pytest gcc pkg-config; do need_pkg "$p"; done
+for p in sqlite3 libsqlite3-dev python3 python3-pytest python3-yaml gcc pkg-config; do need_pkg "$p"; done
 if [ "$want_pg" = 1 ]; then
   for p in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo python3-psycopg2 \
            libreadline-dev zlib1g-dev libssl-dev bison flex python3-venv equivs patchelf gdb; do need_pkg "$p"; done

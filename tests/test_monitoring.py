@@ -1,0 +1,107 @@
+"""docs/monitoring: every query of the postgres_exporter file runs against the built
+extension as a monitoring role (a member of rl_admin) and returns exactly the columns it
+declares, and every metric the Grafana dashboard reads is one an exporter emits:
+postgres_exporter's `<query>_<column>` for the file's queries (its documented naming; the
+exporter itself is a Go binary this machine cannot fetch), and the web packages' names as
+prometheus_client writes them from the installed package."""
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT, native_only
+
+yaml = pytest.importorskip("yaml")
+psycopg2 = pytest.importorskip("psycopg2")
+
+MONITORING = os.path.join(ROOT, "docs", "monitoring")
+WEB_PYTHON = os.environ.get("RL_WEB_PYTHON", "/opt/pg_ratelimit/web-venv/bin/python")
+PROMQL_WORDS = {"sum", "rate", "topk", "histogram_quantile", "by", "without", "le", "irate", "increase", "avg",
+                "max", "min", "count"}
+
+
+def exporter_queries():
+    with open(os.path.join(MONITORING, "postgres_exporter.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def exporter_metric_names():
+    names = set()
+    for query, spec in exporter_queries().items():
+        for metric in spec["metrics"]:
+            ((column, how),) = metric.items()
+            assert how["usage"] in ("LABEL", "COUNTER", "GAUGE"), (query, column)
+            assert how["description"], (query, column)
+            if how["usage"] != "LABEL":
+                names.add(f"{query}_{column}")
+    return names
+
+
+def web_metric_names():
+    """The names the Python package's PrometheusMetrics writes (the Node package's are the
+    same names, its own tests check them)."""
+    if not os.path.exists(WEB_PYTHON):
+        if os.environ.get("RL_REQUIRE_PG") == "1":
+            pytest.fail(f"{WEB_PYTHON} missing (scripts/setup.sh --pg makes it)")
+        pytest.skip(f"{WEB_PYTHON} missing (scripts/setup.sh --pg makes it)")
+    code = ("from prometheus_client import CollectorRegistry, generate_latest\n"
+            "from ratelimit_web.metrics import PrometheusMetrics\n"
+            "r = CollectorRegistry(); m = PrometheusMetrics(r)\n"
+            "m.count('/login', 'refused'); m.observe('/login', 0.001)\n"
+            "print(generate_latest(r).decode())\n")
+    out = subprocess.run([WEB_PYTHON, "-c", code], check=True, capture_output=True, text=True).stdout
+    return {re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0) for line in out.splitlines()
+            if line and not line.startswith("#")}
+
+
+@native_only
+def test_every_exporter_query_answers_its_declared_columns(pg_db):
+    conn, name = pg_db
+    monitor = f"monitor_{name}"
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE ROLE {monitor} NOLOGIN IN ROLE rl_admin")
+        cur.execute("""SELECT rl_policy_set('login', '{"limits": [{"burst": 1, "refill_per_minute": 0.001}]}')""")
+        cur.execute("SELECT rl_stats_reset()")
+        cur.execute("SELECT rl_check('login', 'ip:1'), rl_check('login', 'ip:1'), rl_block('ip:2', NULL), rl_block('ip:3', 60)")
+        cur.execute(f"SET ROLE {monitor}")
+        try:
+            for query, spec in exporter_queries().items():
+                cur.execute(spec["query"])
+                columns = [d.name for d in cur.description]
+                assert columns == [next(iter(m)) for m in spec["metrics"]], query
+                rows = cur.fetchall()
+                assert rows, f"{query} answered no row"
+                labels = [i for i, m in enumerate(spec["metrics"]) if next(iter(m.values()))["usage"] == "LABEL"]
+                for row in rows:
+                    for i, value in enumerate(row):
+                        assert isinstance(value, str) if i in labels else isinstance(value, int), (query, columns[i], value)
+            cur.execute("SELECT refused, refused_blocked FROM rl_stats WHERE policy = 'login'")
+            assert cur.fetchone() == (1, 0)
+            cur.execute(exporter_queries()["pg_ratelimit_blocks"]["query"])
+            assert cur.fetchone() == (2, 1)
+        finally:
+            cur.execute("RESET ROLE")
+            cur.execute(f"DROP ROLE {monitor}")
+
+
+def test_the_dashboard_reads_only_metrics_the_exporters_emit():
+    emitted = exporter_metric_names() | web_metric_names()
+    with open(os.path.join(MONITORING, "grafana-dashboard.json")) as f:
+        dashboard = json.load(f)
+    assert dashboard["title"] and dashboard["panels"]
+    read = set()
+    for panel in dashboard["panels"]:
+        assert panel["title"] and panel["targets"], panel
+        for target in panel["targets"]:
+            expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\"[^\"]*\"", " ", target["expr"])
+            expr = re.sub(r"\b(by|without)\s*\([^)]*\)", " ", expr)
+            for word in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr):
+                if word not in PROMQL_WORDS:
+                    assert word in emitted, f"panel {panel['title']!r} reads {word}, which no exporter emits"
+                    read.add(word)
+    # every panel's source is covered: each query of the exporter file, and the web metrics
+    for query in exporter_queries():
+        assert any(name.startswith(query + "_") for name in read), f"no panel reads {query}"
+    assert {"ratelimit_requests_total", "ratelimit_check_seconds_bucket"} <= read
