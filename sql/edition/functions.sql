@@ -277,11 +277,7 @@ DECLARE
     items jsonb := '[]';
     item record;
 BEGIN
-    IF limits IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'limits must be a JSON array, got NULL'); END IF;
-    IF pg_column_size(limits) > @MAX_JSON_BYTES@ THEN
-        PERFORM ratelimit.rl__invalid(fn, format('limits must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
-                                                 pg_column_size(limits)));
-    END IF;
+    PERFORM ratelimit.rl__json_arg(fn, 'limits', limits, 'a JSON array');
     now := ratelimit.rl__now(fn, now_ms);
     IF jsonb_typeof(limits) <> 'array' THEN
         PERFORM ratelimit.rl__invalid(fn, 'limits must be a JSON array of limit objects');
@@ -304,11 +300,7 @@ DECLARE
     @ARGUMENTS@
     p record;
 BEGIN
-    IF definition IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'definition must be JSON, got NULL'); END IF;
-    IF pg_column_size(definition) > @MAX_JSON_BYTES@ THEN
-        PERFORM ratelimit.rl__invalid(fn, format('definition must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
-                                                 pg_column_size(definition)));
-    END IF;
+    PERFORM ratelimit.rl__json_arg(fn, 'definition', definition, 'JSON');
     p := ratelimit.rl__policy_parse(fn, definition);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     -- a revision drawn anew, as the native library's connections compare it
@@ -322,11 +314,7 @@ END
 DECLARE
     fn CONSTANT text := 'rl_policy_validate';
 BEGIN
-    IF definition IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'definition must be JSON, got NULL'); END IF;
-    IF pg_column_size(definition) > @MAX_JSON_BYTES@ THEN
-        PERFORM ratelimit.rl__invalid(fn, format('definition must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
-                                                 pg_column_size(definition)));
-    END IF;
+    PERFORM ratelimit.rl__json_arg(fn, 'definition', definition, 'JSON');
     RETURN (ratelimit.rl__policy_parse(fn, definition)).canonical::jsonb;
 END
 
@@ -460,11 +448,7 @@ DECLARE
     b double precision;
     out jsonb;
 BEGIN
-    IF result IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'result must be JSON text, got NULL'); END IF;
-    IF pg_column_size(result) > @MAX_JSON_BYTES@ THEN
-        PERFORM ratelimit.rl__invalid(fn, format('result must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
-                                                 pg_column_size(result)));
-    END IF;
+    PERFORM ratelimit.rl__json_arg(fn, 'result', result, 'JSON text');
     IF jsonb_typeof(o) <> 'object' THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
     -- counts no header can show exactly (headers::exact)
     FOR l IN SELECT x FROM (SELECT o AS x UNION ALL SELECT e FROM jsonb_array_elements(

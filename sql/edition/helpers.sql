@@ -116,6 +116,21 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE ratelimit.rl__name_error(fn, 'key', key) END
 $$;
 
+-- A JSON argument (args::json_size): NULL is "<what> must be <wanted>, got NULL", and it
+-- holds at most @MAX_JSON_BYTES@ bytes.
+CREATE OR REPLACE FUNCTION ratelimit.rl__json_arg(fn text, what text, v jsonb, wanted text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF v IS NULL THEN
+        PERFORM ratelimit.rl__invalid(fn, format('%s must be %s, got NULL', what, wanted));
+    ELSIF pg_column_size(v) > @MAX_JSON_BYTES@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format('%s must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
+                                                 what, pg_column_size(v)));
+    END IF;
+    RETURN v;
+END
+$$;
+
 -- The error of a number that is no finite number greater than 0 (of at least 0, with
 -- zero), above max, below a millionth (amounts) or above a year (durations): the rules
 -- of args::positive_number, token_number, cost_number, amount_micros and duration_ms.
