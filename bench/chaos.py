@@ -193,6 +193,24 @@ def final_counts():
     return counts
 
 
+def amcheck_findings():
+    """What amcheck finds wrong in the state tables after the run: their heaps and their
+    primary keys' btrees checked against every heap tuple (empty: intact)."""
+    conn = connect("direct")
+    findings = []
+    with conn.cursor() as cur:
+        cur.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+        for table in ("rl_bucket", "rl_budget", "rl_entries", "rl_policy"):
+            try:
+                cur.execute(f"SELECT bt_index_parent_check('ratelimit.{table}_pkey', true)")
+            except psycopg2.Error as e:
+                findings.append(f"{table}_pkey: {str(e).strip()}")
+            cur.execute(f"SELECT blkno, offnum, msg FROM verify_heapam('ratelimit.{table}')")
+            findings += [f"{table} block {b} item {o}: {m}" for b, o, m in cur.fetchall()]
+    conn.close()
+    return findings
+
+
 def main():
     wait_for_server()
     start, stop = time.monotonic(), threading.Event()
@@ -210,6 +228,7 @@ def main():
         c.join(timeout=30)
     wait_for_server()
     stored = final_counts()
+    damaged = amcheck_findings()
 
     seen, failed = collections.Counter(), collections.Counter()
     errors = collections.Counter()
@@ -226,7 +245,7 @@ def main():
     answered = sum(c.answered for c in clients)
     admitted = sum(seen.values())
     unseen = sum(max(0, stored.get(k, 0) - seen[k]) for k in keys)
-    ok = not (over or lost or unexplained or undocumented)
+    ok = not (over or lost or unexplained or undocumented or damaged)
 
     lines = [
         "# Chaos run",
@@ -249,12 +268,15 @@ def main():
         f"| admissions seen and then lost | {sum(seen[k] - stored.get(k, 0) for k in lost)} |",
         f"| keys with more unseen admissions than failed calls | {len(unexplained)} |",
         f"| undocumented errors | {len(undocumented)} |",
+        f"| amcheck findings in the state tables (heaps, primary keys) | {len(damaged)} |",
         "",
         "Errors the clients saw, by kind:",
         "",
         "| kind | count |",
         "|---|---|",
         *[f"| {kind} | {n} |" for kind, n in errors.most_common()],
+        "",
+        *[f"amcheck: {d}" for d in damaged[:20]],
         "",
         f"Verdict: {'every check held' if ok else 'FAILED'}.",
     ]

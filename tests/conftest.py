@@ -266,6 +266,25 @@ def admin(sql):
         conn.close()
 
 
+def amcheck_state_tables(cur):
+    """amcheck over the state tables: each primary key's btree against every heap tuple
+    (with its parent pages) and each heap itself; fails on any finding. False where the
+    server has no amcheck (the PostgreSQL 16 wheel has no contrib); Debian's 15 has it."""
+    cur.execute("SELECT current_setting('server_version_num')::int / 10000, "
+                "EXISTS (SELECT FROM pg_available_extensions WHERE name = 'amcheck')")
+    major, available = cur.fetchone()
+    if not available:
+        assert major != 15, "amcheck is part of Debian's postgresql-15"
+        return False
+    cur.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+    for table in ("rl_bucket", "rl_budget", "rl_entries", "rl_policy"):
+        cur.execute(f"SELECT bt_index_check('ratelimit.{table}_pkey', true)")
+        cur.execute(f"SELECT bt_index_parent_check('ratelimit.{table}_pkey', true)")
+        cur.execute(f"SELECT count(*) FROM verify_heapam('ratelimit.{table}')")
+        assert cur.fetchone()[0] == 0, f"amcheck found ratelimit.{table}'s heap damaged"
+    return True
+
+
 @contextlib.contextmanager
 def pg_test_database(buckets="table", direct_writes=True):
     """A fresh database with pg_ratelimit created, the explicit clock allowed and buckets

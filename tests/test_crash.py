@@ -10,13 +10,16 @@ import time
 
 import pytest
 
-from conftest import ROOT, SQLITE_EXT, pg_connect, pg_database, sqlite_connect
+from conftest import EDITION, ROOT, SQLITE_EXT, amcheck_state_tables, pg_connect, pg_database, sqlite_connect
 
 PG_LIMIT = 1_000_000  # more than the load admits before the crash, so it dies mid-load
 CLUSTER = ["bash", os.path.join(ROOT, "scripts", "pg_cluster.sh")]
 
 
 def test_postgres_kill_9_loses_no_seen_admission():
+    """Half the sessions that take write the bucket row in the heap directly
+    (pg_ratelimit.direct_writes), half by the guarded UPDATE; after recovery amcheck finds
+    the state tables and their keys intact."""
     with pg_database("rl_crash") as name:
         crash_mid_load(name)
 
@@ -32,6 +35,8 @@ def crash_mid_load(name):
         try:
             conn = pg_connect(name)
             cur = conn.cursor()
+            if EDITION == "native":
+                cur.execute(f"SET pg_ratelimit.direct_writes = {'on' if i % 4 == 1 else 'off'}")
             while not stop.is_set():
                 kind = "take" if i % 2 else "spend"
                 sql = (f"SELECT rl_take('crash', {PG_LIMIT}, 0.000001)" if kind == "take"
@@ -71,6 +76,7 @@ def crash_mid_load(name):
         assert cur.fetchone()[0] == "true"
         cur.execute(f"SELECT ({call}) ->> 'admitted'", (1,))
         assert cur.fetchone()[0] == "false"
+    amcheck_state_tables(cur)
     conn.close()
 
 

@@ -105,3 +105,57 @@ def test_the_dashboard_reads_only_metrics_the_exporters_emit():
     for query in exporter_queries():
         assert any(name.startswith(query + "_") for name in read), f"no panel reads {query}"
     assert {"ratelimit_requests_total", "ratelimit_check_seconds_bucket"} <= read
+
+
+def web_cli():
+    cli = os.path.join(os.path.dirname(WEB_PYTHON), "ratelimit-web")
+    if not os.path.exists(cli):
+        if os.environ.get("RL_REQUIRE_PG") == "1":
+            pytest.fail(f"{cli} missing (scripts/test.sh installs integrations/python into the venv)")
+        pytest.skip(f"{cli} missing")
+    return cli
+
+
+def tmux(*args):
+    return subprocess.run(["tmux", "-L", "rl_top_test", *args], check=True, capture_output=True, text=True).stdout
+
+
+@native_only
+def test_ratelimit_web_top_in_a_terminal_refreshes_the_operators_view(pg_db):
+    """`ratelimit-web top` in a tmux pane of 120 x 40: the policy's counts, the subject
+    refused most and the blocks, and the numbers move as the application is refused."""
+    import shutil
+    import time
+
+    if not shutil.which("tmux"):
+        pytest.fail("tmux missing (scripts/setup.sh installs it)")
+    conn, name = pg_db
+    with conn.cursor() as cur:
+        cur.execute("""SELECT rl_policy_set('login', '{"limits": [{"burst": 1, "refill_per_minute": 0.001}]}')""")
+        cur.execute("SELECT rl_stats_reset()")
+        for _ in range(3):
+            cur.execute("SELECT rl_check('login', 'ip:203.0.113.9')")
+        cur.execute("SELECT rl_block('ip:198.51.100.1', NULL)")
+    command = f"{web_cli()} --db 'dbname={name}' top --interval 0.3"
+    tmux("new-session", "-d", "-s", "top", "-x", "120", "-y", "40", command)
+    try:
+        def screen_with(text):
+            for _ in range(100):
+                shown = tmux("capture-pane", "-p", "-t", "top")
+                if text in shown:
+                    return shown
+                time.sleep(0.1)
+            pytest.fail(f"the pane never showed {text!r}:\n{shown}")
+
+        shown = screen_with("ip:198.51.100.1")
+        assert "counts: server" in shown
+        assert re.search(r"^login\s+1\s+2\s+0\s+0$", shown, re.M), shown
+        assert re.search(r"^login\s+ip:203\.0\.113\.9\s+2\s+0\s+\d\d:\d\d:\d\d$", shown, re.M), shown
+        assert re.search(r"^ip:198\.51\.100\.1\s+0\s+until unblocked$", shown, re.M), shown
+        with conn.cursor() as cur:
+            for _ in range(5):
+                cur.execute("SELECT rl_check('login', 'ip:203.0.113.9')")
+        shown = screen_with("login   ip:203.0.113.9         7")
+        assert re.search(r"^login\s+1\s+7\s+0\s+0$", shown, re.M), shown
+    finally:
+        tmux("kill-server")

@@ -7,9 +7,11 @@
     ratelimit-web --db app.db block ip:203.0.113.9 --seconds 3600
     ratelimit-web --db app.db blocks
     ratelimit-web --db app.db unblock ip:203.0.113.9
+    ratelimit-web --db postgresql://ops@db/app top            # refreshed every 2 s; --once prints once
 
 `--db` defaults to RATELIMIT_DATABASE. On PostgreSQL, setting and dropping policies and
-lifting blocks need a member of rl_admin (or the extension's owner). An error of the engine
+lifting blocks need a member of rl_admin (or the extension's owner), and so does `top`,
+which shows rl_check's counts per policy, the subjects refused most and the blocks in force. An error of the engine
 is printed as it says it, with exit status 1."""
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import json
 import os
 import sqlite3
 import sys
+import time
 from typing import List, Optional
 
 
@@ -51,6 +54,64 @@ class Database:
         return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
 
 
+SCOPES = {
+    "server": "the whole server's, since rl_stats_reset()",
+    "session": "this command's own session only: preload pg_ratelimit to see the server's",
+    "process": "this command's own process only: SQLite keeps them in each process (read the application's metrics)",
+}
+
+
+def table(title: str, header: List[str], rows: List[list], left: int = 1) -> List[str]:
+    """A titled table in fixed columns, the first `left` left-aligned (names), the rest
+    right-aligned (numbers)."""
+    cells = [header] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["", title]
+    for r in cells:
+        lines.append("  ".join(v.ljust(w) if i < left else v.rjust(w)
+                               for i, (v, w) in enumerate(zip(r, widths))).rstrip())
+    if not rows:
+        lines.append("(none)")
+    return lines
+
+
+def top_screen(db: "Database", n: int) -> str:
+    """What `top` shows: rl_check's counts per policy, the subjects refused most and the
+    blocks in force, each read from the database's views."""
+    stats = db.value("SELECT rl_policy_stats()")
+    policies = sorted(stats["policies"].items())
+    refused = []
+    for name, _ in policies:
+        top = db.value("SELECT rl_top_refused(?, ?)", (name, n))
+        refused += [[name, e["subject"], e["refusals"], e["error"],
+                     time.strftime("%H:%M:%S", time.gmtime(e["last_refused_ms"] / 1000))] for e in top["subjects"]]
+    refused.sort(key=lambda r: -r[2])
+    now_ms = time.time() * 1000
+    blocks = [[subject, strikes, "until unblocked" if until is None else f"{max(0, until - now_ms) / 1000:.0f} s more"]
+              for subject, strikes, until in db.rows("SELECT subject, strikes, blocked_until_ms FROM rl_blocks ORDER BY subject")]
+    lines = [f"ratelimit-web top  {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+             f"counts: {stats['scope']} ({SCOPES.get(stats['scope'], '')})"]
+    lines += table("POLICIES", ["policy", "admitted", "refused", "refused blocked", "shadow would refuse"],
+                   [[name, c["admitted"], c["refused"], c["refused_blocked"], c["would_refuse"]] for name, c in policies])
+    lines += table("MOST REFUSED", ["policy", "subject", "refusals", "error", "last (UTC)"], refused[:n], 2)
+    lines += table("BLOCKED NOW", ["subject", "strikes", "ends"], blocks)
+    return "\n".join(lines) + "\n"
+
+
+def top(db: "Database", n: int, interval: float, once: bool) -> None:
+    if once:
+        sys.stdout.write(top_screen(db, n))
+        return
+    try:
+        while True:
+            screen = top_screen(db, n)
+            sys.stdout.write("\x1b[H\x1b[2J" + screen + f"\n(every {interval:g} s; Ctrl-C quits)\n")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="ratelimit-web", description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", default=os.environ.get("RATELIMIT_DATABASE"),
@@ -69,6 +130,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     unblock = commands.add_parser("unblock", help="lift a subject's block and forget its strikes")
     unblock.add_argument("subject")
     commands.add_parser("blocks", help="the subjects blocked now, one JSON object a line")
+    watch = commands.add_parser("top", help="counts per policy, the subjects refused most and the blocks, refreshed")
+    watch.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    watch.add_argument("-n", type=int, default=10, help="subjects refused most to show (1 to 64, default 10)")
+    watch.add_argument("--once", action="store_true", help="print the view once and exit")
     args = parser.parse_args(argv)
     if not args.db:
         parser.error("give --db (or set RATELIMIT_DATABASE)")
@@ -86,6 +151,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"dropped {args.name}" if dropped else f"there was no policy named {args.name}")
         elif args.command == "block":
             print(json.dumps(db.value("SELECT rl_block(?, ?)", (args.subject, args.seconds))))
+        elif args.command == "top":
+            top(db, args.n, args.interval, args.once)
         elif args.command == "unblock":
             lifted = db.value("SELECT rl_unblock(?)", (args.subject,))
             print(f"unblocked {args.subject}" if lifted else f"{args.subject} was not blocked")
