@@ -25,7 +25,7 @@ need_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok install
 for p in sqlite3 libsqlite3-dev python3 python3-pytest python3-yaml gcc pkg-config; do need_pkg "$p"; done
 if [ "$want_pg" = 1 ]; then
   for p in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo python3-psycopg2 \
-           libreadline-dev zlib1g-dev libssl-dev bison flex python3-venv equivs patchelf gdb tmux; do need_pkg "$p"; done
+           libreadline-dev zlib1g-dev libssl-dev bison flex python3-venv equivs patchelf gdb tmux chromium; do need_pkg "$p"; done
   # the Rack and Rails integration (integrations/ruby) and its tests: Debian's Ruby 3.1,
   # Rails 6.1 and puma (no gem comes from rubygems.org)
   for p in ruby ruby-rack ruby-pg ruby-sqlite3 ruby-rails puma; do need_pkg "$p"; done

@@ -32,7 +32,7 @@ class Database:
     """One connection, PostgreSQL (psycopg 3) or SQLite (the extension of the sqlite-ratelimit
     package, or RATELIMIT_SQLITE_EXTENSION)."""
 
-    def __init__(self, db: str):
+    def __init__(self, db: str, extension: Optional[str] = None):
         if is_postgres(db):
             import psycopg
 
@@ -41,7 +41,7 @@ class Database:
         else:
             from .limiter import _extension, _sqlite_connect
 
-            self.conn = _sqlite_connect(db, os.environ.get("RATELIMIT_SQLITE_EXTENSION") or _extension(None), 5.0)
+            self.conn = _sqlite_connect(db, extension or os.environ.get("RATELIMIT_SQLITE_EXTENSION") or _extension(None), 5.0)
             self.p = "?"
 
     def rows(self, sql: str, params=()) -> list:

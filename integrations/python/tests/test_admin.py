@@ -1,0 +1,318 @@
+"""The operator's page (ratelimit_web.admin) on SQLite and PostgreSQL: served by uvicorn
+(ASGI), wsgiref (WSGI) and Django's view, loaded in headless Chromium (Debian's chromium,
+driven over the DevTools protocol): the page shows the policies, the subjects refused most
+and the blocks, an unblock button lifts a block, the screenshot is kept, an unauthorised
+request gets 403, and the application's own role (not in rl_admin) cannot unblock.
+RL_BLESS=1 saves the PostgreSQL run's screenshot as docs/monitoring/admin-page.png."""
+import base64
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+import httpx
+import pytest
+
+from ratelimit_web.admin import AdminView
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+EXTENSION = os.environ.get("RATELIMIT_SQLITE_EXTENSION", os.path.join(ROOT, "target", "release", "libratelimit"))
+SCREENSHOT = os.path.join(ROOT, "docs", "monitoring", "admin-page.png")
+POLICY = '{"limits": [{"burst": 2, "refill_per_minute": 0.001}]}'
+ENGINES = ["sqlite"] + (["postgres"] if os.environ.get("PGHOST") else [])
+TOKEN = "ops=let-me-in"
+
+
+def authorized(request):
+    return TOKEN in request.headers.get("cookie", "")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class App:
+    """The application's database with some refusals and blocks, and the database URL an
+    administrator's page uses (PostgreSQL: a role in rl_admin; `app_url`: the application's
+    role, which is not)."""
+
+    def __init__(self, engine, tmp_path):
+        self.engine = engine
+        if engine == "sqlite":
+            self.url = self.app_url = str(tmp_path / "app.db")
+            conn = sqlite3.connect(self.url, isolation_level=None)
+            conn.enable_load_extension(True)
+            conn.load_extension(EXTENSION)
+            run = lambda sql, *a: conn.execute(sql, a).fetchall()  # noqa: E731
+        else:
+            import psycopg
+
+            name = "rl_admin_" + tmp_path.name.replace("-", "_").lower()[-30:]
+            self.ops, self.app = f"ops_{name}", f"app_{name}"
+            with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+                admin.execute(f"DROP DATABASE IF EXISTS {name}")
+                admin.execute(f"CREATE DATABASE {name}")
+                for role in (self.ops, self.app):
+                    admin.execute(f"DROP ROLE IF EXISTS {role}")
+                admin.execute(f"CREATE ROLE {self.ops} LOGIN IN ROLE rl_admin")
+                admin.execute(f"CREATE ROLE {self.app} LOGIN")
+            self.name = name
+            conn = psycopg.connect(f"dbname={name}", autocommit=True)
+            conn.execute("CREATE EXTENSION pg_ratelimit")
+            self.url, self.app_url = f"dbname={name} user={self.ops}", f"dbname={name} user={self.app}"
+            run = lambda sql, *a: conn.execute(sql.replace("?", "%s"), a).fetchall()  # noqa: E731
+        self.run = run
+        run("SELECT rl_policy_set('login', ?)", POLICY)
+        run("SELECT rl_stats_reset()")
+        # the page's process counts what it sees: on SQLite and without preload that is
+        # this process's own checks, which these are
+        for subject, calls in (("ip:203.0.113.9", 6), ("ip:198.51.100.7", 3)):
+            for _ in range(calls):
+                run("SELECT rl_check('login', ?)", subject)
+        run("SELECT rl_block('ip:192.0.2.66', NULL)")
+        run("SELECT rl_block('user:mallory', 3600)")
+
+    def blocked(self):
+        return sorted(r[0] for r in self.run("SELECT subject FROM rl_blocks"))
+
+
+@pytest.fixture(params=ENGINES)
+def app(request, tmp_path):
+    return App(request.param, tmp_path)
+
+
+def serve_asgi(admin):
+    """The page mounted at /ratelimit of a Starlette app under uvicorn, in a thread."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    site = Starlette(routes=[Route("/", lambda r: PlainTextResponse("the application")),
+                             Mount("/ratelimit", app=admin.asgi)])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(site, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.05)
+    return server, thread, f"http://127.0.0.1:{port}/ratelimit/"
+
+
+class Browser:
+    """Headless Chromium over the DevTools protocol (its WebSocket, spoken with the
+    standard library)."""
+
+    def __init__(self):
+        chromium = shutil.which("chromium")
+        if not chromium:
+            pytest.fail("chromium missing (scripts/setup.sh --pg installs Debian's)")
+        self.profile = tempfile.mkdtemp(prefix="rl_chromium_")
+        self.proc = subprocess.Popen([chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                                      "--remote-debugging-port=0", f"--user-data-dir={self.profile}",
+                                      "--window-size=1280,1000", "about:blank"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = os.path.join(self.profile, "DevToolsActivePort")
+        for _ in range(200):
+            if os.path.exists(port_file) and open(port_file).read().strip():
+                break
+            time.sleep(0.05)
+        port = int(open(port_file).read().split()[0])
+        pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
+        url = next(p for p in pages if p["type"] == "page")["webSocketDebuggerUrl"]
+        host_port, path = url[len("ws://"):].split("/", 1)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /{path} HTTP/1.1\r\nHost: {host_port}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        response = b""
+        while b"\r\n\r\n" not in response:
+            response += self.sock.recv(4096)
+        assert b" 101 " in response.split(b"\r\n")[0], response
+        self.buffer = response.split(b"\r\n\r\n", 1)[1]
+        self.next_id = 0
+
+    def _read(self, n):
+        while len(self.buffer) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("chromium closed the DevTools connection")
+            self.buffer += chunk
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def _message(self):
+        data = b""
+        while True:
+            first, second = self._read(2)
+            length = second & 0x7F
+            if length == 126:
+                length = struct.unpack(">H", self._read(2))[0]
+            elif length == 127:
+                length = struct.unpack(">Q", self._read(8))[0]
+            data += self._read(length)
+            if first & 0x80:
+                return json.loads(data)
+
+    def call(self, method, **params):
+        self.next_id += 1
+        payload = json.dumps({"id": self.next_id, "method": method, "params": params}).encode()
+        mask = os.urandom(4)
+        header = bytes([0x81]) + (bytes([0x80 | len(payload)]) if len(payload) < 126
+                                  else bytes([0x80 | 126]) + struct.pack(">H", len(payload)) if len(payload) < 65536
+                                  else bytes([0x80 | 127]) + struct.pack(">Q", len(payload)))
+        self.sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+        while True:
+            message = self._message()
+            if message.get("id") == self.next_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message["result"]
+
+    def js(self, expression):
+        result = self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression, seconds=15):
+        for _ in range(int(seconds * 10)):
+            value = self.js(expression)
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"the page never made {expression} true; it shows:\n{self.js('document.body.innerText')}")
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def test_the_page_in_chromium_lists_refusals_and_unblocks(app):
+    admin = AdminView(app.url, extension=EXTENSION, authorize=authorized, sample_seconds=0.5)
+    server, thread, url = serve_asgi(admin)
+    browser = Browser()
+    try:
+        browser.call("Network.enable")
+        browser.call("Network.setCookie", name="ops", value="let-me-in", url=url)
+        browser.call("Page.navigate", url=url)
+        browser.wait_for("document.body && document.body.dataset.loaded === 'yes'")
+        text = browser.js("document.body.innerText")
+        assert "login" in text and "2 burst" in text
+        refused = browser.js("[...document.querySelectorAll('#refused tr')].map(r => r.innerText.split('\\t').slice(0, 4).join(' '))")
+        assert refused[:2] == ["login ip:203.0.113.9 4 0", "login ip:198.51.100.7 1 0"]
+        counts = browser.js("[...document.querySelectorAll('#policies td')].slice(2).map(td => td.innerText)")
+        assert counts == ["4", "5", "0", "0"]  # admitted 2 + 2, refused 4 + 1
+        # the chart appears once the page has two samples
+        browser.wait_for("document.querySelector('#chart svg') !== null")
+        # keyboard: the unblock buttons are reachable and named
+        labels = browser.js("[...document.querySelectorAll('#blocks button')].map(b => b.getAttribute('aria-label'))")
+        assert labels == ["Unblock ip:192.0.2.66", "Unblock user:mallory"]
+        shot = base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"])
+        assert shot.startswith(b"\x89PNG") and len(shot) > 20_000, "a screenshot of the drawn page"
+        if app.engine == "postgres" and os.environ.get("RL_BLESS") == "1":
+            with open(SCREENSHOT, "wb") as f:  # the picture docs/monitoring/README.md shows
+                f.write(shot)
+        browser.js("document.querySelector('#blocks button[data-subject=\"ip:192.0.2.66\"]').focus()")
+        browser.js("document.activeElement.click()")
+        browser.wait_for("document.getElementById('status').innerText.includes('Unblocked ip:192.0.2.66')")
+        browser.wait_for("document.querySelectorAll('#blocks button').length === 1")
+        assert app.blocked() == ["user:mallory"]
+        # without the cookie: 403, and the page is not served
+        browser.call("Network.clearBrowserCookies")
+        browser.call("Page.navigate", url=url)
+        browser.wait_for("document.body && document.body.innerText.includes('forbidden')")
+    finally:
+        browser.close()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_unauthorised_requests_get_403_and_the_applications_role_cannot_unblock(app):
+    admin = AdminView(app.url, extension=EXTENSION, authorize=authorized)
+    server, thread, url = serve_asgi(admin)
+    try:
+        with httpx.Client() as client:
+            for method, path in (("GET", ""), ("GET", "state"), ("POST", "unblock")):
+                answer = client.request(method, url + path, json={"subject": "user:mallory"})
+                assert answer.status_code == 403 and answer.json() == {"error": "forbidden"}
+            ok = {"Cookie": TOKEN}
+            assert client.get(url + "state", headers=ok).json()["blocks"][0]["subject"] == "ip:192.0.2.66"
+            # a form post (what another site could make a browser send) is refused
+            form = client.post(url + "unblock", headers=ok, data={"subject": "user:mallory"})
+            assert form.status_code == 415 and app.blocked() == ["ip:192.0.2.66", "user:mallory"]
+        if app.engine == "postgres":
+            # the page configured with the application's own role: rl_admin's views and
+            # rl_unblock are not its to use
+            as_app = AdminView(app.app_url, authorize=lambda r: True)
+            status, _, body = as_app.handle(_request("POST", "unblock"), b'{"subject": "user:mallory"}')
+            assert status == 403 and "permission denied" in json.loads(body)["error"]
+            assert as_app.handle(_request("GET", "state"))[0] == 403
+            assert app.blocked() == ["ip:192.0.2.66", "user:mallory"]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _request(method, path):
+    from ratelimit_web.admin import AdminRequest
+
+    return AdminRequest(method, path, {"content-type": "application/json"})
+
+
+def test_the_wsgi_and_django_forms_of_the_page(app):
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    admin = AdminView(app.url, extension=EXTENSION, authorize=authorized)
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = make_server("127.0.0.1", 0, admin.wsgi, handler_class=Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{httpd.server_port}/"
+    try:
+        with httpx.Client() as client:
+            assert client.get(url + "state").status_code == 403
+            assert "<title>Rate limits" in client.get(url, headers={"Cookie": TOKEN}).text
+            answer = client.post(url + "unblock", headers={"Cookie": TOKEN}, json={"subject": "user:mallory"})
+            assert answer.json() == {"subject": "user:mallory", "unblocked": True}
+    finally:
+        httpd.shutdown()
+    assert app.blocked() == ["ip:192.0.2.66"]
+
+    # Django's view, called as Django calls it (RequestFactory: the view alone; the site's
+    # own settings when test_django.py configured them first)
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(ALLOWED_HOSTS=["testserver"], SECRET_KEY="test", DATABASES={}, INSTALLED_APPS=[])
+        import django
+
+        django.setup()
+    from django.test import RequestFactory
+
+    from ratelimit_web.admin import django_view
+
+    view, factory = django_view(admin), RequestFactory()
+    assert view(factory.get("/ratelimit/state"), "state").status_code == 403
+    answer = view(factory.get("/ratelimit/state", HTTP_COOKIE=TOKEN), "state")
+    assert json.loads(answer.content)["policies"][0]["name"] == "login"
+    answer = view(factory.post("/ratelimit/unblock", data=json.dumps({"subject": "ip:192.0.2.66"}),
+                               content_type="application/json", HTTP_COOKIE=TOKEN), "unblock")
+    assert json.loads(answer.content) == {"subject": "ip:192.0.2.66", "unblocked": True}
+    assert app.blocked() == []
