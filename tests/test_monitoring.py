@@ -159,3 +159,13 @@ def test_ratelimit_web_top_in_a_terminal_refreshes_the_operators_view(pg_db):
         assert re.search(r"^login\s+1\s+7\s+0\s+0$", shown, re.M), shown
     finally:
         tmux("kill-server")
+
+
+def test_each_web_package_ships_the_one_operators_page():
+    """integrations/spec/admin.html is the page; the Python and Node packages ship copies."""
+    with open(os.path.join(ROOT, "integrations", "spec", "admin.html"), "rb") as f:
+        page = f.read()
+    assert b"<title>Rate limits: who is being limited</title>" in page
+    for copy in ("integrations/python/ratelimit_web/admin.html", "integrations/node/admin.html"):
+        with open(os.path.join(ROOT, copy), "rb") as f:
+            assert f.read() == page, f"{copy} differs from integrations/spec/admin.html: copy it again"

@@ -16,7 +16,7 @@ const USAGE = "usage: ratelimit-web [--db DB] policy set NAME JSON | policy list
 
 type Row = unknown[];
 
-interface Database {
+export interface Database {
   rows(sql: string, params?: unknown[]): Promise<Row[]>;
   close(): Promise<void>;
 }
@@ -35,7 +35,8 @@ function libpq(text: string): Record<string, string> {
   return settings;
 }
 
-async function open(db: string): Promise<Database> {
+/** One connection to `db` (PostgreSQL through `pg`, or a SQLite file with the extension). */
+export async function open(db: string, extension?: string): Promise<Database> {
   if (isPostgres(db)) {
     const { Client } = require("pg");
     const client = new Client(db.includes("://") ? { connectionString: db } : libpq(db));
@@ -47,7 +48,7 @@ async function open(db: string): Promise<Database> {
   }
   const Sqlite = require("better-sqlite3");
   const conn = new Sqlite(db, { timeout: 5000 });
-  conn.loadExtension(process.env.RATELIMIT_SQLITE_EXTENSION || require("sqlite-ratelimit").getLoadablePath());
+  conn.loadExtension(extension || process.env.RATELIMIT_SQLITE_EXTENSION || require("sqlite-ratelimit").getLoadablePath());
   return {
     rows: async (sql, params = []) => {
       const statement = conn.prepare(sql.replace(/\$\d+/g, "?"));

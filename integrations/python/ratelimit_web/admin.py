@@ -26,6 +26,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .cli import Database
@@ -214,119 +215,7 @@ def django_view(admin: AdminView):
     return view
 
 
-PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Rate limits: who is being limited</title>
-<style>
-body { font: 15px/1.45 system-ui, sans-serif; margin: 1.5rem auto; max-width: 72rem; padding: 0 1rem; color: #1b1f24; }
-h1 { font-size: 1.4rem; margin: 0 0 .25rem; } h2 { font-size: 1.1rem; margin: 1.6rem 0 .5rem; }
-table { border-collapse: collapse; width: 100%; } caption { text-align: left; color: #57606a; padding-bottom: .3rem; }
-th, td { text-align: left; padding: .3rem .6rem; border-bottom: 1px solid #d0d7de; } td.n, th.n { text-align: right; }
-button { font: inherit; padding: .2rem .7rem; border: 1px solid #8c959f; border-radius: .3rem; background: #f6f8fa; cursor: pointer; }
-button:focus-visible { outline: 3px solid #0969da; outline-offset: 2px; }
-#status { min-height: 1.4em; color: #57606a; } .bad { color: #cf222e; } svg { display: block; }
-.meter { height: .6rem; background: #eaeef2; border-radius: .3rem; overflow: hidden; max-width: 20rem; }
-.meter span { display: block; height: 100%; background: #0969da; }
-</style>
-</head>
-<body>
-<main>
-<h1>Who is being limited</h1>
-<p id="status" role="status" aria-live="polite">Loading…</p>
-<section aria-labelledby="h-policies"><h2 id="h-policies">Policies</h2>
-<table><caption>Counts of rl_check since the last reset (<span id="scope"></span>)</caption>
-<thead><tr><th scope="col">Policy</th><th scope="col">Limits</th><th scope="col" class="n">Admitted</th>
-<th scope="col" class="n">Refused</th><th scope="col" class="n">Refused while blocked</th>
-<th scope="col" class="n">Shadow would refuse</th></tr></thead><tbody id="policies"></tbody></table></section>
-<section aria-labelledby="h-chart"><h2 id="h-chart">Refusals over the last hour</h2>
-<div id="chart"></div></section>
-<section aria-labelledby="h-refused"><h2 id="h-refused">Subjects refused most</h2>
-<table><caption>Refusals are at most “error” above the true count</caption>
-<thead><tr><th scope="col">Policy</th><th scope="col">Subject</th><th scope="col" class="n">Refusals</th>
-<th scope="col" class="n">Error</th><th scope="col">Last refused</th></tr></thead><tbody id="refused"></tbody></table></section>
-<section aria-labelledby="h-blocks"><h2 id="h-blocks">Blocked now</h2>
-<table><thead><tr><th scope="col">Subject</th><th scope="col" class="n">Strikes</th><th scope="col">Until</th>
-<th scope="col"><span class="visually-hidden">Action</span></th></tr></thead><tbody id="blocks"></tbody></table></section>
-<section aria-labelledby="h-memory"><h2 id="h-memory">Memory store</h2><div id="memory"></div></section>
-</main>
-<script>
-"use strict";
-const base = location.pathname.replace(/\\/?$/, "/");
-const $ = (id) => document.getElementById(id);
-function cell(text, cls) { const td = document.createElement("td"); td.textContent = text; if (cls) td.className = cls; return td; }
-function row(cells) { const tr = document.createElement("tr"); cells.forEach((c) => tr.appendChild(c)); return tr; }
-function empty(body, columns, text) { body.replaceChildren(row([Object.assign(cell(text), { colSpan: columns })])); }
-function when(ms) { return ms == null ? "until unblocked" : new Date(ms).toLocaleString(); }
-function limits(list) {
-  return list.map((l) => l.burst !== undefined ? `${l.burst} burst, ${l.refill_per_minute}/min`
-    : l.quota !== undefined ? `${l.quota} per ${l.period}` : `${l.limit} per ${l.window_seconds} s`).join("; ");
-}
-function chart(history) {
-  const box = $("chart");
-  if (history.length < 2) { box.textContent = "Samples appear as this page stays open (one every few seconds)."; return; }
-  const policies = [...new Set(history.flatMap(([, c]) => Object.keys(c)))].sort();
-  const w = 720, h = 160, t0 = history[0][0], t1 = history[history.length - 1][0];
-  const series = policies.map((p) => history.slice(1).map(([t, c], i) => [t, Math.max(0, ((c[p] || 0) - (history[i][1][p] || 0)) / Math.max(1, (t - history[i][0]) / 1000))]));
-  const top = Math.max(1e-9, ...series.flat().map(([, v]) => v));
-  const colours = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bc4c00", "#57606a"];
-  const x = (t) => 40 + (w - 50) * (t - t0) / Math.max(1, t1 - t0), y = (v) => h - 20 - (h - 30) * v / top;
-  const lines = series.map((s, i) => `<polyline fill="none" stroke="${colours[i % colours.length]}" stroke-width="2" points="${s.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ")}"/>`).join("");
-  const legend = policies.map((p, i) => `<tspan fill="${colours[i % colours.length]}">■ </tspan><tspan>${p.replace(/[<&>]/g, "")}  </tspan>`).join("");
-  const summary = policies.map((p, i) => `${p}: ${series[i][series[i].length - 1][1].toFixed(2)} refusals per second now`).join("; ");
-  box.innerHTML = `<svg role="img" aria-label="Refusals per second by policy. ${summary.replace(/["<&>]/g, "")}" width="${w}" height="${h + 20}" viewBox="0 0 ${w} ${h + 20}">
-    <line x1="40" y1="${h - 20}" x2="${w - 10}" y2="${h - 20}" stroke="#d0d7de"/><text x="0" y="14" font-size="11">${top.toFixed(2)}/s</text>
-    <text x="0" y="${h - 20}" font-size="11">0</text>${lines}<text x="40" y="${h + 12}" font-size="12">${legend}</text></svg>`;
-}
-async function unblock(subject, button) {
-  button.disabled = true;
-  const answer = await fetch(base + "unblock", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ subject }) });
-  const body = await answer.json();
-  $("status").textContent = answer.ok ? (body.unblocked ? `Unblocked ${subject}.` : `${subject} was not blocked.`) : `Could not unblock ${subject}: ${body.error}`;
-  $("status").className = answer.ok ? "" : "bad";
-  await refresh();
-}
-async function refresh() {
-  let s;
-  try {
-    const answer = await fetch(base + "state", { headers: { Accept: "application/json" } });
-    s = await answer.json();
-    if (!answer.ok) throw new Error(s.error || answer.status);
-  } catch (e) { $("status").textContent = `Could not read the state: ${e.message}`; $("status").className = "bad"; return; }
-  $("scope").textContent = s.scope === "server" ? "the whole server" : `this page's ${s.scope} only`;
-  const policies = $("policies");
-  if (!s.policies.length) empty(policies, 6, "No policy yet."); else policies.replaceChildren(...s.policies.map((p) => row([
-    cell(p.name + (p.shadow ? " (shadow)" : "")), cell(limits(p.limits)),
-    ...["admitted", "refused", "refused_blocked", "would_refuse"].map((k) => cell(p.counts ? p.counts[k] : 0, "n"))])));
-  const refused = $("refused");
-  if (!s.refused.length) empty(refused, 5, "Nobody refused since the last reset."); else refused.replaceChildren(...s.refused.map((r) => row([
-    cell(r.policy), cell(r.subject), cell(r.refusals, "n"), cell(r.error, "n"), cell(new Date(r.last_refused_ms).toLocaleTimeString())])));
-  const blocks = $("blocks");
-  if (!s.blocks.length) empty(blocks, 4, "Nobody is blocked."); else blocks.replaceChildren(...s.blocks.map((b) => {
-    const button = document.createElement("button");
-    button.type = "button"; button.textContent = "Unblock"; button.dataset.subject = b.subject;
-    button.setAttribute("aria-label", `Unblock ${b.subject}`);
-    button.addEventListener("click", () => unblock(b.subject, button));
-    const action = document.createElement("td"); action.appendChild(button);
-    return row([cell(b.subject), cell(b.strikes, "n"), cell(when(b.blocked_until_ms)), action]);
-  }));
-  if (s.memory) {
-    const fill = s.memory.in_use / Math.max(1, s.memory.capacity);
-    $("memory").innerHTML = `<p>${s.memory.in_use.toLocaleString()} of ${s.memory.capacity.toLocaleString()} buckets (${(100 * fill).toFixed(1)} %), ${s.memory.evicted_early.toLocaleString()} replaced early</p>
-      <div class="meter" role="meter" aria-label="Memory store fill" aria-valuemin="0" aria-valuemax="100" aria-valuenow="${(100 * fill).toFixed(1)}"><span style="width:${(100 * fill).toFixed(1)}%"></span></div>`;
-  } else { $("memory").textContent = "No memory store here (SQLite and the SQL edition keep every bucket in tables)."; }
-  chart(s.history);
-  if ($("status").textContent === "Loading…" || $("status").className === "bad" && !$("status").textContent.startsWith("Could not unblock")) {
-    $("status").textContent = `Updated ${new Date().toLocaleTimeString()}.`; $("status").className = "";
-  }
-  document.body.dataset.loaded = "yes";
-}
-refresh();
-setInterval(refresh, 3000);
-</script>
-<style>.visually-hidden { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0); }</style>
-</body>
-</html>
-"""
+# The page, one file shared by the web packages (integrations/spec/admin.html; each package
+# ships a copy, which tests/test_monitoring.py holds equal to it).
+PAGE = (Path(__file__).parent / "admin.html").read_text(encoding="utf-8")
+
