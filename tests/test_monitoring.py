@@ -49,7 +49,7 @@ def web_metric_names():
     code = ("from prometheus_client import CollectorRegistry, generate_latest\n"
             "from ratelimit_web.metrics import PrometheusMetrics\n"
             "r = CollectorRegistry(); m = PrometheusMetrics(r)\n"
-            "m.count('/login', 'refused'); m.observe('/login', 0.001)\n"
+            "m.count('/login', 'refused', 'login'); m.observe('/login', 0.001); m.refuse('/login', 'login', 'ip:1')\n"
             "print(generate_latest(r).decode())\n")
     out = subprocess.run([WEB_PYTHON, "-c", code], check=True, capture_output=True, text=True).stdout
     return {re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0) for line in out.splitlines()
@@ -104,7 +104,7 @@ def test_the_dashboard_reads_only_metrics_the_exporters_emit():
     # every panel's source is covered: each query of the exporter file, and the web metrics
     for query in exporter_queries():
         assert any(name.startswith(query + "_") for name in read), f"no panel reads {query}"
-    assert {"ratelimit_requests_total", "ratelimit_check_seconds_bucket"} <= read
+    assert {"ratelimit_requests_total", "ratelimit_check_seconds_bucket", "ratelimit_refused_subject_refusals"} <= read
 
 
 def web_cli():

@@ -10,8 +10,6 @@
 //   const admin = new AdminView({ database: "postgresql://ops@db/app", authorize: (r) => isOperator(r.native) });
 //   app.use("/ratelimit", admin.express);                                 // Express
 //   if (url.pathname.startsWith("/ratelimit")) return admin.fetch(request, "/ratelimit");  // Fetch API
-import * as fs from "fs";
-import * as path from "path";
 import { open, type Database } from "./cli";
 
 export interface AdminRequest {
@@ -42,7 +40,18 @@ export interface AdminAnswer {
   body: string;
 }
 
-const PAGE = fs.readFileSync(path.join(__dirname, "..", "admin.html"), "utf8");
+let page: string | undefined;
+
+/** The page, read at its first request: importing the package reads no file (bundlers such
+ * as Next.js's move the code away from the package's files, and most apps never serve it). */
+function pageHtml(): string {
+  if (page === undefined) {
+    const fs = require("fs");
+    const path = require("path");
+    page = fs.readFileSync(path.join(__dirname, "..", "admin.html"), "utf8") as string;
+  }
+  return page;
+}
 const HOUR_MS = 3_600_000;
 const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
 const decoded = (v: unknown) => (typeof v === "string" && /^[[{]/.test(v) ? JSON.parse(v) : v);
@@ -155,7 +164,7 @@ export class AdminView {
     const where = "/" + request.path.replace(/^\/+|\/+$/g, "");
     const reading = request.method === "GET" || request.method === "HEAD";
     try {
-      if (reading && where === "/") return { status: 200, contentType: "text/html; charset=utf-8", body: PAGE };
+      if (reading && where === "/") return { status: 200, contentType: "text/html; charset=utf-8", body: pageHtml() };
       if (reading && where === "/state") return json(200, await this.state());
       if (request.method === "POST" && where === "/unblock") {
         if (!(request.headers["content-type"] ?? "").startsWith("application/json")) {

@@ -431,7 +431,7 @@ export class RateLimitCore {
   /** Counts what a request came to, and tells the metrics. */
   private note(route: Route | undefined, outcome: Outcome): void {
     this.counters[COUNTER_OF[outcome]]++;
-    this.options.metrics?.count(route?.name, outcome);
+    this.options.metrics?.count(route?.name, outcome, route?.policy);
   }
 
   /** A request begins: undefined, or the 503 that sheds it (too many in flight). Every
@@ -543,6 +543,7 @@ export class RateLimitCore {
       return { kind: "admitted", headers: answer.headers };
     }
     this.note(route, "refused");
+    this.options.metrics?.refuse?.(route.name ?? "", route.policy, subject);
     // 429, or 413 for a cost above a limit, which no wait admits
     const h = answer.headers;
     const r = answer.result;

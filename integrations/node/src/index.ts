@@ -9,7 +9,7 @@ export type { FetchOptions } from "./fetch-handler";
 export { DatabaseUnavailable, isMissingPolicy, limitKey, PostgresLimiter, SqliteLimiter, UNKNOWN_POLICY_PREFIXES,
   UNKNOWN_POLICY_SQLSTATE } from "./limiter";
 export type { Answer, Limit, Limiter, RefundOn, Route } from "./limiter";
-export { PrometheusMetrics } from "./metrics";
+export { PrometheusMetrics, TopSubjects } from "./metrics";
 export type { Metrics, Outcome } from "./metrics";
 export { AdminView } from "./admin";
 export type { AdminAnswer, AdminOptions, AdminRequest } from "./admin";

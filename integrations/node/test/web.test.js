@@ -308,8 +308,9 @@ test("sqlite: metrics count each outcome per route and time the checks", async (
       const statuses = await statusesOf(base + "/api/a", 7, auth(`metered-${base}`));
       assert.deepEqual(statuses, [200, 200, 200, 200, 200, 429, 429]);
       const text = await (await fetch(base + "/metrics")).text();
-      assert.match(text, /ratelimit_requests_total\{route="GET \/api\/\*",outcome="admitted"\} 5/);
-      assert.match(text, /ratelimit_requests_total\{route="GET \/api\/\*",outcome="refused"\} 2/);
+      assert.match(text, /ratelimit_requests_total\{route="GET \/api\/\*",policy="",outcome="admitted"\} 5/);
+      assert.match(text, /ratelimit_requests_total\{route="GET \/api\/\*",policy="",outcome="refused"\} 2/);
+      assert.match(text, /ratelimit_refused_subject_refusals\{route="GET \/api\/\*",policy="",subject="user:metered-[^"]*"\} 2/);
       assert.match(text, /ratelimit_check_seconds_count\{route="GET \/api\/\*"\} 7/);
     }
   } finally {

@@ -59,6 +59,7 @@ class AdminView:
         self._lock = threading.Lock()
         self._history: List[Tuple[float, Dict[str, int]]] = []
         self._sampler: Optional[threading.Thread] = None
+        self._closed = threading.Event()
 
     # -- the database, one connection used under a lock
     def _query(self, f):
@@ -121,12 +122,19 @@ class AdminView:
         self._sampler.start()
 
     def _sample_forever(self) -> None:
-        while True:
-            time.sleep(self.sample_seconds)
+        while not self._closed.wait(self.sample_seconds):
             try:
                 self._sample()
             except Exception:  # noqa: BLE001 - the next sample tries again
                 pass
+
+    def close(self) -> None:
+        """Stops the sampler and closes the connection."""
+        self._closed.set()
+        with self._lock:
+            if self._db is not None:
+                self._db.conn.close()
+                self._db = None
 
     def unblock(self, subject: str) -> bool:
         return bool(self._query(lambda db: db.value("SELECT rl_unblock(?)", (subject,))))

@@ -375,7 +375,7 @@ class RateLimitRules:
         """Counts what a request came to (a field of Counters), and tells the metrics."""
         setattr(self.counters, outcome, getattr(self.counters, outcome) + 1)
         if self.metrics is not None:
-            self.metrics.count(route.name if route else None, outcome)
+            self.metrics.count(route.name if route else None, outcome, route.policy if route else None)
 
     # -- load shedding ---------------------------------------------------------------
 
@@ -537,6 +537,8 @@ class RateLimitRules:
             self.note(route, "admitted")
             return Decision("admit", headers=dict(answer.headers))
         self.note(route, "refused")
+        if self.metrics is not None and hasattr(self.metrics, "refuse"):
+            self.metrics.refuse(route.name, route.policy, subject)
         return self.refusal(route, subject, tier, answer)
 
     def failed(self, route: Route, subject: str, tier: Optional[str], cost: float, error: BaseException) -> Decision:

@@ -272,6 +272,7 @@ def test_the_page_in_chromium_lists_refusals_and_unblocks(app, served_by):
         if served_by == "python":
             server.should_exit = True
             thread.join(timeout=10)
+            admin.close()
         else:
             node.kill()
             node.wait()
@@ -298,9 +299,11 @@ def test_unauthorised_requests_get_403_and_the_applications_role_cannot_unblock(
             assert status == 403 and "permission denied" in json.loads(body)["error"]
             assert as_app.handle(_request("GET", "state"))[0] == 403
             assert app.blocked() == ["ip:192.0.2.66", "user:mallory"]
+            as_app.close()
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        admin.close()
 
 
 def _request(method, path):
@@ -353,3 +356,4 @@ def test_the_wsgi_and_django_forms_of_the_page(app):
                                content_type="application/json", HTTP_COOKIE=TOKEN), "unblock")
     assert json.loads(answer.content) == {"subject": "ip:192.0.2.66", "unblocked": True}
     assert app.blocked() == []
+    admin.close()

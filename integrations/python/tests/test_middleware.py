@@ -447,7 +447,8 @@ def test_metrics_count_each_outcome_per_route_and_time_the_checks(server):
         statuses = [c.get("/api/a", headers=auth("metered")).status_code for _ in range(7)]
         assert statuses == [200] * 5 + [429] * 2
         text = c.get("/metrics").text
-    assert 'ratelimit_requests_total{outcome="admitted",route="GET /api/*"} 5.0' in text, text
-    assert 'ratelimit_requests_total{outcome="refused",route="GET /api/*"} 2.0' in text
+    assert 'ratelimit_requests_total{outcome="admitted",policy="",route="GET /api/*"} 5.0' in text, text
+    assert 'ratelimit_requests_total{outcome="refused",policy="",route="GET /api/*"} 2.0' in text
+    assert 'ratelimit_refused_subject_refusals{policy="",route="GET /api/*",subject="user:metered"} 2.0' in text
     assert 'ratelimit_check_seconds_count{route="GET /api/*"} 7.0' in text
     assert 'ratelimit_check_seconds_bucket{le="1.0",route="GET /api/*"} 7.0' in text
