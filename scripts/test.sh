@@ -15,7 +15,9 @@
 #                                    3. on 15 also the SQL edition through pg_tle, and the SQL edition
 #                                       on 13 and 14, each with a differential run against 15's
 #                                       native extension;
-#                                    4. the .deb and the tarball of every major as a user installs
+#                                    4. on the last major, ratelimit-rls (Envoy's rate limit service,
+#                                       built in the background) through Envoy's gRPC client;
+#                                    5. the .deb and the tarball of every major as a user installs
 #                                       them; Citus 13.2.2 on 15 and 14.0.1 on 18.
 #   bash scripts/test.sh --fast      the core's tests and the SQLite client tests (not the
 #                                    packages'): no root, no apt, no PostgreSQL; under a minute
@@ -106,12 +108,13 @@ bash scripts/package.sh --pg "${PG_VERSIONS[0]}"
 lane=$(mktemp -d /tmp/pg_ratelimit_lane.XXXXXX)
 lane_jobs=()
 for v in "${PG_VERSIONS[@]:1}"; do lane_jobs+=("pg$v"); done
-lane_jobs+=(pg_tle citus15 citus18)
+lane_jobs+=(pg_tle rls citus15 citus18)
 lane_script='
   for job in "$@"; do
     case "$job" in
       pg*[0-9]) run=(bash scripts/package.sh --pg "${job#pg}") ;;
       pg_tle) run=(bash -c "! bash scripts/pg_tle.sh available || bash scripts/pg_tle.sh build") ;;
+      rls) run=(bash -c "cargo build --release -p ratelimit-rls && cargo test --release -p ratelimit-rls") ;;
       citus*) run=(env RL_CITUS_PG="${job#citus}" bash -c "! bash scripts/citus.sh available || bash scripts/citus.sh build") ;;
     esac
     if nice -n 19 "${run[@]}" >"$LANE/$job.log" 2>&1; then touch "$LANE/$job.done"; else touch "$LANE/$job.failed"; fi
@@ -184,6 +187,11 @@ for v in "${PG_VERSIONS[@]}"; do
       RL_PG_EDITION=pg_tle RL_REQUIRE_PG=1 RL_SQLITE=0 RL_FUZZ_CALLS="${RL_FUZZ_CALLS:-20000}" "${PYTEST[@]}" -v \
         "${EDITION_SUITES[@]}"
     fi
+  fi
+  if [ "$v" = "${PG_VERSIONS[-1]}" ]; then
+    lane_wait rls
+    step "postgres $v: ratelimit-rls, Envoy's rate limit service, through Envoy's generated gRPC client (SQLite, the extension, the SQL edition)"
+    "$WEB_VENV/bin/python" -m pytest -p no:cacheprovider -v rls/tests
   fi
   cluster_stop "$v"
 done

@@ -1,0 +1,395 @@
+"""ratelimit-rls through Envoy's own client code: the RateLimitService stubs generated from
+envoyproxy/data-plane-api (PyPI's xds-protos) and grpc.health.v1, against the built server
+on SQLite and on PostgreSQL (the extension, and the SQL edition where it is installed).
+
+Run by scripts/test.sh with the web venv's Python after `cargo build --release -p
+ratelimit-rls`; PostgreSQL cases need the test cluster (PGHOST, RL_PG_DIR, RL_PG_BIN).
+"""
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINARY = os.environ.get("RL_RLS_BINARY", os.path.join(ROOT, "target", "release", "ratelimit-rls"))
+EXTENSION = os.path.join(ROOT, "target", "release", "libratelimit")
+OK, OVER = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+
+# envoyproxy/ratelimit's README examples 2 to 9 as its README configures them (example 1
+# has the same form with one level), and ours for budgets, refunds and each failure mode:
+# one file per domain, as the server reads a folder
+EXAMPLES = os.path.join(ROOT, "rls", "config", "examples")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descriptor(*entries, hits=None, negative=False):
+    d = ratelimit_pb2.RateLimitDescriptor(
+        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries])
+    if hits is not None:
+        d.hits_addend.value = hits
+    if negative:
+        # is_negative_hits (field 4, Envoy 1.36) postdates xds-protos 1.85: set as the wire
+        # has it; the message keeps it as an unknown field and sends it on
+        d = ratelimit_pb2.RateLimitDescriptor.FromString(d.SerializeToString() + b"\x20\x01")
+    return d
+
+
+class Database:
+    def __init__(self, engine, tmp_path):
+        self.engine = engine
+        if engine == "sqlite":
+            self.path = str(tmp_path / "rls.db")
+            self.url = "sqlite:" + self.path
+        else:
+            import psycopg
+
+            self.name = "rl_rls_" + tmp_path.name.replace("-", "_").lower()[-40:]
+            with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+                admin.execute(f"DROP DATABASE IF EXISTS {self.name}")
+                admin.execute(f"CREATE DATABASE {self.name}")
+            host = os.environ["PGHOST"]
+            port = os.environ.get("PGPORT", "5432")
+            user = os.environ.get("PGUSER", "postgres")
+            if engine == "postgres":
+                with psycopg.connect(dbname=self.name, autocommit=True) as c:
+                    c.execute("CREATE EXTENSION pg_ratelimit")
+            else:
+                # the SQL edition as a managed service's master user installs it (no
+                # superuser), and the server connects as that user
+                user = "owner_" + self.name
+                with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+                    admin.execute(f"DROP ROLE IF EXISTS {user}")
+                    admin.execute(f"CREATE ROLE {user} LOGIN CREATEDB CREATEROLE")
+                    admin.execute(f"ALTER DATABASE {self.name} OWNER TO {user}")
+                subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", user, "-d", self.name,
+                                "-f", sql_edition_script()], check=True, capture_output=True)
+            self.url = f"host={host} port={port} user={user} dbname={self.name}"
+
+    def close(self):
+        if self.engine != "sqlite":
+            import psycopg
+
+            with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+                admin.execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+                admin.execute(f"DROP ROLE IF EXISTS owner_{self.name}")
+
+    def sql(self, statement, *args):
+        if self.engine == "sqlite":
+            c = sqlite3.connect(self.path, timeout=30)
+            c.enable_load_extension(True)
+            c.load_extension(EXTENSION)
+            try:
+                return c.execute(statement, args).fetchone()[0]
+            finally:
+                c.close()
+        import psycopg
+
+        with psycopg.connect(dbname=self.name, autocommit=True) as c:
+            return c.execute(statement.replace("?", "%s"), args).fetchone()[0]
+
+
+ENGINES = ["sqlite"] + (["postgres", "postgres-sql"] if os.environ.get("PGHOST") else [])
+
+
+def sql_edition_script():
+    """The SQL edition's plain script, as scripts/package.sh --sql writes it."""
+    with open(os.path.join(ROOT, "Cargo.toml")) as f:
+        version = next(line.split('"')[1] for line in f if line.startswith("version ="))
+    path = os.path.join(ROOT, "dist", f"pg_ratelimit_sql-{version}.sql")
+    if not os.path.exists(path):
+        subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
+                       stdout=subprocess.DEVNULL)
+    return path
+
+
+@pytest.fixture(params=ENGINES)
+def db(request, tmp_path):
+    database = Database(request.param, tmp_path)
+    yield database
+    database.close()
+
+
+class Server:
+    def __init__(self, db, config_dir):
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.log = open(os.path.join(config_dir, "..", "server.log"), "wb")
+        self.proc = subprocess.Popen(
+            [BINARY, "--config", str(config_dir), "--database", db.url, "--grpc", f"127.0.0.1:{self.grpc_port}",
+             "--http", f"127.0.0.1:{self.http_port}", "--reload-seconds", "0.2", "--pool", "8"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
+        health = health_pb2_grpc.HealthStub(self.channel)
+        deadline = time.time() + 30
+        while True:
+            try:
+                status = health.Check(health_pb2.HealthCheckRequest(service="envoy.service.ratelimit.v3.RateLimitService"),
+                                      timeout=1).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+            except grpc.RpcError:
+                pass
+            assert self.proc.poll() is None, self.text()
+            assert time.time() < deadline, "the server did not become healthy: " + self.text()
+            time.sleep(0.1)
+
+    def text(self):
+        self.log.flush()
+        with open(self.log.name, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def ask(self, domain, *descriptors, hits=0, timeout=10):
+        return self.stub.ShouldRateLimit(
+            rls_pb2.RateLimitRequest(domain=domain, descriptors=list(descriptors), hits_addend=hits), timeout=timeout)
+
+    def metrics(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def stop(self):
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(timeout=20)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def server(db, tmp_path):
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    for name in os.listdir(EXAMPLES):
+        shutil.copy(os.path.join(EXAMPLES, name), config_dir / name)
+    s = Server(db, config_dir)
+    s.config_dir = config_dir
+    s.db = db
+    yield s
+    s.stop()
+
+
+def metric(text, name, **labels):
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_the_reference_readme_examples(server):
+    # example 2: five marketing messages a day to one number, a hundred of any kind
+    marketing = descriptor(("message_type", "marketing"), ("to_number", "2061111111"))
+    anything = descriptor(("to_number", "2061111111"))
+    for _ in range(5):
+        r = server.ask("messaging", marketing, anything)
+        assert r.overall_code == OK
+    r = server.ask("messaging", marketing, anything)
+    assert r.overall_code == OVER
+    assert [s.code for s in r.statuses] == [OVER, OK]
+    assert r.statuses[0].current_limit.requests_per_unit == 5
+    assert r.statuses[0].current_limit.unit == rls_pb2.RateLimitResponse.RateLimit.DAY
+    # all or nothing, unlike the reference: the refused call charged the 100 a day nothing
+    assert r.statuses[1].limit_remaining == 95
+    assert 0 < r.statuses[0].duration_until_reset.seconds <= 86400
+    # another number has its own five
+    assert server.ask("messaging", descriptor(("message_type", "marketing"), ("to_number", "2062222222"))).overall_code == OK
+
+    # example 3: the most specific match; a limit of 0 refuses every call
+    r = server.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.5")))
+    assert r.overall_code == OVER and r.statuses[0].current_limit.requests_per_unit == 0
+    r = server.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.1")), hits=10)
+    assert r.overall_code == OK and r.statuses[0].current_limit.requests_per_unit == 10
+    assert server.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.1")), hits=10).overall_code == OVER
+    assert server.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.2")), hits=10).overall_code == OK
+
+    # example 4: a two-entry descriptor matches only a two-level configuration
+    r = server.ask("example4", descriptor(("key", "value")))
+    assert r.overall_code == OK and not r.statuses[0].HasField("current_limit")
+    r = server.ask("example4", descriptor(("key", "value"), ("subkey", "subvalue")))
+    assert r.statuses[0].current_limit.requests_per_unit == 300
+
+    # example 5: unlimited answers OK with LimitRemaining at MaxUint32
+    r = server.ask("internal", descriptor(("ldap", "x")), descriptor(("azure", "y")))
+    assert r.overall_code == OK
+    assert r.statuses[0].limit_remaining == 2**32 - 1 and not r.statuses[0].HasField("current_limit")
+    assert r.statuses[1].current_limit.requests_per_unit == 100 and r.statuses[1].limit_remaining == 99
+
+    # example 6: shadow mode never refuses (and counts what it would have)
+    a = descriptor(("service", "auth-service"), ("user", "user-a"))
+    b = descriptor(("service", "auth-service"), ("user", "user-b"))
+    assert server.ask("example6", a, hits=11).overall_code == OK
+    assert server.ask("example6", b, hits=21).overall_code == OVER
+    # a shadow refusal in one call does not cost the enforced limits their hits
+    r = server.ask("example6", a, b, hits=11)
+    assert [s.code for s in r.statuses] == [OK, OK] and r.statuses[1].limit_remaining == 9
+
+    # example 7: replaces
+    one = descriptor(("key_1", "value_1"), ("user", "bkthomps"))
+    two = descriptor(("key_2", "value_2"), ("user", "bkthomps"))
+    r = server.ask("example7", one, two)
+    assert not r.statuses[0].HasField("current_limit") and r.statuses[1].current_limit.requests_per_unit == 10
+    r = server.ask("example7", one)
+    assert r.statuses[0].current_limit.requests_per_unit == 5 and r.statuses[0].current_limit.name == "specific_limit"
+
+    # example 8 and 9: detailed metrics, wildcards
+    for v in ("unspecified_value", "unspecified_value2", "value1"):
+        server.ask("example8", descriptor(("key1", v)))
+    assert server.ask("example9", descriptor(("key1", "value1")), hits=20).overall_code == OK
+    assert server.ask("example9", descriptor(("key1", "value2")), hits=20).overall_code == OK
+    assert server.ask("example9", descriptor(("key1", "value2"))).overall_code == OVER
+    assert server.ask("example9", descriptor(("key1", "other"))).statuses[0].HasField("current_limit") is False
+
+    m = server.metrics()
+    assert metric(m, "ratelimit_service_rate_limit_total_hits", domain="messaging",
+                  key="message_type_marketing.to_number") == 7
+    assert metric(m, "ratelimit_service_rate_limit_over_limit", domain="messaging",
+                  key="message_type_marketing.to_number") == 1
+    assert metric(m, "ratelimit_service_rate_limit_shadow_mode", domain="example6", key="service.user_user-a") == 22
+    for key in ("key1_unspecified_value", "key1_unspecified_value2", "key1_value1"):
+        assert metric(m, "ratelimit_service_rate_limit_total_hits", domain="example8", key=key) == 1, key
+    assert metric(m, "ratelimit_service_rate_limit_total_hits", domain="example9", key="key1_value*") == 41
+    assert "ratelimit_service_should_rate_limit_seconds_count" in m
+    assert server.stop() == 0
+    assert '"msg":"stopped"' in server.text()
+
+
+def test_headers_envoy_adds_to_the_response(server):
+    r = server.ask("api", descriptor(("burst", "ann")), hits=5)
+    headers = {h.key: h.value for h in r.response_headers_to_add}
+    assert headers["RateLimit-Policy"].startswith('"api-bucket";q=5;w=3600'), headers
+    assert headers["RateLimit"].startswith('"api-bucket";r=0;'), headers
+    assert "Retry-After" not in headers
+    r = server.ask("api", descriptor(("burst", "ann")))
+    headers = {h.key: h.value for h in r.response_headers_to_add}
+    assert r.overall_code == OVER and 600 <= int(headers["Retry-After"]) <= 720, headers
+
+
+def test_exact_totals_under_32_concurrent_streams(server):
+    """32 clients, each on its own channel, ask for a user's daily budget and the shared
+    one of 200 in one call: exactly 200 calls are admitted, and the user budgets were
+    charged for those only."""
+    users = [f"u{i}" for i in range(32)]
+
+    def client(user):
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+            stub = rls_pb2_grpc.RateLimitServiceStub(ch)
+            admitted = 0
+            for _ in range(10):
+                r = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(
+                    domain="api", descriptors=[descriptor(("user", user)), descriptor(("everyone", "all"))]), timeout=30)
+                admitted += r.overall_code == OK
+            return admitted
+
+    barrier = threading.Barrier(32)
+
+    def run(user):
+        barrier.wait()
+        return client(user)
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        counts = list(pool.map(run, users))
+    assert sum(counts) == 200, counts
+    charged = sum(server.db.sql("SELECT CAST(json_extract(rl_budget(?, 'day', 1000, 0), '$.used') AS int)"
+                                if server.db.engine == "sqlite" else
+                                "SELECT (rl_budget(?, 'day', 1000, 0)->>'used')::int",
+                                'envoy:["api","user","%s"]' % u) for u in users)
+    assert charged == 200
+
+
+def test_refunds_and_checks_that_charge_nothing(server):
+    tokens = lambda **kw: descriptor(("tokens", "team-1"), **kw)
+    assert server.ask("api", tokens(), hits=40).statuses[0].limit_remaining == 10
+    # a check (hits_addend 0) charges nothing and says whether one more would pass
+    r = server.ask("api", tokens(hits=0))
+    assert r.overall_code == OK and r.statuses[0].limit_remaining == 10
+    assert server.ask("api", tokens(hits=11)).overall_code == OVER
+    # is_negative_hits gives back (the model's answer was shorter than reserved)
+    r = server.ask("api", tokens(hits=25, negative=True))
+    assert r.overall_code == OK and r.statuses[0].limit_remaining == 35
+    assert server.ask("api", tokens(hits=35)).overall_code == OK
+    r = server.ask("api", tokens(hits=0))
+    assert r.overall_code == OVER and r.statuses[0].limit_remaining == 0
+
+
+def test_a_changed_file_is_reloaded_and_a_bad_one_keeps_the_last_good(server):
+    d = descriptor(("azure", "z"))
+    assert server.ask("internal", d).statuses[0].current_limit.requests_per_unit == 100
+    path = server.config_dir / "internal.yaml"
+    path.write_text(path.read_text().replace("100", "3"))
+    deadline = time.time() + 10
+    while server.ask("internal", d).statuses[0].current_limit.requests_per_unit != 3:
+        assert time.time() < deadline, server.text()
+        time.sleep(0.1)
+    path.write_text("domain: internal\ndescriptors:\n  - key: azure\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+    deadline = time.time() + 10
+    while metric(server.metrics(), "ratelimit_service_config_loads_total", result="error") < 1:
+        assert time.time() < deadline, server.text()
+        time.sleep(0.1)
+    assert server.ask("internal", d).statuses[0].current_limit.requests_per_unit == 3
+    assert "unit must be one of" in server.text()
+
+
+def stop_postgres():
+    subprocess.run(["runuser", "-u", "postgres", "--", os.environ["RL_PG_BIN"] + "/pg_ctl", "-D",
+                    os.path.join(os.environ["RL_PG_DIR"], "data"), "-m", "fast", "-w", "stop"],
+                   check=True, capture_output=True)
+
+
+def start_postgres():
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "pg_cluster.sh"), "start"], check=True, capture_output=True)
+
+
+def test_the_database_stopped_and_started(server):
+    if server.db.engine == "sqlite":
+        pytest.skip("PostgreSQL's case")
+    if not (os.environ.get("RL_PG_DIR") and os.environ.get("RL_PG_BIN")):
+        pytest.skip("needs RL_PG_DIR and RL_PG_BIN to stop and start the cluster")
+    d = descriptor(("k", "v"))
+    assert server.ask("envoy_decides", d).overall_code == OK
+    stop_postgres()
+    try:
+        assert server.ask("open", d).overall_code == OK
+        assert server.ask("closed", d).overall_code == OVER
+        with pytest.raises(grpc.RpcError) as e:
+            server.ask("envoy_decides", d)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert metric(server.metrics(), "ratelimit_service_errors_total", kind="unreachable") >= 3
+    finally:
+        start_postgres()
+    deadline = time.time() + 30
+    while True:
+        try:
+            r = server.ask("envoy_decides", d)
+            break
+        except grpc.RpcError:
+            assert time.time() < deadline, server.text()
+            time.sleep(0.2)
+    assert r.overall_code == OK and r.statuses[0].limit_remaining == 3
+
+
+def test_bad_requests_are_named(server):
+    with pytest.raises(grpc.RpcError) as e:
+        server.ask("", descriptor(("k", "v")))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "domain must not be empty" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        server.ask("api")
+    assert "descriptors must not be empty" in e.value.details()
+    # an unknown domain has no limits, as in the reference
+    assert server.ask("nobody", descriptor(("k", "v"))).overall_code == OK
