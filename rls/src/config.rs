@@ -149,6 +149,17 @@ pub struct Rule {
     pub shadow: bool,
     pub detailed_metric: bool,
     pub algorithm: Algorithm,
+    /// A pg_ratelimit policy (rl_policy_set) that counts the hits instead of `unit` and
+    /// `requests_per_unit`: rl_check(policy, the last entry's value, hits, tier).
+    pub policy: Option<PolicyRef>,
+}
+
+/// `policy` and `tier_key` of a rate_limit block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyRef {
+    pub name: String,
+    /// The descriptor entry whose value names the tier (none: the policy's base limits).
+    pub tier_key: Option<String>,
 }
 
 #[derive(Default, Debug)]
@@ -252,6 +263,10 @@ struct RateLimitDoc {
     unlimited: bool,
     #[serde(default)]
     algorithm: Option<String>,
+    #[serde(default)]
+    policy: Option<String>,
+    #[serde(default)]
+    tier_key: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -271,14 +286,29 @@ fn node_of(doc: NodeDoc, at: &str) -> Result<Node, String> {
     let rule = match doc.rate_limit {
         None => None,
         Some(rl) => {
-            let unit = match (&rl.unit, rl.unlimited) {
+            let policy = match (&rl.policy, &rl.tier_key) {
+                (Some(name), tier_key) => {
+                    if name.is_empty() {
+                        return Err(format!("{at}: policy must not be empty"));
+                    }
+                    if rl.unit.is_some() || rl.requests_per_unit.is_some() || rl.algorithm.is_some() || rl.unlimited {
+                        return Err(format!(
+                            "{at}: a rate_limit with a policy takes its limits from the policy: no unit, requests_per_unit, algorithm or unlimited"
+                        ));
+                    }
+                    Some(PolicyRef { name: name.clone(), tier_key: tier_key.clone() })
+                }
+                (None, Some(_)) => return Err(format!("{at}: tier_key needs a policy")),
+                (None, None) => None,
+            };
+            let unit = match (&rl.unit, rl.unlimited || policy.is_some()) {
                 (Some(u), _) => Unit::parse(u).ok_or_else(|| {
                     format!("{at}: unit must be one of second, minute, hour, day, week, month, year, got {u:?}")
                 })?,
                 (None, true) => Unit::Second,
                 (None, false) => return Err(format!("{at}: rate_limit needs a unit")),
             };
-            let requests_per_unit = match (rl.requests_per_unit, rl.unlimited) {
+            let requests_per_unit = match (rl.requests_per_unit, rl.unlimited || policy.is_some()) {
                 (Some(n), _) => n,
                 (None, true) => 0,
                 (None, false) => return Err(format!("{at}: rate_limit needs requests_per_unit")),
@@ -306,6 +336,7 @@ fn node_of(doc: NodeDoc, at: &str) -> Result<Node, String> {
                 shadow: doc.shadow_mode,
                 detailed_metric: doc.detailed_metric,
                 algorithm,
+                policy,
             })
         }
     };
@@ -488,6 +519,8 @@ descriptors:
             ("domain: d\ndescriptors:\n  - key: k\n    colour: red\n", "unknown field `colour`"),
             ("domain: d\non_database_error: maybe\n", "on_database_error must be"),
             ("domain: ''\n", "domain must not be empty"),
+            ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {policy: p, unit: second}\n", "takes its limits from the policy"),
+            ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {tier_key: plan, unit: second, requests_per_unit: 1}\n", "tier_key needs a policy"),
         ];
         for (doc, want) in cases {
             let err = parse_domain(doc, "t").unwrap_err();

@@ -90,6 +90,8 @@ pub enum Param {
     Real(f64),
     /// A JSON document: text in SQLite, jsonb in PostgreSQL.
     Json(String),
+    /// Text or NULL.
+    MaybeText(Option<String>),
 }
 
 /// One `SELECT f(...)` whose single value is the function's JSON answer as text.
@@ -116,7 +118,7 @@ impl Sql {
             .iter()
             .enumerate()
             .map(|(i, p)| match p {
-                Param::Text(_) => format!("${}::text", i + 1),
+                Param::Text(_) | Param::MaybeText(_) => format!("${}::text", i + 1),
                 Param::Real(_) => format!("${}::float8", i + 1),
                 Param::Json(_) => format!("${}::text::jsonb", i + 1),
             })
@@ -145,6 +147,54 @@ pub enum Slot {
         item: Item,
         mode: Mode,
     },
+    /// A rule naming a pg_ratelimit policy: rl_check, or rl_refund_check for negative hits.
+    Policy {
+        rule: Rule,
+        stat_key: String,
+        call: PolicyCall,
+    },
+}
+
+impl Slot {
+    pub fn rule(&self) -> Option<&Rule> {
+        match self {
+            Slot::Limited { rule, .. } | Slot::Policy { rule, .. } => Some(rule),
+            _ => None,
+        }
+    }
+}
+
+/// rl_check's arguments for one descriptor: the subject is the value of its last entry,
+/// the tier the value of its `tier_key` entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyCall {
+    pub policy: String,
+    pub subject: String,
+    pub tier: Option<String>,
+    pub cost: f64,
+    pub refund: bool,
+}
+
+impl PolicyCall {
+    fn sql(&self, function: &'static str) -> Sql {
+        Sql::call(
+            function,
+            vec![
+                Param::Text(self.policy.clone()),
+                Param::Text(self.subject.clone()),
+                Param::Real(self.cost),
+                Param::MaybeText(self.tier.clone()),
+            ],
+        )
+    }
+
+    pub fn check(&self) -> Sql {
+        self.sql("rl_check")
+    }
+
+    pub fn give_back(&self) -> Sql {
+        self.sql("rl_refund_check")
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,6 +245,7 @@ pub fn slots(domain: &Domain, descriptors: &[Descriptor<'_>], hits: u32) -> Vec<
                         shadow: false,
                         detailed_metric: false,
                         algorithm: Algorithm::default_for(unit),
+                        policy: None,
                     };
                     let stat: Vec<String> = d.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect();
                     (rule, stat.join("."))
@@ -211,6 +262,20 @@ pub fn slots(domain: &Domain, descriptors: &[Descriptor<'_>], hits: u32) -> Vec<
                 Some(h) => h as f64,
                 None => request_hits,
             };
+            if let Some(policy) = &rule.policy {
+                let tier = policy
+                    .tier_key
+                    .as_ref()
+                    .and_then(|k| d.entries.iter().find(|(key, _)| key == k).map(|(_, v)| (*v).to_owned()));
+                let call = PolicyCall {
+                    policy: policy.name.clone(),
+                    subject: d.entries.last().map_or("", |e| e.1).to_owned(),
+                    tier,
+                    cost,
+                    refund: d.negative,
+                };
+                return Slot::Policy { rule, stat_key, call };
+            }
             let mode = if rule.requests_per_unit == 0 {
                 Mode::Zero
             } else if d.negative {
@@ -231,19 +296,10 @@ pub fn slots(domain: &Domain, descriptors: &[Descriptor<'_>], hits: u32) -> Vec<
         })
         .collect();
     // `replaces`: a matched rule removes the rules it names from this request.
-    let replaced: Vec<String> = slots
-        .iter()
-        .filter_map(|s| match s {
-            Slot::Limited { rule, .. } => Some(rule.replaces.clone()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let replaced: Vec<String> = slots.iter().filter_map(Slot::rule).flat_map(|r| r.replaces.clone()).collect();
     for slot in &mut slots {
-        if let Slot::Limited { rule: Rule { name: Some(name), .. }, .. } = slot {
-            if replaced.contains(name) {
-                *slot = Slot::Free;
-            }
+        if slot.rule().and_then(|r| r.name.as_ref()).is_some_and(|name| replaced.contains(name)) {
+            *slot = Slot::Free;
         }
     }
     slots

@@ -1,9 +1,9 @@
 //! envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit over a store.
 
-use crate::config::{Config, OnDatabaseError};
+use crate::config::{Algorithm, Config, OnDatabaseError, Rule, Unit};
 use crate::log;
 use crate::metrics::{Hits, Metrics};
-use crate::plan::{self, Descriptor, Item, Mode, Slot, Sql};
+use crate::plan::{self, Descriptor, Item, Mode, PolicyCall, Slot, Sql};
 use crate::store::{Failure, Store};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
@@ -24,6 +24,58 @@ fn hits_of(request_hits: u32) -> u64 {
     u64::from(request_hits.max(1))
 }
 
+/// A policy's answer seen as one limit: the one that binds (the refusing one that waits
+/// longest, else the one with the smallest share left), named after the rule or the policy.
+fn policy_as_limit(
+    rule: &Rule,
+    call: &PolicyCall,
+    answer: Option<&Value>,
+) -> (Rule, Item, Mode, Option<Value>, Vec<Value>) {
+    let items: Vec<Value> = answer.and_then(|a| a.get("items")).and_then(Value::as_array).cloned().unwrap_or_default();
+    let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    let binding = items
+        .iter()
+        .max_by(|a, b| {
+            let key = |v: &Value| {
+                let refused = if admitted(v) { 0.0 } else { 1.0 };
+                let share = f(v, "remaining").unwrap_or(0.0) / f(v, "limit").unwrap_or(1.0).max(f64::MIN_POSITIVE);
+                (refused, f(v, "retry_after_ms").unwrap_or(0.0), -share)
+            };
+            key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .cloned();
+    let limit = binding.as_ref().and_then(|b| f(b, "limit")).unwrap_or(0.0);
+    let window = binding
+        .as_ref()
+        .and_then(|b| ["refill_seconds", "period_seconds", "window_seconds"].iter().find_map(|k| f(b, k)))
+        .unwrap_or(0.0);
+    let unit = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Year]
+        .into_iter()
+        .find(|u| u.seconds() == window)
+        .or(if (2_419_200.0..=2_678_400.0).contains(&window) { Some(Unit::Month) } else { None });
+    let mut view = rule.clone();
+    view.name = Some(rule.name.clone().unwrap_or_else(|| call.policy.clone()));
+    view.requests_per_unit = limit.clamp(0.0, f64::from(u32::MAX)) as u32;
+    view.unit = unit.unwrap_or(Unit::Second);
+    let item = Item {
+        key: String::new(),
+        algorithm: Algorithm::Bucket,
+        unit: view.unit,
+        requests_per_unit: view.requests_per_unit,
+        cost: call.cost,
+    };
+    let mut flat = binding.unwrap_or_else(|| json!({}));
+    if let (Some(o), Some(a)) = (flat.as_object_mut(), answer) {
+        for k in ["admitted", "retry_after_ms"] {
+            if let Some(v) = a.get(k) {
+                o.insert(k.to_owned(), v.clone());
+            }
+        }
+    }
+    let mode = if call.refund { Mode::Refund } else { Mode::Take };
+    (view, item, mode, answer.map(|_| flat), items)
+}
+
 fn admitted(answer: &Value) -> bool {
     answer.get("admitted").and_then(Value::as_bool) != Some(false)
 }
@@ -33,10 +85,10 @@ impl Rls {
         self.store.run(sql).await
     }
 
-    /// Each slot's answer from the database (None: no limit, a zero limit, a window's refund).
-    async fn answers(&self, slots: &[Slot]) -> Result<Vec<Option<Value>>, Failure> {
+    /// Each plain limit's answer from the database (None: no limit, a zero limit, a
+    /// window's refund); `refused_before`: a policy refused already, so nothing is taken.
+    async fn limit_answers(&self, slots: &[Slot], mut refused_before: bool) -> Result<Vec<Option<Value>>, Failure> {
         let mut answers: Vec<Option<Value>> = vec![None; slots.len()];
-        let mut refused_before = false;
         for (i, slot) in slots.iter().enumerate() {
             let Slot::Limited { rule, item, mode, .. } = slot else { continue };
             match mode {
@@ -114,8 +166,14 @@ impl Rls {
         let mut header_items = Vec::new();
         let mut retry = 0i64;
         for (slot, answer) in slots.iter().zip(answers) {
-            let (rule, stat_key, item, mode) = match slot {
-                Slot::Limited { rule, stat_key, item, mode } => (rule, stat_key, item, mode),
+            let policy_view;
+            let (rule, stat_key, item, mode, answer, extra_header_items) = match slot {
+                Slot::Limited { rule, stat_key, item, mode } => (rule, stat_key, item, mode, answer, None),
+                Slot::Policy { rule, stat_key, call } => {
+                    policy_view = policy_as_limit(rule, call, answer.as_ref());
+                    let (r, i, m, a, items) = &policy_view;
+                    (r, stat_key, i, m, a, Some(items))
+                }
                 Slot::Unlimited { stat_key } => {
                     self.metrics.hits(
                         domain,
@@ -178,7 +236,10 @@ impl Rls {
             }
             if let (false, Some(a)) = (rule.shadow, answer) {
                 if *mode != Mode::Refund {
-                    header_items.push(a.clone());
+                    match extra_header_items {
+                        Some(items) => header_items.extend(items.iter().cloned()),
+                        None => header_items.push(a.clone()),
+                    }
                 }
             }
             statuses.push(DescriptorStatus {
@@ -218,6 +279,54 @@ impl Rls {
             response_headers_to_add,
             ..Default::default()
         }
+    }
+
+    /// The policy checks first (rl_check is no rl_take_all item), each until one refuses;
+    /// then the plain limits; and when the call is refused after all, the checks that took
+    /// are given back (rl_refund_check), so that the descriptors stay all or nothing.
+    async fn answers(&self, slots: &[Slot]) -> Result<Vec<Option<Value>>, Failure> {
+        let mut refused = false;
+        let mut taken: Vec<(usize, Value)> = Vec::new();
+        for (i, slot) in slots.iter().enumerate() {
+            let Slot::Policy { rule, call, .. } = slot else { continue };
+            if call.refund {
+                taken.push((i, self.run(&call.give_back()).await?));
+            } else if call.cost == 0.0 {
+                return Err(Failure::Refused(format!(
+                    "ShouldRateLimit: descriptor {}: a rule with a policy needs hits (hits_addend 0 checks plain limits only)",
+                    i + 1
+                )));
+            } else if !refused {
+                let answer = self.run(&call.check()).await?;
+                refused |= !rule.shadow && !admitted(&answer);
+                taken.push((i, answer));
+            }
+        }
+        let mut answers = self.limit_answers(slots, refused).await?;
+        for (i, answer) in taken {
+            answers[i] = Some(answer);
+        }
+        let over = slots.iter().zip(&answers).any(|(slot, answer)| match slot {
+            Slot::Limited { rule, mode: Mode::Zero, .. } => !rule.shadow,
+            Slot::Limited { rule, mode, .. } if *mode != Mode::Refund => {
+                !rule.shadow && answer.as_ref().is_some_and(|a| !admitted(a))
+            }
+            Slot::Policy { rule, call, .. } if !call.refund => {
+                !rule.shadow && answer.as_ref().is_some_and(|a| !admitted(a))
+            }
+            _ => false,
+        });
+        if over {
+            for (slot, answer) in slots.iter().zip(&answers) {
+                if let (Slot::Policy { call, .. }, Some(a)) = (slot, answer) {
+                    let charged = admitted(a) && a.get("would_refuse").and_then(Value::as_bool) != Some(true);
+                    if !call.refund && charged {
+                        self.run(&call.give_back()).await?;
+                    }
+                }
+            }
+        }
+        Ok(answers)
     }
 
     fn everyone(slots: &[Slot], code: Code) -> RateLimitResponse {

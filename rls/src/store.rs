@@ -51,6 +51,7 @@ impl Store {
                         match p {
                             Param::Text(t) | Param::Json(t) => Box::new(t.clone()),
                             Param::Real(r) => Box::new(*r),
+                            Param::MaybeText(t) => Box::new(t.clone()),
                         }
                     })
                     .collect();
@@ -71,6 +72,9 @@ impl Store {
                         .map(|p| match p {
                             Param::Text(t) | Param::Json(t) => rusqlite::types::Value::Text(t.clone()),
                             Param::Real(r) => rusqlite::types::Value::Real(*r),
+                            Param::MaybeText(t) => {
+                                t.clone().map_or(rusqlite::types::Value::Null, rusqlite::types::Value::Text)
+                            }
                         })
                         .collect();
                     statement.query_row(rusqlite::params_from_iter(params), |row| row.get::<_, String>(0))

@@ -393,3 +393,34 @@ def test_bad_requests_are_named(server):
     assert "descriptors must not be empty" in e.value.details()
     # an unknown domain has no limits, as in the reference
     assert server.ask("nobody", descriptor(("k", "v"))).overall_code == OK
+
+
+def test_a_rule_that_names_a_policy_with_the_tier_from_an_entry(server):
+    server.db.sql("SELECT rl_policy_set(?, ?)", "api_calls",
+                  json.dumps({"limits": [{"period": "day", "quota": 2}], "tiers": {"free": 1, "pro": 3}}))
+    free = descriptor(("plan", "free"), ("user", "ann"))
+    pro = descriptor(("plan", "pro"), ("user", "bob"))
+    for _ in range(2):
+        assert server.ask("tiers", free).overall_code == OK
+    r = server.ask("tiers", free)
+    assert r.overall_code == OVER and r.statuses[0].current_limit.name == "api_calls"
+    assert r.statuses[0].current_limit.requests_per_unit == 2
+    assert r.statuses[0].current_limit.unit == rls_pb2.RateLimitResponse.RateLimit.DAY
+    # the pro tier's multiplier: 6 a day; with the org's 4 a day in the same call, all or
+    # nothing: the fifth call is refused by the org's budget and the policy's hit given back
+    org = descriptor(("org", "acme"))
+    for _ in range(4):
+        assert server.ask("tiers", pro, org).overall_code == OK
+    r = server.ask("tiers", pro, org)
+    assert [s.code for s in r.statuses] == [OK, OVER]
+    r = server.ask("tiers", pro)
+    assert r.overall_code == OK and r.statuses[0].limit_remaining == 1
+    # negative hits give back through rl_refund_check
+    r = server.ask("tiers", descriptor(("plan", "free"), ("user", "ann"), negative=True))
+    assert r.overall_code == OK
+    assert server.ask("tiers", free).overall_code == OK
+    # a policy that does not exist is the caller's error, named
+    server.db.sql("SELECT rl_policy_drop(?)", "api_calls")
+    with pytest.raises(grpc.RpcError) as e:
+        server.ask("tiers", free)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "api_calls" in e.value.details()
