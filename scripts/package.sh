@@ -15,6 +15,9 @@
 #   dist/ratelimit_web-<version>-py3-none-any.whl               the web middleware for Python (ASGI)
 #   dist/ratelimit-web-<version>.tgz                            the web middleware for Node (Express, Next.js)
 #   dist/ratelimit-web-<version>.gem                            the web middleware for Ruby (Rack, Rails)
+#   dist/ratelimit-rls_<version>_amd64.deb                      Envoy's rate limit service (ratelimit-rls):
+#                                                               the binary, a systemd unit, an example config
+#   bash scripts/package.sh --rls     that .deb only (cargo; no PostgreSQL)
 #   bash scripts/package.sh --sql     the two SQL edition files only: needs cargo, no cargo-pgrx
 #                                     and no PostgreSQL (seconds once the core is built)
 #   bash scripts/package.sh --sqlite  the SQL edition files, the SQLite extension's wheel and npm
@@ -73,6 +76,64 @@ fi
 # The SQLite extension's packages and the web packages: cargo, python3-venv and npm, no
 # cargo-pgrx and no PostgreSQL.
 say() { printf '\033[1m[package]\033[0m %s\n' "$*" >&2; }
+# ratelimit-rls as a Debian package: /usr/bin/ratelimit-rls, a systemd unit that reads
+# /etc/default/ratelimit-rls, and the reference's examples under /usr/share/doc.
+rls_package() {
+  say "building ratelimit-rls"
+  cargo build --quiet --release -p ratelimit-rls
+  local root="$work/rls" name=ratelimit-rls
+  mkdir -p "$root/DEBIAN" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/default" "$root/etc/$name/config" \
+    "$root/usr/share/doc/$name/examples"
+  install -m 755 target/release/ratelimit-rls "$root/usr/bin/"
+  cp rls/config/examples/*.yaml "$root/usr/share/doc/$name/examples/"
+  cp LICENSE "$root/usr/share/doc/$name/copyright"
+  cp rls/envoy-types-NOTICE rls/LICENSE-envoy-types-Apache-2.0 "$root/usr/share/doc/$name/"
+  cat > "$root/etc/default/$name" <<DEFAULT
+# ratelimit-rls settings (see ratelimit-rls --help): one YAML file per domain in RLS_CONFIG
+RLS_CONFIG=/etc/$name/config
+RLS_DATABASE_URL=postgres://ratelimit@localhost/app
+RLS_GRPC=0.0.0.0:8081
+RLS_HTTP=127.0.0.1:8080
+DEFAULT
+  cat > "$root/lib/systemd/system/$name.service" <<UNIT
+[Unit]
+Description=Envoy rate limit service backed by pg_ratelimit
+After=network-online.target postgresql.service
+Wants=network-online.target
+
+[Service]
+EnvironmentFile=/etc/default/$name
+ExecStart=/usr/bin/ratelimit-rls
+DynamicUser=yes
+StateDirectory=$name
+Restart=on-failure
+KillSignal=SIGTERM
+TimeoutStopSec=30
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+  echo "/etc/default/$name" > "$root/DEBIAN/conffiles"
+  cat > "$root/DEBIAN/control" <<CONTROL
+Package: $name
+Version: $version
+Architecture: amd64
+Maintainer: pg_ratelimit developers <noreply@pg-ratelimit.invalid>
+Depends: libc6 (>= 2.34), libgcc-s1, libsqlite3-0 (>= 3.40)
+Section: net
+Priority: optional
+Description: Envoy's rate limit service backed by pg_ratelimit
+ Answers envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit for Envoy, Istio and
+ Envoy Gateway with limits kept in PostgreSQL (pg_ratelimit or its SQL edition), all
+ descriptors of a call charged or none, in envoyproxy/ratelimit's configuration format.
+CONTROL
+  dpkg-deb --build --root-owner-group "$root" "dist/${name}_${version}_amd64.deb" >/dev/null
+  ls "dist/${name}_${version}_amd64.deb"
+}
+if [ "${1:-}" = "--rls" ]; then
+  rls_package
+  exit 0
+fi
 sqlite_and_web_packages() {
   say "building the SQLite extension (cargo build --release -p sqlite_ratelimit)"
   cargo build --quiet --release -p sqlite_ratelimit

@@ -24,6 +24,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+const USAGE: &str = "ratelimit-rls: Envoy's rate limit service backed by pg_ratelimit
+
+usage: ratelimit-rls --config DIR|FILE --database URL [--grpc ADDR] [--http ADDR] [--pool N] [--reload-seconds S]
+
+  --config          a YAML file, or a folder of them (one domain each), in envoyproxy/ratelimit's format  [RLS_CONFIG]
+  --database        postgres://user@host/db (or a libpq keyword string), or sqlite:/path/file.db          [RLS_DATABASE_URL]
+  --grpc            ShouldRateLimit and grpc.health.v1 (default 0.0.0.0:8081)                              [RLS_GRPC]
+  --http            /metrics and /healthcheck (default 0.0.0.0:8080)                                       [RLS_HTTP]
+  --pool            PostgreSQL connections at most (default 16)                                            [RLS_POOL]
+  --reload-seconds  how often the config files are looked at for changes (default 1)                       [RLS_RELOAD_SECONDS]";
+
 struct Options {
     config: PathBuf,
     database: String,
@@ -37,6 +48,10 @@ fn options() -> Result<Options, String> {
     let mut given: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
         let name = flag.strip_prefix("--").ok_or_else(|| format!("unexpected argument {flag:?}"))?;
         if !["config", "database", "grpc", "http", "pool", "reload-seconds"].contains(&name) {
             return Err(format!("unknown option --{name}"));

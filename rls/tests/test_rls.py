@@ -109,15 +109,20 @@ class Database:
 ENGINES = ["sqlite"] + (["postgres", "postgres-sql"] if os.environ.get("PGHOST") else [])
 
 
-def sql_edition_script():
-    """The SQL edition's plain script, as scripts/package.sh --sql writes it."""
+def dist_file(pattern, mode):
+    """dist/<pattern with this version>, built by scripts/package.sh <mode> when missing."""
     with open(os.path.join(ROOT, "Cargo.toml")) as f:
         version = next(line.split('"')[1] for line in f if line.startswith("version ="))
-    path = os.path.join(ROOT, "dist", f"pg_ratelimit_sql-{version}.sql")
+    path = os.path.join(ROOT, "dist", pattern.format(version=version))
     if not os.path.exists(path):
-        subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
+        subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), mode], check=True,
                        stdout=subprocess.DEVNULL)
     return path
+
+
+def sql_edition_script():
+    """The SQL edition's plain script, as scripts/package.sh --sql writes it."""
+    return dist_file("pg_ratelimit_sql-{version}.sql", "--sql")
 
 
 @pytest.fixture(params=ENGINES)
@@ -424,3 +429,36 @@ def test_a_rule_that_names_a_policy_with_the_tier_from_an_entry(server):
     with pytest.raises(grpc.RpcError) as e:
         server.ask("tiers", free)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "api_calls" in e.value.details()
+
+
+def test_the_deb_as_installed(tmp_path):
+    """dist/ratelimit-rls_<version>_amd64.deb (scripts/package.sh --rls): its dependencies are
+    met here, and its binary, configured through the environment as its systemd unit does,
+    answers from its own example folder."""
+    deb = dist_file("ratelimit-rls_{version}_amd64.deb", "--rls")
+    depends = subprocess.run(["dpkg-deb", "-f", deb, "Depends"], check=True, capture_output=True, text=True).stdout
+    for package in [d.split()[0] for d in depends.split(",")]:
+        subprocess.run(["dpkg", "-s", package], check=True, capture_output=True)
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", deb, str(root)], check=True)
+    unit = (root / "lib/systemd/system/ratelimit-rls.service").read_text()
+    assert "EnvironmentFile=/etc/default/ratelimit-rls" in unit and "ExecStart=/usr/bin/ratelimit-rls" in unit
+    defaults = dict(line.split("=", 1) for line in (root / "etc/default/ratelimit-rls").read_text().splitlines()
+                    if line and not line.startswith("#"))
+    assert set(defaults) == {"RLS_CONFIG", "RLS_DATABASE_URL", "RLS_GRPC", "RLS_HTTP"}
+    port, http = free_port(), free_port()
+    env = dict(os.environ, RLS_CONFIG=str(root / "usr/share/doc/ratelimit-rls/examples"),
+               RLS_DATABASE_URL="sqlite:" + str(tmp_path / "deb.db"), RLS_GRPC=f"127.0.0.1:{port}",
+               RLS_HTTP=f"127.0.0.1:{http}")
+    proc = subprocess.Popen([str(root / "usr/bin/ratelimit-rls")], env=env, stderr=subprocess.PIPE)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            grpc.channel_ready_future(ch).result(timeout=30)
+            r = rls_pb2_grpc.RateLimitServiceStub(ch).ShouldRateLimit(
+                rls_pb2.RateLimitRequest(domain="internal", descriptors=[descriptor(("azure", "a"))]), timeout=10)
+            assert r.overall_code == OK and r.statuses[0].limit_remaining == 99
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    help_text = subprocess.run([str(root / "usr/bin/ratelimit-rls"), "--help"], capture_output=True, text=True)
+    assert help_text.returncode == 0 and "RLS_DATABASE_URL" in help_text.stdout
