@@ -1,7 +1,7 @@
 # One door for every job; each target runs one script of scripts/ (read them for the
 # settings they take). `make` alone lists them.
 .DEFAULT_GOAL := help
-.PHONY: help demo demo-postgres setup test-fast test edition lint package package-sqlite package-sql reference bench soak chaos
+.PHONY: help demo demo-postgres setup test-fast test edition lint package package-sqlite package-sql package-rls rls reference bench soak chaos
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  make %-16s %s\n", $$1, $$2 }'
@@ -35,6 +35,12 @@ package-sqlite: ## the SQLite extension's and the web packages alone (no cargo-p
 
 package-sql: ## the SQL edition's two files alone (seconds)
 	bash scripts/package.sh --sql
+
+package-rls: ## ratelimit-rls's .deb alone (Envoy's rate limit service; cargo, no PostgreSQL)
+	bash scripts/package.sh --rls
+
+rls: ## ratelimit-rls on SQLite with the example configuration (gRPC 127.0.0.1:8081, metrics 127.0.0.1:8080)
+	cargo run --release -p ratelimit-rls -- --config rls/config/examples --database sqlite:rls.db --grpc 127.0.0.1:8081 --http 127.0.0.1:8080
 
 reference: ## rewrite docs/reference.md from the function table (a test fails while it is stale)
 	RL_BLESS=1 cargo test -q -p ratelimit_core --test generated

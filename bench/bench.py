@@ -360,6 +360,50 @@ def refused_section():
     return cells, record_ns
 
 
+RLS_CLIENTS = (8, 32)
+
+
+def rls_section():
+    """ratelimit-rls against the same rl_take_all over SQL: one Rust client program
+    (rls/examples/rls_load.rs) asks the same decisions both ways, each client its own
+    connection, one call at a time; 1 and 3 descriptors (a user's bucket; the user's, the
+    tenant's and a global one), 100,000 users, every call admitted."""
+    print("ratelimit-rls: build and setup", file=sys.stderr)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ratelimit-rls", "--example", "rls_load", "--bin",
+                    "ratelimit-rls"], check=True, cwd=ROOT)
+    setup_postgres(KEYS)
+    host, port = os.environ["PGHOST"], os.environ.get("PGPORT", "5432")
+    url = f"host={host} port={port} user={os.environ.get('PGUSER', 'postgres')} dbname={DB}"
+    grpc, http = "127.0.0.1:58081", "127.0.0.1:58080"
+    # one worker thread: the server shares 2 cores with PostgreSQL and the load
+    server = subprocess.Popen([os.path.join(ROOT, "target", "release", "ratelimit-rls"), "--config",
+                               os.path.join(ROOT, "bench", "rls_bench.yaml"), "--database", url, "--grpc", grpc,
+                               "--http", http, "--pool", str(max(RLS_CLIENTS)), "--threads", "1"],
+                              stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        rls_load("grpc", grpc, 3, 4)  # warm: the rows of the tenants and the global bucket made
+        rls_load("sql", url, 3, 4)
+        matrix = {}
+        for clients in RLS_CLIENTS:
+            for n in (1, 3):
+                for how, target in (("ShouldRateLimit", grpc), ("rl_take_all over SQL", url)):
+                    matrix[(clients, n, how)] = (lambda h=how, t=target, c=clients, d=n: rls_load(
+                        "grpc" if h == "ShouldRateLimit" else "sql", t, d, c))
+            # the gRPC hop alone: a domain the server does not know, answered without the database
+            matrix[(clients, 0, "ShouldRateLimit, no database")] = (lambda c=clients: rls_load("grpc", grpc, 1, c, "none"))
+        return run_matrix(matrix)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def rls_load(mode, target, descriptors, clients, domain="bench"):
+    load = os.path.join(ROOT, "target", "release", "examples", "rls_load")
+    return json.loads(subprocess.run([load, mode, target, str(descriptors), str(clients), str(SECONDS)], check=True,
+                                     capture_output=True, text=True, env=dict(os.environ, RLS_LOAD_DOMAIN=domain)).stdout)
+
+
 def refusals_in_one_statement(policy, buckets, calls=100_000):
     """Refusals per second of one backend calling rl_check `calls` times in one statement (no
     client round trips or scheduling between calls: the steadiest view of a call's own cost)."""
@@ -479,6 +523,9 @@ def main():
         return
     if os.environ.get("RL_BENCH_ONLY") == "refused":
         report.write_refused(*refused_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "rls":
+        report.write_rls(rls_section())
         return
     if os.environ.get("RL_BENCH_ONLY") == "edition":
         report.write_edition(edition_section())

@@ -249,6 +249,34 @@ def write_refused(cells, record_ns):
         f.write("\n".join(lines))
 
 
+def write_rls(cells):
+    lines = section_head("ratelimit-rls: what the gRPC server adds to a decision", "rls",
+                         "synchronous_commit on: one Rust client program (`rls/examples/rls_load.rs`) asks the same "
+                         "decisions as Envoy's `ShouldRateLimit` to ratelimit-rls, and as the `rl_take_all` the server "
+                         "sends, straight over SQL (prepared); each client is its own connection, one call at a time, "
+                         "100,000 users, every call admitted. 1 descriptor: a user's bucket; 3: the user's, the "
+                         "tenant's (100 tenants) and one global bucket that every call takes from.") + [
+        "| clients | descriptors | ShouldRateLimit calls/s | rl_take_all over SQL calls/s | server / SQL | "
+        "p50 ms (server, SQL) | the server adds per call (p50) |", "|---|---|---|---|---|---|---|"]
+    for (clients, n, how), cell in cells.items():
+        if how != "ShouldRateLimit" or n == 0:
+            continue
+        sql = cells[(clients, n, "rl_take_all over SQL")]
+        added = 1000 * (cell["p50_ms"] - sql["p50_ms"])
+        lines.append(f"| {clients} | {n} | {cell['calls_per_s']:,.0f} | {sql['calls_per_s']:,.0f} | "
+                     f"{cell['calls_per_s'] / sql['calls_per_s']:.2f}x | {cell['p50_ms']:.2f}, {sql['p50_ms']:.2f} | "
+                     f"{added:,.0f} µs |")
+    lines += ["", "The gRPC hop alone (a domain the server does not know, answered without the database):", "",
+              "| clients | calls/s | p50 ms |", "|---|---|---|"]
+    for (clients, n, how), cell in cells.items():
+        if n == 0:
+            lines.append(f"| {clients} | {cell['calls_per_s']:,.0f} | {cell['p50_ms']:.2f} |")
+    lines += ["", "The server (one worker thread, `--threads 1`) and the load share the machine's 2 cores with "
+              "PostgreSQL, so what the server adds is partly the CPU it takes from the database.", ""]
+    with open(os.path.join(RESULTS, "rls.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
 def speed_targets(cells):
     """(description, measured ratio, wanted ratio or None for a figure shown beside) of
     the speed targets, all from the targets section's one interleaved run."""

@@ -4,13 +4,13 @@
 //!
 //! ```text
 //! ratelimit-rls --config DIR|FILE --database URL [--grpc ADDR] [--http ADDR]
-//!               [--pool N] [--reload-seconds S]
+//!               [--pool N] [--reload-seconds S] [--threads N]
 //! ```
 //! `--database`: `postgres://user@host/db` (any libpq-style URL or keyword string), or
 //! `sqlite:/path/file.db`. `--grpc` (default 0.0.0.0:8081) serves ShouldRateLimit and
 //! grpc.health.v1; `--http` (default 0.0.0.0:8080) serves /metrics and /healthcheck.
 //! Every option can come from the environment instead: RLS_CONFIG, RLS_DATABASE_URL,
-//! RLS_GRPC, RLS_HTTP, RLS_POOL, RLS_RELOAD_SECONDS.
+//! RLS_GRPC, RLS_HTTP, RLS_POOL, RLS_RELOAD_SECONDS, RLS_THREADS.
 
 mod config;
 mod log;
@@ -27,13 +27,15 @@ use std::time::Duration;
 const USAGE: &str = "ratelimit-rls: Envoy's rate limit service backed by pg_ratelimit
 
 usage: ratelimit-rls --config DIR|FILE --database URL [--grpc ADDR] [--http ADDR] [--pool N] [--reload-seconds S]
+       ratelimit-rls --check DIR|FILE     load the configuration, list its domains or say what is wrong, and stop
 
   --config          a YAML file, or a folder of them (one domain each), in envoyproxy/ratelimit's format  [RLS_CONFIG]
   --database        postgres://user@host/db (or a libpq keyword string), or sqlite:/path/file.db          [RLS_DATABASE_URL]
   --grpc            ShouldRateLimit and grpc.health.v1 (default 0.0.0.0:8081)                              [RLS_GRPC]
   --http            /metrics and /healthcheck (default 0.0.0.0:8080)                                       [RLS_HTTP]
   --pool            PostgreSQL connections at most (default 16)                                            [RLS_POOL]
-  --reload-seconds  how often the config files are looked at for changes (default 1)                       [RLS_RELOAD_SECONDS]";
+  --reload-seconds  how often the config files are looked at for changes (default 1)                       [RLS_RELOAD_SECONDS]
+  --threads         worker threads (default 0: one per core; 1 does best beside PostgreSQL on a small machine) [RLS_THREADS]";
 
 struct Options {
     config: PathBuf,
@@ -42,6 +44,7 @@ struct Options {
     http: String,
     pool: usize,
     reload_seconds: f64,
+    threads: Option<usize>,
 }
 
 fn options() -> Result<Options, String> {
@@ -52,8 +55,21 @@ fn options() -> Result<Options, String> {
             println!("{USAGE}");
             std::process::exit(0);
         }
+        if flag == "--check" {
+            // load the configuration, say what it holds or what is wrong, and stop
+            let path = args.next().ok_or("--check needs the configuration's path")?;
+            let config = config::load(std::path::Path::new(&path))?;
+            let mut domains: Vec<&String> = config.domains.keys().collect();
+            domains.sort();
+            println!(
+                "{path}: {} domain(s): {}",
+                domains.len(),
+                domains.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", ")
+            );
+            std::process::exit(0);
+        }
         let name = flag.strip_prefix("--").ok_or_else(|| format!("unexpected argument {flag:?}"))?;
-        if !["config", "database", "grpc", "http", "pool", "reload-seconds"].contains(&name) {
+        if !["config", "database", "grpc", "http", "pool", "reload-seconds", "threads"].contains(&name) {
             return Err(format!("unknown option --{name}"));
         }
         let value = args.next().ok_or_else(|| format!("--{name} needs a value"))?;
@@ -84,6 +100,11 @@ fn options() -> Result<Options, String> {
             .ok()
             .filter(|s: &f64| s.is_finite() && *s > 0.0)
             .ok_or("--reload-seconds must be a number above 0")?,
+        threads: match get("threads", Some("0"))?.parse::<usize>() {
+            Ok(0) => None,
+            Ok(n) => Some(n),
+            Err(_) => return Err("--threads must be a whole number (0: one per core)".into()),
+        },
     })
 }
 
@@ -169,7 +190,11 @@ async fn run(o: Options) -> Result<(), String> {
 
 fn main() {
     let outcome = options().and_then(|o| {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?.block_on(run(o))
+        let mut runtime = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = o.threads {
+            runtime.worker_threads(n);
+        }
+        runtime.enable_all().build().map_err(|e| e.to_string())?.block_on(run(o))
     });
     if let Err(e) = outcome {
         log::line("error", "ratelimit-rls cannot start", &[("error", &e)]);

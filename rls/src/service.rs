@@ -114,7 +114,10 @@ impl Rls {
             // refused already: nothing is taken; the others show their state
             let mut list = Vec::with_capacity(items.len());
             for item in &items {
-                list.push(self.run(&item.peek(0.0)).await.or_else(|_| Ok::<_, Failure>(Value::Null))?);
+                list.push(match self.run(&item.peek(0.0)).await {
+                    Err(Failure::Refused(_)) => Value::Null,
+                    other => other?,
+                });
             }
             list
         } else {
@@ -380,7 +383,7 @@ impl RateLimitService for Rls {
             }
             Err(Failure::Unreachable(message)) => {
                 self.metrics.error("unreachable");
-                log::line("error", "the database did not answer", &[("domain", &domain.name), ("error", &message)]);
+                log::line("error", "the database could not decide", &[("domain", &domain.name), ("error", &message)]);
                 match domain.on_database_error {
                     OnDatabaseError::Error => return Err(Status::unavailable(format!("database: {message}"))),
                     OnDatabaseError::Allow => Rls::everyone(&slots, Code::Ok),

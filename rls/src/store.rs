@@ -37,8 +37,9 @@ impl Store {
         Ok(Store::Postgres(pool))
     }
 
-    /// Runs one call and parses its JSON answer. An error is either the database's own
-    /// (a bad argument: `Err(Failure::Refused)`) or its absence (`Failure::Unreachable`).
+    /// Runs one call and parses its JSON answer. An error is either the functions' own
+    /// (a bad argument, an unknown policy: `Failure::Refused`) or the database's inability
+    /// to decide (down, restarting, the functions missing or not granted: `Unreachable`).
     pub async fn run(&self, sql: &Sql) -> Result<Value, Failure> {
         let text = match self {
             Store::Postgres(pool) => {
@@ -81,11 +82,15 @@ impl Store {
                 })
                 .await
                 .map_err(|e| Failure::Unreachable(e.to_string()))?
-                .map_err(|e| match e {
-                    rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DatabaseBusy => {
-                        Failure::Unreachable(e.to_string())
+                .map_err(|e| {
+                    // the functions' own errors name the function; anything else (a busy or
+                    // broken file) leaves the database unable to decide
+                    let text = e.to_string();
+                    if text.starts_with("rl_") {
+                        Failure::Refused(text)
+                    } else {
+                        Failure::Unreachable(text)
                     }
-                    other => Failure::Refused(other.to_string()),
                 })?
             }
         };
@@ -97,18 +102,21 @@ impl Store {
 pub enum Failure {
     /// The database answered with an error: the call itself is wrong.
     Refused(String),
-    /// No answer: the database is down, restarting or unreachable.
+    /// No decision: the database is down, restarting or unreachable, or lacks the functions.
     Unreachable(String),
 }
 
 impl Failure {
     fn of_pg(e: tokio_postgres::Error) -> Failure {
         match e.as_db_error() {
-            // a server that is shutting down or restarting answers with its own codes
-            Some(db) if !db.code().code().starts_with("57") && !db.code().code().starts_with("08") => {
+            // the functions refuse bad arguments (class 22) and unknown policies (42704);
+            // anything else (a server shutting down, a missing function, a missing grant)
+            // leaves the database unable to decide
+            Some(db) if db.code().code().starts_with("22") || db.code().code() == "42704" => {
                 Failure::Refused(format!("{}: {}", db.code().code(), db.message()))
             }
-            _ => Failure::Unreachable(e.to_string()),
+            Some(db) => Failure::Unreachable(format!("{}: {}", db.code().code(), db.message())),
+            None => Failure::Unreachable(e.to_string()),
         }
     }
 }

@@ -223,6 +223,10 @@ def test_the_reference_readme_examples(server):
     assert r.overall_code == OK and r.statuses[0].current_limit.requests_per_unit == 10
     assert server.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.1")), hits=10).overall_code == OVER
     assert server.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.2")), hits=10).overall_code == OK
+    # beside a refusal without the database the others are not charged, and say what is left
+    r = server.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.5")), descriptor(("remote_address", "50.0.0.3")))
+    assert [s.code for s in r.statuses] == [OVER, OK] and r.statuses[1].limit_remaining == 10
+    assert server.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.3")), hits=10).overall_code == OK
 
     # example 4: a two-entry descriptor matches only a two-level configuration
     r = server.ask("example4", descriptor(("key", "value")))
@@ -460,5 +464,43 @@ def test_the_deb_as_installed(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+    checked = subprocess.run([str(root / "usr/bin/ratelimit-rls"), "--check",
+                              str(root / "usr/share/doc/ratelimit-rls/examples")], capture_output=True, text=True)
+    assert checked.returncode == 0 and "13 domain(s)" in checked.stdout and "messaging" in checked.stdout, checked
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n")
+    checked = subprocess.run([str(root / "usr/bin/ratelimit-rls"), "--check", str(bad)], capture_output=True, text=True)
+    assert checked.returncode == 2 and "bad.yaml" in checked.stderr and "requests_per_unit" in checked.stderr, checked
     help_text = subprocess.run([str(root / "usr/bin/ratelimit-rls"), "--help"], capture_output=True, text=True)
     assert help_text.returncode == 0 and "RLS_DATABASE_URL" in help_text.stdout
+
+
+def test_a_database_without_the_functions_cannot_decide(tmp_path):
+    """A database that lacks the functions (or the grant to run them) gets the domain's
+    on_database_error, not INVALID_ARGUMENT: no call of the client's is wrong."""
+    if not os.environ.get("PGHOST"):
+        pytest.skip("PostgreSQL's case")
+    import psycopg
+
+    name = "rl_rls_bare_" + tmp_path.name.replace("-", "_").lower()[-30:]
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    db = Database.__new__(Database)
+    db.engine, db.name = "postgres", name
+    db.url = (f"host={os.environ['PGHOST']} port={os.environ.get('PGPORT', '5432')} "
+              f"user={os.environ.get('PGUSER', 'postgres')} dbname={name}")
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    for file in ("closed.yaml", "envoy_decides.yaml"):
+        shutil.copy(os.path.join(EXAMPLES, file), config_dir / file)
+    server = Server(db, config_dir)
+    try:
+        assert server.ask("closed", descriptor(("k", "v"))).overall_code == OVER
+        with pytest.raises(grpc.RpcError) as e:
+            server.ask("envoy_decides", descriptor(("k", "v")))
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "42883" in e.value.details()
+    finally:
+        server.stop()
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
