@@ -40,7 +40,7 @@ package-rls: ## ratelimit-rls's .deb alone (Envoy's rate limit service; cargo, n
 	bash scripts/package.sh --rls
 
 rls: ## ratelimit-rls on SQLite with the example configuration (gRPC 127.0.0.1:8081, metrics 127.0.0.1:8080)
-	cargo run --release -p ratelimit-rls -- --config rls/config/examples --database sqlite:rls.db --grpc 127.0.0.1:8081 --http 127.0.0.1:8080
+	CARGO_TARGET_DIR=target/rls cargo run --release -p ratelimit-rls -- --config rls/config/examples --database sqlite:rls.db --grpc 127.0.0.1:8081 --http 127.0.0.1:8080
 
 reference: ## rewrite docs/reference.md from the function table (a test fails while it is stale)
 	RL_BLESS=1 cargo test -q -p ratelimit_core --test generated

@@ -361,6 +361,8 @@ def refused_section():
 
 
 RLS_CLIENTS = (8, 32)
+# ratelimit-rls builds in a target folder of its own (scripts/package.sh says why)
+RLS_TARGET = os.path.join(ROOT, "target", "rls")
 
 
 def rls_section():
@@ -370,13 +372,13 @@ def rls_section():
     tenant's and a global one), 100,000 users, every call admitted."""
     print("ratelimit-rls: build and setup", file=sys.stderr)
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "ratelimit-rls", "--example", "rls_load", "--bin",
-                    "ratelimit-rls"], check=True, cwd=ROOT)
+                    "ratelimit-rls"], check=True, cwd=ROOT, env=dict(os.environ, CARGO_TARGET_DIR=RLS_TARGET))
     setup_postgres(KEYS)
     host, port = os.environ["PGHOST"], os.environ.get("PGPORT", "5432")
     url = f"host={host} port={port} user={os.environ.get('PGUSER', 'postgres')} dbname={DB}"
     grpc, http = "127.0.0.1:58081", "127.0.0.1:58080"
     # one worker thread: the server shares 2 cores with PostgreSQL and the load
-    server = subprocess.Popen([os.path.join(ROOT, "target", "release", "ratelimit-rls"), "--config",
+    server = subprocess.Popen([os.path.join(RLS_TARGET, "release", "ratelimit-rls"), "--config",
                                os.path.join(ROOT, "bench", "rls_bench.yaml"), "--database", url, "--grpc", grpc,
                                "--http", http, "--pool", str(max(RLS_CLIENTS)), "--threads", "1"],
                               stderr=subprocess.DEVNULL)
@@ -399,7 +401,7 @@ def rls_section():
 
 
 def rls_load(mode, target, descriptors, clients, domain="bench"):
-    load = os.path.join(ROOT, "target", "release", "examples", "rls_load")
+    load = os.path.join(RLS_TARGET, "release", "examples", "rls_load")
     return json.loads(subprocess.run([load, mode, target, str(descriptors), str(clients), str(SECONDS)], check=True,
                                      capture_output=True, text=True, env=dict(os.environ, RLS_LOAD_DOMAIN=domain)).stdout)
 

@@ -80,11 +80,13 @@ say() { printf '\033[1m[package]\033[0m %s\n' "$*" >&2; }
 # /etc/default/ratelimit-rls, and the reference's examples under /usr/share/doc.
 rls_package() {
   say "building ratelimit-rls"
-  cargo build --quiet --release -p ratelimit-rls
+  # a target folder of its own (target/rls): its build of the SQLite crate links SQLite
+  # normally, and must never share target/release/deps with the loadable extension's
+  CARGO_TARGET_DIR=target/rls cargo build --quiet --release -p ratelimit-rls
   local root="$work/rls" name=ratelimit-rls
   mkdir -p "$root/DEBIAN" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/default" "$root/etc/$name/config" \
     "$root/usr/share/doc/$name/examples"
-  install -m 755 target/release/ratelimit-rls "$root/usr/bin/"
+  install -m 755 target/rls/release/ratelimit-rls "$root/usr/bin/"
   cp rls/config/examples/*.yaml "$root/usr/share/doc/$name/examples/"
   cp LICENSE "$root/usr/share/doc/$name/copyright"
   cp rls/envoy-types-NOTICE rls/LICENSE-envoy-types-Apache-2.0 "$root/usr/share/doc/$name/"

@@ -114,7 +114,9 @@ lane_script='
     case "$job" in
       pg*[0-9]) run=(bash scripts/package.sh --pg "${job#pg}") ;;
       pg_tle) run=(bash -c "! bash scripts/pg_tle.sh available || bash scripts/pg_tle.sh build") ;;
-      rls) run=(bash -c "cargo build --release -p ratelimit-rls && cargo test --release -p ratelimit-rls && bash scripts/package.sh --rls") ;;
+      # a target folder of its own: its build of the SQLite crate (register(&conn), no
+      # .load) must never share target/release/deps with the loadable extension's
+      rls) run=(bash -c "export CARGO_TARGET_DIR=target/rls && cargo build --release -p ratelimit-rls && cargo test --release -p ratelimit-rls && bash scripts/package.sh --rls") ;;
       citus*) run=(env RL_CITUS_PG="${job#citus}" bash -c "! bash scripts/citus.sh available || bash scripts/citus.sh build") ;;
     esac
     if nice -n 19 "${run[@]}" >"$LANE/$job.log" 2>&1; then touch "$LANE/$job.done"; else touch "$LANE/$job.failed"; fi

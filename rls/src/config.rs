@@ -392,14 +392,20 @@ pub struct Config {
     pub domains: HashMap<String, Domain>,
 }
 
-/// The files a configuration path stands for, sorted, with what identifies a version of
-/// each (length and modification time), so that a reload happens when one changes.
-pub fn files_of(path: &Path) -> std::io::Result<Vec<(PathBuf, u64, std::time::SystemTime)>> {
+/// What identifies one version of a configuration file: its path, the file it resolves to
+/// (a Kubernetes ConfigMap swaps a `..data` symlink), its length and modification time.
+pub type FileVersion = (PathBuf, PathBuf, u64, std::time::SystemTime);
+
+/// The files a configuration path stands for, sorted, each with what identifies its
+/// version, so that a reload happens when one changes. In a folder: the `.yaml` and `.yml`
+/// files whose names do not start with a dot (editors' and ConfigMaps' own files).
+pub fn files_of(path: &Path) -> std::io::Result<Vec<FileVersion>> {
     let mut found = Vec::new();
     let paths: Vec<PathBuf> = if path.is_dir() {
         let mut list: Vec<PathBuf> = std::fs::read_dir(path)?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+            .filter(|p| !p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.')))
             .collect();
         list.sort();
         list
@@ -408,7 +414,8 @@ pub fn files_of(path: &Path) -> std::io::Result<Vec<(PathBuf, u64, std::time::Sy
     };
     for p in paths {
         let meta = std::fs::metadata(&p)?;
-        found.push((p, meta.len(), meta.modified()?));
+        let resolved = std::fs::canonicalize(&p)?;
+        found.push((p, resolved, meta.len(), meta.modified()?));
     }
     Ok(found)
 }
@@ -416,7 +423,7 @@ pub fn files_of(path: &Path) -> std::io::Result<Vec<(PathBuf, u64, std::time::Sy
 pub fn load(path: &Path) -> Result<Config, String> {
     let files = files_of(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut config = Config::default();
-    for (file, _, _) in files {
+    for (file, ..) in files {
         let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
         let domain = parse_domain(&text, &file.display().to_string())?;
         if config.domains.contains_key(&domain.name) {

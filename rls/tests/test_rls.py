@@ -24,7 +24,8 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BINARY = os.environ.get("RL_RLS_BINARY", os.path.join(ROOT, "target", "release", "ratelimit-rls"))
+# built in a target folder of its own (scripts/package.sh says why)
+BINARY = os.environ.get("RL_RLS_BINARY", os.path.join(ROOT, "target", "rls", "release", "ratelimit-rls"))
 EXTENSION = os.path.join(ROOT, "target", "release", "libratelimit")
 OK, OVER = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
 
@@ -353,6 +354,36 @@ def test_a_changed_file_is_reloaded_and_a_bad_one_keeps_the_last_good(server):
         time.sleep(0.1)
     assert server.ask("internal", d).statuses[0].current_limit.requests_per_unit == 3
     assert "unit must be one of" in server.text()
+
+
+def test_a_configmap_swap_is_reloaded(db, tmp_path):
+    """A Kubernetes ConfigMap volume: each file is a symlink through `..data`, itself a
+    symlink that the kubelet swaps to a new folder in one rename; dot names are not config."""
+    mount = tmp_path / "mount"
+    mount.mkdir()
+
+    def publish(version, requests):
+        folder = mount / f"..2026_{version}"
+        folder.mkdir()
+        (folder / "internal.yaml").write_text(
+            f"domain: internal\ndescriptors:\n  - key: azure\n    rate_limit: {{unit: minute, requests_per_unit: {requests}}}\n")
+        os.symlink(folder.name, mount / "..data_tmp")
+        os.rename(mount / "..data_tmp", mount / "..data")
+
+    publish(1, 100)
+    os.symlink("..data/internal.yaml", mount / "internal.yaml")
+    (mount / ".internal.yaml.swp").write_text("not: yaml: at all")
+    server = Server(db, mount)
+    try:
+        d = descriptor(("azure", "z"))
+        assert server.ask("internal", d).statuses[0].current_limit.requests_per_unit == 100
+        publish(2, 7)
+        deadline = time.time() + 10
+        while server.ask("internal", d).statuses[0].current_limit.requests_per_unit != 7:
+            assert time.time() < deadline, server.text()
+            time.sleep(0.1)
+    finally:
+        server.stop()
 
 
 def stop_postgres():
