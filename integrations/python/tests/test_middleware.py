@@ -442,11 +442,20 @@ def test_wait_takes_when_allowed_sleeps_the_retry_time_and_gives_up_or_is_cancel
     anyio.run(main)
 
 
-def test_metrics_count_each_outcome_per_route_and_time_the_checks(server):
-    with httpx.Client(base_url=server.url) as c:
-        statuses = [c.get("/api/a", headers=auth("metered")).status_code for _ in range(7)]
-        assert statuses == [200] * 5 + [429] * 2
-        text = c.get("/metrics").text
+@pytest.mark.parametrize("framework", ["asgi", "rack"])
+def test_metrics_count_each_outcome_per_route_and_time_the_checks(db, framework):
+    """The same series from the Python package (prometheus_client) and the Ruby gem (its
+    own text format)."""
+    if framework == "rack":
+        need_puma()
+    server = Server(db, framework=framework)
+    try:
+        with httpx.Client(base_url=server.url) as c:
+            statuses = [c.get("/api/a", headers=auth("metered")).status_code for _ in range(7)]
+            assert statuses == [200] * 5 + [429] * 2
+            text = c.get("/metrics").text
+    finally:
+        server.output()
     assert 'ratelimit_requests_total{outcome="admitted",policy="",route="GET /api/*"} 5.0' in text, text
     assert 'ratelimit_requests_total{outcome="refused",policy="",route="GET /api/*"} 2.0' in text
     assert 'ratelimit_refused_subject_refusals{policy="",route="GET /api/*",subject="user:metered"} 2.0' in text

@@ -6,6 +6,7 @@ require_relative "ratelimit_web/route"
 require_relative "ratelimit_web/local_state"
 require_relative "ratelimit_web/limiter"
 require_relative "ratelimit_web/rules"
+require_relative "ratelimit_web/metrics"
 require_relative "ratelimit_web/rack"
 
 # Rate limits for Rack and Rails applications decided inside PostgreSQL (pg_ratelimit) or

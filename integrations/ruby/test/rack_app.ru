@@ -10,13 +10,15 @@ limiter = if TestApp::ENGINE == "sqlite"
             RatelimitWeb::PostgresLimiter.new(TestApp::DB, **TestApp.limiter_options)
           end
 middleware = nil
+metrics = RatelimitWeb::PrometheusMetrics.new
 app = lambda do |env|
   request = Rack::Request.new(env)
   next [200, { "Content-Type" => "application/json" }, [JSON.generate(middleware.counters.to_h)]] if request.path == "/counts"
+  next metrics.rack_app.call(env) if request.path == "/metrics"
   next [200, { "Content-Type" => "application/json" }, [JSON.generate(TestApp.runs)]] if request.path == "/runs"
 
   status, body = TestApp.answer(request.path, request.params)
   [status, { "Content-Type" => "application/json" }, [JSON.generate(body)]]
 end
-middleware = RatelimitWeb::Middleware.new(app, limiter: limiter, routes: TestApp.routes, **TestApp.options)
+middleware = RatelimitWeb::Middleware.new(app, limiter: limiter, routes: TestApp.routes, metrics: metrics, **TestApp.options)
 run middleware

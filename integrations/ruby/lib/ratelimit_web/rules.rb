@@ -142,7 +142,7 @@ module RatelimitWeb
                    fallback_share: 0.5, unavailable_retry_after: 5, log_interval: 60.0, refusal_cache: 0,
                    checks_per_subject: 8, max_in_flight: nil, shed_retry_after: 1, refund_on: nil,
                    case_insensitive_paths: false, path_formats: true, case_insensitive_identifiers: false,
-                   policies: {}, counters: nil, logger: nil)
+                   policies: {}, counters: nil, logger: nil, metrics: nil)
       @case_insensitive_paths, @path_formats = case_insensitive_paths, path_formats
       @case_insensitive_identifiers = case_insensitive_identifiers
       raise ArgumentError, "ipv6_prefix must be 0 to 128, got #{ipv6_prefix.inspect}" unless (0..128).cover?(ipv6_prefix)
@@ -163,6 +163,7 @@ module RatelimitWeb
       @checking = Hash.new(0)
       @max_in_flight, @shed_retry_after, @in_flight, @receiving = max_in_flight, shed_retry_after, 0, 0
       @counters = counters || Counters.new
+      @metrics = metrics
       @log = logger || Logger.new($stderr)
       @lock = Mutex.new
       @local_buckets, @learned, @policy_logged_at = {}, {}, {}
@@ -185,8 +186,10 @@ module RatelimitWeb
       nil
     end
 
-    def note(outcome)
+    # Counts what a request came to (a field of Counters), and tells the metrics.
+    def note(outcome, route = nil)
       @lock.synchronize { @counters[outcome] += 1 }
+      @metrics&.count(route&.name, outcome.to_s, route&.policy)
     end
 
     # A request (not on a skip path) begins: nil, or the 503 that sheds it. Every request
@@ -260,7 +263,7 @@ module RatelimitWeb
     def decide(route, subject, tier, cost)
       cached = @refusals&.get([route.name, tier, subject])
       if cached
-        note(:refused_locally)
+        note(:refused_locally, route)
         return Decision.reply(*cached)
       end
       slot = [route.name, tier, subject]
@@ -272,14 +275,16 @@ module RatelimitWeb
           false
         end
         if surplus
-          note(:refused_locally)
+          note(:refused_locally, route)
           return Decision.reply(429, { "detail" => "Too Many Requests", "retry_after" => 1 }, { "Retry-After" => "1" })
         end
       end
       begin
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         answer = yield
+        @metrics&.observe(route.name, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
       rescue DatabaseUnavailable => e
-        note(:database_errors)
+        note(:database_errors, route)
         return unavailable(route, subject, tier, cost, e)
       rescue StandardError => e
         raise unless route.policy && RatelimitWeb.missing_policy?(e)
@@ -307,10 +312,11 @@ module RatelimitWeb
       end
       learn(route, tier, answer)
       if answer.admitted?
-        note(:admitted)
+        note(:admitted, route)
         return Decision.new(:admit, 200, nil, answer.headers)
       end
-      note(:refused)
+      note(:refused, route)
+      @metrics&.refuse(route.name, route.policy, subject)
       refusal(route, subject, tier, answer)
     end
 
@@ -331,7 +337,7 @@ module RatelimitWeb
     end
 
     def policy_missing(route, error)
-      note(:missing_policies)
+      note(:missing_policies, route)
       log_now = @lock.synchronize do
         next false if now - @policy_logged_at.fetch(route.name, -Float::INFINITY) < @log_interval
 
@@ -364,7 +370,7 @@ module RatelimitWeb
       end
       limit = route.sensitive ? nil : (@lock.synchronize { @learned[[route.name, tier]] } || route.first_bucket(tier))
       unless limit
-        note(:fallback_refused)
+        note(:fallback_refused, route)
         return Decision.reply(503, { "detail" => "Service Unavailable", "retry_after" => @unavailable_retry_after },
                               { "Retry-After" => @unavailable_retry_after.to_s })
       end
@@ -373,10 +379,10 @@ module RatelimitWeb
       end
       wait = bucket.take(subject, cost)
       if wait.zero?
-        note(:fallback_admitted)
+        note(:fallback_admitted, route)
         return Decision.new(:fallback, 200, nil, {})
       end
-      note(:fallback_refused)
+      note(:fallback_refused, route)
       retry_after = wait.infinite? ? nil : [1, wait.ceil].max
       Decision.reply(429, { "detail" => "Too Many Requests", "limit" => bucket.burst.to_i, "remaining" => 0,
                             "reset" => retry_after || 0, "retry_after" => retry_after },
