@@ -271,6 +271,11 @@ def test_the_reference_readme_examples(server):
                   key="message_type_marketing.to_number") == 7
     assert metric(m, "ratelimit_service_rate_limit_over_limit", domain="messaging",
                   key="message_type_marketing.to_number") == 1
+    # within the limit 6 times (5, and one more number's first); near it (under 20 % left) once
+    assert metric(m, "ratelimit_service_rate_limit_within_limit", domain="messaging",
+                  key="message_type_marketing.to_number") == 6
+    assert metric(m, "ratelimit_service_rate_limit_near_limit", domain="messaging",
+                  key="message_type_marketing.to_number") == 1
     assert metric(m, "ratelimit_service_rate_limit_shadow_mode", domain="example6", key="service.user_user-a") == 22
     for key in ("key1_unspecified_value", "key1_unspecified_value2", "key1_value1"):
         assert metric(m, "ratelimit_service_rate_limit_total_hits", domain="example8", key=key) == 1, key

@@ -1,6 +1,7 @@
 """The operator's page (ratelimit_web.admin) on SQLite and PostgreSQL: served by uvicorn
 (ASGI), wsgiref (WSGI), Django's view and the Node package's Express middleware, the
-ASGI and Express forms loaded in headless Chromium (Debian's chromium,
+ASGI, Django (a project of its own, with Django's CSRF middleware) and Express forms
+loaded in headless Chromium (Debian's chromium,
 driven over the DevTools protocol): the page shows the policies, the subjects refused most
 and the blocks, an unblock button lifts a block, the screenshot is kept, an unauthorised
 request gets 403, and the application's own role (not in rl_admin) cannot unblock.
@@ -13,6 +14,7 @@ import socket
 import sqlite3
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -224,15 +226,26 @@ def serve_node(app):
     return proc, f"http://127.0.0.1:{port}/ratelimit/"
 
 
-@pytest.mark.parametrize("served_by", ["python", "node"])
+def serve_django(app):
+    """The same page as a Django view in a project of its own (django_admin_site.py: Django's
+    WSGI handler with the CSRF and security middleware), in its own process."""
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "django_admin_site.py"), app.url,
+                             EXTENSION], stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    return proc, f"http://127.0.0.1:{port}/ratelimit/"
+
+
+@pytest.mark.parametrize("served_by", ["python", "node", "django"])
 def test_the_page_in_chromium_lists_refusals_and_unblocks(app, served_by):
     if served_by == "python":
         admin = AdminView(app.url, extension=EXTENSION, authorize=authorized, sample_seconds=0.5)
         server, thread, url = serve_asgi(admin)
-    else:
+    elif served_by == "node":
         node, url = serve_node(app)
-    # SQLite counts per process: a page in another process (node) sees none of this one's checks
-    counted = not (app.engine == "sqlite" and served_by == "node")
+    else:
+        node, url = serve_django(app)
+    # SQLite counts per process: a page in another process (node, django) sees none of this one's checks
+    counted = not (app.engine == "sqlite" and served_by != "python")
     browser = Browser()
     try:
         browser.call("Network.enable")
