@@ -1,4 +1,5 @@
-"""Chaos: clients taking and spending on a few keys, directly and through pgbouncer, while a
+"""Chaos: clients taking and spending on a few keys, directly and through pgbouncer (the
+native extension) and directly on the SQL edition (a database of its own), while a
 driver kills backends with SIGKILL, restarts the server (fast and immediate) and stops
 pgbouncer. From the clients' own records it checks that no key admitted more than its
 limit, that no admission a client saw is lost, and that every error is one of the
@@ -24,7 +25,10 @@ SERVER = os.environ["RL_PG_DIR"], int(os.environ["RL_PG_PORT"])
 BOUNCER = os.environ["RL_BOUNCER_DIR"], int(os.environ["RL_BOUNCER_PORT"])
 PG_BIN = os.environ["RL_PG_BIN"]
 DB = "chaos"
-CLIENTS_DIRECT, CLIENTS_BOUNCED = 4, 4
+# where each kind of client goes: the native extension (directly or through pgbouncer), or
+# the SQL edition's database (directly)
+DATABASES = {"direct": DB, "pgbouncer": DB, "edition": "chaos_sql"}
+CLIENTS_DIRECT, CLIENTS_BOUNCED, CLIENTS_EDITION = 4, 4, 2
 # Each key is used for one epoch, then fresh keys: so keys reach their limit all through
 # the run, and each key's count is exact (an explicit clock: no refill).
 EPOCH_SECONDS, KEYS_PER_EPOCH, LIMIT = 20, 3, 400
@@ -54,8 +58,8 @@ DOCUMENTED_WORDS = [
 
 
 def connect(via):
-    folder, port = SERVER if via == "direct" else BOUNCER
-    conn = psycopg2.connect(host=folder, port=port, user="postgres", dbname=DB, connect_timeout=3)
+    folder, port = BOUNCER if via == "pgbouncer" else SERVER
+    conn = psycopg2.connect(host=folder, port=port, user="postgres", dbname=DATABASES[via], connect_timeout=3)
     conn.autocommit = True
     return conn
 
@@ -69,8 +73,8 @@ class Client(threading.Thread):
         super().__init__(daemon=True)
         self.rng = random.Random(number)
         self.via, self.started_at, self.stop = via, start, stop
-        self.seen = collections.Counter()  # (kind, key) -> admissions answered
-        self.failed = collections.Counter()  # (kind, key) -> calls whose outcome is unknown
+        self.seen = collections.Counter()  # (database, kind, key) -> admissions answered
+        self.failed = collections.Counter()  # (database, kind, key) -> calls whose outcome is unknown
         self.answered = 0
         self.errors = collections.Counter()  # documented kind -> count
         self.undocumented = []
@@ -109,9 +113,9 @@ class Client(threading.Thread):
                                     (key, LIMIT, NOW_MS))
                     admitted = cur.fetchone()[0]
                 self.answered += 1
-                self.seen[(kind, key)] += admitted
+                self.seen[(DATABASES[self.via], kind, key)] += admitted
             except psycopg2.Error as e:
-                self.failed[(kind, key)] += 1
+                self.failed[(DATABASES[self.via], kind, key)] += 1
                 self.errors[self.classify(e)] += 1
                 try:
                     conn.close()
@@ -150,7 +154,8 @@ def restart_server(mode):
 def kill_a_backend():
     conn = connect("direct")
     with conn.cursor() as cur:
-        cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (DB,))
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s) AND pid <> pg_backend_pid()",
+                    (sorted(set(DATABASES.values())),))
         pids = [r[0] for r in cur.fetchall()]
     conn.close()
     if pids:
@@ -182,32 +187,35 @@ def drive(stop, events):
 
 
 def final_counts():
-    conn = connect("direct")
     counts = {}
-    with conn.cursor() as cur:
-        cur.execute("SELECT key, round(%s - level)::int FROM ratelimit.rl_bucket", (LIMIT,))
-        counts.update({("bucket", k): n for k, n in cur.fetchall()})
-        cur.execute("SELECT key, (used / 1000000)::int FROM ratelimit.rl_budget")
-        counts.update({("budget", k): n for k, n in cur.fetchall()})
-    conn.close()
+    for via in ("direct", "edition"):
+        db = DATABASES[via]
+        conn = connect(via)
+        with conn.cursor() as cur:
+            cur.execute("SELECT key, round(%s - level)::int FROM ratelimit.rl_bucket", (LIMIT,))
+            counts.update({(db, "bucket", k): n for k, n in cur.fetchall()})
+            cur.execute("SELECT key, (used / 1000000)::int FROM ratelimit.rl_budget")
+            counts.update({(db, "budget", k): n for k, n in cur.fetchall()})
+        conn.close()
     return counts
 
 
 def amcheck_findings():
-    """What amcheck finds wrong in the state tables after the run: their heaps and their
-    primary keys' btrees checked against every heap tuple (empty: intact)."""
-    conn = connect("direct")
+    """What amcheck finds wrong in the state tables of both databases after the run: their
+    heaps and their primary keys' btrees checked against every heap tuple (empty: intact)."""
     findings = []
-    with conn.cursor() as cur:
-        cur.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
-        for table in ("rl_bucket", "rl_budget", "rl_entries", "rl_policy"):
-            try:
-                cur.execute(f"SELECT bt_index_parent_check('ratelimit.{table}_pkey', true)")
-            except psycopg2.Error as e:
-                findings.append(f"{table}_pkey: {str(e).strip()}")
-            cur.execute(f"SELECT blkno, offnum, msg FROM verify_heapam('ratelimit.{table}')")
-            findings += [f"{table} block {b} item {o}: {m}" for b, o, m in cur.fetchall()]
-    conn.close()
+    for via in ("direct", "edition"):
+        conn = connect(via)
+        with conn.cursor() as cur:
+            cur.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+            for table in ("rl_bucket", "rl_budget", "rl_entries", "rl_policy"):
+                try:
+                    cur.execute(f"SELECT bt_index_parent_check('ratelimit.{table}_pkey', true)")
+                except psycopg2.Error as e:
+                    findings.append(f"{DATABASES[via]}: {table}_pkey: {str(e).strip()}")
+                cur.execute(f"SELECT blkno, offnum, msg FROM verify_heapam('ratelimit.{table}')")
+                findings += [f"{DATABASES[via]}: {table} block {b} item {o}: {m}" for b, o, m in cur.fetchall()]
+        conn.close()
     return findings
 
 
@@ -216,6 +224,7 @@ def main():
     start, stop = time.monotonic(), threading.Event()
     clients = [Client(i, "direct", start, stop) for i in range(CLIENTS_DIRECT)]
     clients += [Client(100 + i, "pgbouncer", start, stop) for i in range(CLIENTS_BOUNCED)]
+    clients += [Client(200 + i, "edition", start, stop) for i in range(CLIENTS_EDITION)]
     for c in clients:
         c.start()
     events = collections.Counter()
@@ -246,21 +255,25 @@ def main():
     admitted = sum(seen.values())
     unseen = sum(max(0, stored.get(k, 0) - seen[k]) for k in keys)
     ok = not (over or lost or unexplained or undocumented or damaged)
+    by_database = {db: (sum(n for k, n in seen.items() if k[0] == db), len({k for k in keys if k[0] == db}))
+                   for db in sorted(set(DATABASES.values()))}
 
     lines = [
         "# Chaos run",
         "",
         f"`bash scripts/chaos.sh` (RL_CHAOS_SECONDS={SECONDS:.0f}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
         f"{CLIENTS_DIRECT} clients connected directly and {CLIENTS_BOUNCED} through pgbouncer (transaction pooling) "
+        f"to the native extension, and {CLIENTS_EDITION} directly to the SQL edition in a database of its own, "
         f"call rl_take and rl_spend (limit {LIMIT}, no refill: an explicit clock) on {KEYS_PER_EPOCH} bucket and "
-        f"{KEYS_PER_EPOCH} budget keys, fresh keys every {EPOCH_SECONDS} s, on PostgreSQL's table store "
-        "(synchronous_commit on), while a driver acts every 3 to 8 s.",
+        f"{KEYS_PER_EPOCH} budget keys per database, fresh keys every {EPOCH_SECONDS} s, on PostgreSQL's table "
+        "store (synchronous_commit on), while a driver acts every 3 to 8 s.",
         "",
         "| what | count |",
         "|---|---|",
         *[f"| {action} | {n} |" for action, n in sorted(events.items())],
         f"| calls answered | {answered} |",
         f"| admissions answered | {admitted} |",
+        *[f"| admissions answered in {db} (keys) | {n} ({k}) |" for db, (n, k) in by_database.items()],
         f"| keys | {len(keys)} |",
         f"| calls that failed (outcome unknown to the client) | {sum(failed.values())} |",
         f"| admissions committed but not seen (a call cut off after its commit) | {unseen} |",

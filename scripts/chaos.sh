@@ -69,5 +69,14 @@ as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d postgres -v ON
   -c "CREATE DATABASE chaos" -c "ALTER DATABASE chaos SET pg_ratelimit.allow_explicit_clock = on"
 as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d chaos -v ON_ERROR_STOP=1 \
   -c "CREATE EXTENSION pg_ratelimit"
+# the SQL edition beside it, in a database of its own, installed as managed platforms do:
+# by the database's owner, a role with CREATEROLE and no superuser (the clients, connecting
+# as postgres, may pass an explicit clock as any superuser may)
+bash scripts/package.sh --sql >/dev/null
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d postgres -v ON_ERROR_STOP=1 \
+  -c "CREATE ROLE chaos_owner LOGIN CREATEROLE" -c "CREATE DATABASE chaos_sql OWNER chaos_owner"
+as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -U chaos_owner -d chaos_sql -v ON_ERROR_STOP=1 \
+  -f "$PWD/dist/pg_ratelimit_sql-$version.sql" >/dev/null
 bouncer_start
 /usr/bin/python3 bench/chaos.py

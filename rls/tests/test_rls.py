@@ -80,7 +80,9 @@ class Database:
                     admin.execute(f"DROP ROLE IF EXISTS {user}")
                     admin.execute(f"CREATE ROLE {user} LOGIN CREATEDB CREATEROLE")
                     admin.execute(f"ALTER DATABASE {self.name} OWNER TO {user}")
-                subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", user, "-d", self.name,
+                own = os.path.join(os.environ.get("RL_PG_BIN", ""), "psql")  # the server's major's psql, if any
+                subprocess.run([own if os.path.exists(own) else "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", user,
+                                "-d", self.name,
                                 "-f", sql_edition_script()], check=True, capture_output=True)
             self.url = f"host={host} port={port} user={user} dbname={self.name}"
 
