@@ -108,14 +108,15 @@ bash scripts/package.sh --pg "${PG_VERSIONS[0]}"
 lane=$(mktemp -d /tmp/pg_ratelimit_lane.XXXXXX)
 lane_jobs=()
 for v in "${PG_VERSIONS[@]:1}"; do lane_jobs+=("pg$v"); done
+# (rls: ratelimit-rls in a target folder of its own, target/rls, so that its build of the
+# SQLite crate, which links SQLite normally, never shares target/release/deps with the
+# loadable extension)
 lane_jobs+=(pg_tle rls citus15 citus18)
 lane_script='
   for job in "$@"; do
     case "$job" in
       pg*[0-9]) run=(bash scripts/package.sh --pg "${job#pg}") ;;
       pg_tle) run=(bash -c "! bash scripts/pg_tle.sh available || bash scripts/pg_tle.sh build") ;;
-      # a target folder of its own: its build of the SQLite crate (register(&conn), no
-      # .load) must never share target/release/deps with the loadable extension's
       rls) run=(bash -c "export CARGO_TARGET_DIR=target/rls && cargo build --release -p ratelimit-rls && cargo test --release -p ratelimit-rls && bash scripts/package.sh --rls") ;;
       citus*) run=(env RL_CITUS_PG="${job#citus}" bash -c "! bash scripts/citus.sh available || bash scripts/citus.sh build") ;;
     esac
