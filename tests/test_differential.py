@@ -154,6 +154,11 @@ def compare(native, ours):
             if kind == "answer" and isinstance(value, dict) and isinstance(value.get("lease"), str):
                 leases[id(engine)][call_args[0]] = value["lease"]
             answers.append((kind, without_secret(value)))
+        if function == "rl_sweep" and args[1:2] not in ([], [None]) and answers[0] == answers[1]:
+            # max_rows lets a sweep remove any of the rows no longer needed, in the order each
+            # engine's table gives them; an unbounded sweep after it leaves both alike again.
+            function = "rl_sweep() after rl_sweep"
+            answers = [answer_of(engine, "rl_sweep", []) for engine in (native, ours)]
         kinds[answers[0][0]] = kinds.get(answers[0][0], 0) + 1
         if answers[0] != answers[1]:
             differences.append((n, function, args, answers[0], answers[1]))
