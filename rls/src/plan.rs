@@ -24,12 +24,17 @@ pub struct Item {
 }
 
 impl Item {
+    /// A bucket's refill: the whole limit again over one unit.
+    fn refill_per_minute(&self) -> f64 {
+        f64::from(self.requests_per_unit) * 60.0 / self.unit.seconds()
+    }
+
     /// The rl_take_all item.
     pub fn take_json(&self) -> Value {
         let n = f64::from(self.requests_per_unit);
         match self.algorithm {
             Algorithm::Bucket => json!({"key": self.key, "burst": n,
-                "refill_per_minute": n * 60.0 / self.unit.seconds(), "cost": self.cost}),
+                "refill_per_minute": self.refill_per_minute(), "cost": self.cost}),
             Algorithm::Budget => json!({"key": self.key, "period": period(self.unit),
                 "quota": n, "cost": self.cost}),
             Algorithm::Window => json!({"key": self.key, "limit": n,
@@ -44,7 +49,7 @@ impl Item {
         match self.algorithm {
             Algorithm::Bucket => Sql::call(
                 "rl_peek",
-                vec![key, Param::Real(n), Param::Real(n * 60.0 / self.unit.seconds()), Param::Real(cost)],
+                vec![key, Param::Real(n), Param::Real(self.refill_per_minute()), Param::Real(cost)],
             ),
             Algorithm::Budget => Sql::call(
                 "rl_budget",
@@ -64,7 +69,7 @@ impl Item {
         match self.algorithm {
             Algorithm::Bucket => Some(Sql::call(
                 "rl_refund",
-                vec![key, Param::Real(n), Param::Real(n * 60.0 / self.unit.seconds()), Param::Real(self.cost)],
+                vec![key, Param::Real(n), Param::Real(self.refill_per_minute()), Param::Real(self.cost)],
             )),
             Algorithm::Budget => Some(Sql::call(
                 "rl_refund_budget",

@@ -262,18 +262,12 @@ impl Rls {
         if !header_items.is_empty() {
             let result =
                 json!({"policy": domain, "admitted": !over, "retry_after_seconds": retry, "items": header_items});
-            if let Ok(headers) = ratelimit_core::headers::headers(&result.to_string()) {
-                if let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&headers.to_text()) {
-                    for (key, value) in map {
-                        if let Some(value) = value.as_str() {
-                            response_headers_to_add.push(HeaderValue {
-                                key,
-                                value: value.to_owned(),
-                                ..Default::default()
-                            });
-                        }
-                    }
-                }
+            if let Ok(headers) = ratelimit_core::headers::header_pairs(&result) {
+                response_headers_to_add.extend(headers.into_iter().map(|(key, value)| HeaderValue {
+                    key: key.to_owned(),
+                    value,
+                    ..Default::default()
+                }));
             }
         }
         RateLimitResponse {

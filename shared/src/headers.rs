@@ -155,15 +155,24 @@ fn shown(v: f64) -> String {
     crate::json::number_text(v.max(0.0))
 }
 
+fn not_a_result() -> Error {
+    Error::invalid(
+        "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all",
+    )
+}
+
 /// `rl_headers(result)`: a JSON object of header names to values, as text.
 pub fn headers(result: &str) -> Result<Json> {
-    let bad = || {
-        Error::invalid(
-            "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all",
-        )
-    };
     crate::args::json_size("result", result.len())?;
-    let value: Value = serde_json::from_str(result).map_err(|_| bad())?;
+    let value: Value = serde_json::from_str(result).map_err(|_| not_a_result())?;
+    let pairs = header_pairs(&value)?;
+    Ok(Json::Object(pairs.into_iter().map(|(name, value)| (name, Json::Str(value))).collect()))
+}
+
+/// The headers of a result already parsed, as (name, value) pairs in rl_headers' order:
+/// for a server that holds the answer as a value (ratelimit-rls) and sends headers, not text.
+pub fn header_pairs(value: &Value) -> Result<Vec<(&'static str, String)>> {
+    let bad = not_a_result;
     let o = value.as_object().ok_or_else(bad)?;
     let items = o.get("items").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
     for object in std::iter::once(o).chain(items.iter().filter_map(Value::as_object)) {
@@ -220,16 +229,16 @@ pub fn headers(result: &str) -> Result<Json> {
         })
         .collect();
     let mut out = vec![
-        ("RateLimit-Policy", Json::Str(policy.join(", "))),
-        ("RateLimit", Json::Str(state.join(", "))),
-        ("X-RateLimit-Limit", Json::Str(shown(binding.limit))),
-        ("X-RateLimit-Remaining", Json::Str(shown(binding.remaining))),
+        ("RateLimit-Policy", policy.join(", ")),
+        ("RateLimit", state.join(", ")),
+        ("X-RateLimit-Limit", shown(binding.limit)),
+        ("X-RateLimit-Remaining", shown(binding.remaining)),
     ];
     if let Some(reset) = binding.x_reset {
-        out.push(("X-RateLimit-Reset", Json::Str(reset.to_string())));
+        out.push(("X-RateLimit-Reset", reset.to_string()));
     }
     if let Some(retry) = retry {
-        out.push(("Retry-After", Json::Str(retry.max(1).to_string())));
+        out.push(("Retry-After", retry.max(1).to_string()));
     }
-    Ok(Json::Object(out))
+    Ok(out)
 }
