@@ -123,7 +123,7 @@ def test_databases_of_one_cluster_never_share_buckets(pg_memory_db):
         conn.cursor().execute(f"DROP DATABASE {other} WITH (FORCE)")
 
 
-def test_clean_restart_keeps_every_level_and_a_crash_starts_full():
+def test_clean_restart_keeps_every_level_and_a_crash_or_an_immediate_shutdown_starts_full():
     with cluster(next(PORTS), **MEMORY) as c:
         conn = new_database(c)
         for i in range(1, 6):  # key i has 10 - i tokens left; a peek says a take would leave 9 - i
@@ -151,6 +151,17 @@ def test_clean_restart_keeps_every_level_and_a_crash_starts_full():
         conn = reconnect(c, "app")
         assert one(conn, f"SELECT rl_peek('k1', {SLOW}) ->> 'remaining'") == "9"
         assert "terminated by signal 9" in c.log()
+
+        # an immediate shutdown stops backends with SIGQUIT wherever they are, and the
+        # postmaster then exits with code 0 as after a clean one: only the control file's
+        # shutdown checkpoint tells them apart, and nothing is saved
+        one(conn, f"SELECT rl_take('k2', {SLOW}, 3)")
+        conn.close()
+        c.stop("immediate")
+        c.start()
+        conn = c.connect("app")
+        assert one(conn, f"SELECT rl_peek('k2', {SLOW}) ->> 'remaining'") == "9", "starts full after -m immediate"
+        assert "pg_ratelimit: not saving buckets: the server did not shut down cleanly" in c.log()
         conn.close()
 
 

@@ -213,11 +213,32 @@ unsafe fn load() {
     pgrx::log!("pg_ratelimit: loaded {loaded} of {} buckets saved at the last shutdown", saved.len());
 }
 
+/// Whether the server stopped cleanly: its last checkpoint was a shutdown checkpoint, as
+/// the control file says (`DB_SHUTDOWNED`, or on a standby `DB_SHUTDOWNED_IN_RECOVERY`).
+/// The postmaster exits with code 0 after an immediate shutdown too, which stopped every
+/// backend with SIGQUIT wherever it was (perhaps inside a bucket's write); only a fast or
+/// smart shutdown writes that checkpoint. Read as bytes at the field's offset in this
+/// major's `ControlFileData`: no allocation and no error path at exit.
+fn shut_down_cleanly() -> bool {
+    const STATE: usize = std::mem::offset_of!(pg_sys::ControlFileData, state);
+    // (the postmaster's working directory is the data directory)
+    let Ok(control) = std::fs::read("global/pg_control") else { return false };
+    let Some(bytes) = control.get(STATE..STATE + 4).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
+        return false;
+    };
+    let state: pg_sys::DBState::Type = u32::from_ne_bytes(bytes);
+    state == pg_sys::DBState::DB_SHUTDOWNED || state == pg_sys::DBState::DB_SHUTDOWNED_IN_RECOVERY
+}
+
 /// Writes every bucket that is not yet full again to the file, at a clean shutdown only.
 #[pg_guard]
 unsafe extern "C-unwind" fn save_at_exit(code: std::ffi::c_int, _arg: pg_sys::Datum) {
     if code != 0 || TABLE.load(Ordering::Acquire).is_null() {
         return; // after a crash the table is not trusted: buckets start full
+    }
+    if !shut_down_cleanly() {
+        pgrx::log!("pg_ratelimit: not saving buckets: the server did not shut down cleanly; buckets start full");
+        return;
     }
     let now = now_ms();
     // SAFETY: the postmaster runs this as it exits, after every backend has stopped.
