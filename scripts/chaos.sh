@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The chaos run (not in CI; 10 minutes unless RL_CHAOS_SECONDS says): clients take and spend
-# on a few keys directly and through pgbouncer while bench/chaos.py kills backends, restarts
-# PostgreSQL 15 (fast and immediate) and stops pgbouncer; it checks the clients' records
-# against the state and writes bench/results/chaos.md.
+# The chaos run (not in CI; about 20 minutes: RL_CHAOS_SECONDS, 600, then
+# RL_WEB_CHAOS_SECONDS, 90, per web package and engine): clients take and spend on a few
+# keys directly and through pgbouncer, on the SQL edition and on the memory store,
+# while bench/chaos.py kills backends, restarts PostgreSQL 15 (fast, fast with a backend
+# killed during the shutdown, and immediate) and stops pgbouncer; it checks the clients'
+# records against the state and writes bench/results/chaos.md; then bench/web_chaos.py runs
+# each web package's server under load while PostgreSQL restarts and while SQLite's file is
+# locked, and adds its section.
 #   scripts/chaos.sh                 the run (installs pgbouncer, builds, starts, stops)
 #   scripts/chaos.sh bouncer-start   (for the driver) start pgbouncer
 #   scripts/chaos.sh bouncer-stop    (for the driver) stop pgbouncer
@@ -69,6 +73,13 @@ as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d postgres -v ON
   -c "CREATE DATABASE chaos" -c "ALTER DATABASE chaos SET pg_ratelimit.allow_explicit_clock = on"
 as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d chaos -v ON_ERROR_STOP=1 \
   -c "CREATE EXTENSION pg_ratelimit"
+# the memory store, in a database of its own (its buckets in shared memory, its budgets in
+# its tables)
+as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d postgres -v ON_ERROR_STOP=1 \
+  -c "CREATE DATABASE chaos_memory" -c "ALTER DATABASE chaos_memory SET pg_ratelimit.allow_explicit_clock = on" \
+  -c "ALTER DATABASE chaos_memory SET pg_ratelimit.buckets = 'memory'"
+as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d chaos_memory -v ON_ERROR_STOP=1 \
+  -c "CREATE EXTENSION pg_ratelimit"
 # the SQL edition beside it, in a database of its own, installed as managed platforms do:
 # by the database's owner, a role with CREATEROLE and no superuser (the clients, connecting
 # as postgres, may pass an explicit clock as any superuser may)
@@ -79,4 +90,13 @@ as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -d postgres -v ON
 as_pg "$RL_PG_BIN/psql" -X -q -h "$RL_PG_DIR" -p "$RL_PG_PORT" -U chaos_owner -d chaos_sql -v ON_ERROR_STOP=1 \
   -f "$PWD/dist/pg_ratelimit_sql-$version.sql" >/dev/null
 bouncer_start
-/usr/bin/python3 bench/chaos.py
+# the web packages' run (bench/web_chaos.py) serves the test application of each package:
+# the SQLite extension, the packages and their dependencies, as the test command builds them
+npm_config_better_sqlite3_local_prebuilds=$(bash scripts/better_sqlite3.sh)
+export npm_config_better_sqlite3_local_prebuilds
+bash scripts/package.sh --sqlite >/dev/null
+"$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
+status=0
+/usr/bin/python3 bench/chaos.py || status=1
+"$WEB_VENV/bin/python" bench/web_chaos.py || status=1
+exit $status
