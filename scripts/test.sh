@@ -31,7 +31,7 @@ step() { printf '\n\033[1m== [%s, %ds] %s\033[0m\n' "$(date +%T)" "$SECONDS" "$*
 # The suites every edition runs (the native pass runs all of tests/).
 EDITION_SUITES=(tests/test_sql_edition.py tests/test_conformance.py tests/test_windows_and_leases.py tests/test_policies.py
                 tests/test_postgres.py tests/test_take_all.py tests/test_fuzz.py tests/test_hostile.py tests/test_backup.py
-                tests/test_platforms.py)
+                tests/test_platforms.py tests/test_budgets_near.py)
 
 if [ "${1:-}" = "--fast" ]; then
   for need in cargo sqlite3 /usr/bin/python3; do

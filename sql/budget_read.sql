@@ -1,2 +1,2 @@
-SELECT used, resets_at FROM ratelimit.rl_budget
+SELECT used, resets_at, quota FROM ratelimit.rl_budget
 WHERE key OPERATOR(pg_catalog.=) $1 AND period OPERATOR(pg_catalog.=) $2

@@ -3,9 +3,10 @@
 -- which run as SECURITY DEFINER statements that qualify every name and operator.
 -- rl_bucket: a token bucket holds `level` tokens at `refilled_at` (epoch ms) and is full
 -- again at `full_at`. rl_budget: `used` millionths of a unit in the period ending at
--- `resets_at` (epoch ms). No row means a full bucket / nothing spent. rl_entries: a
--- list per key and kind ('window': admissions per millisecond; 'lease': leases held),
--- encoded as text by the library, with no entry counting from `empty_at` (epoch ms).
+-- `resets_at` (epoch ms), against the `quota` (millionths) of the last spend (0: none).
+-- No row means a full bucket / nothing spent. rl_entries: a list per key and kind
+-- ('window': admissions per millisecond; 'lease': leases held), encoded as text by the
+-- library, with no entry counting from `empty_at` (epoch ms).
 CREATE SCHEMA ratelimit;
 REVOKE ALL ON SCHEMA ratelimit FROM PUBLIC;
 
@@ -20,6 +21,7 @@ CREATE TABLE ratelimit.rl_budget (
     period    text   NOT NULL,
     used      bigint NOT NULL,
     resets_at bigint NOT NULL,
+    quota     bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (key, period)
 );
 CREATE TABLE ratelimit.rl_entries (
@@ -78,6 +80,6 @@ SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_policy', '');
 
 COMMENT ON SCHEMA ratelimit IS 'pg_ratelimit state; change it only through the rl_* functions';
 COMMENT ON TABLE ratelimit.rl_bucket IS 'token buckets: level tokens at refilled_at (epoch ms), full again at full_at';
-COMMENT ON TABLE ratelimit.rl_budget IS 'calendar budgets: used millionths in the period ending at resets_at (epoch ms)';
+COMMENT ON TABLE ratelimit.rl_budget IS 'calendar budgets: used millionths in the period ending at resets_at (epoch ms), against the quota (millionths) of the last spend, 0 when none';
 COMMENT ON TABLE ratelimit.rl_entries IS 'sliding windows (kind window) and leases (kind lease): a list per key, no entry counting from empty_at (epoch ms)';
 COMMENT ON TABLE ratelimit.rl_policy IS 'policies set by rl_policy_set: a name, its definition (canonical JSON text) and a revision drawn anew by each set';

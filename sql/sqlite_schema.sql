@@ -1,15 +1,17 @@
 -- State of the SQLite extension, created in the main database on first use.
 -- rl_bucket: a token bucket holds `level` tokens at `refilled_at` (epoch ms) and is full
 -- again at `full_at`. rl_budget: `used` millionths of a unit in the period ending at
--- `resets_at` (epoch ms). No row means a full bucket / nothing spent. rl_entries: a list
--- per key and kind ('window': admissions per millisecond; 'lease': leases held), encoded
--- as text by the library, with no entry counting from `empty_at` (epoch ms). rl_meta
+-- `resets_at` (epoch ms), against the `quota` (millionths) of the last spend (0: none).
+-- No row means a full bucket / nothing spent. rl_entries: a list per key and kind
+-- ('window': admissions per millisecond; 'lease': leases held), encoded as text by the
+-- library, with no entry counting from `empty_at` (epoch ms). rl_meta
 -- records the layout of these tables (schema_version) and the checks epoch (below);
 -- PRAGMA user_version is the application's. A database without rl_meta was written by
 -- 0.1.0 or 0.2.0, in schema_version 1; schema_version 2 adds rl_entries, rl_policy, the
 -- views rl_policies, rl_blocks and rl_stats and the checks epoch (0.3.0), created on
--- first use; the view rl_refused (0.4.0) is made with the tables, so a database whose
--- tables 0.3.0 made lacks it until its CREATE VIEW below is run there.
+-- first use; schema_version 3 (0.4.0) adds rl_budget.quota and the view rl_refused: a
+-- database of an earlier version gains them (ALTER TABLE, then this script) the first time
+-- a statement of 0.4.0 finds the column missing.
 CREATE TABLE IF NOT EXISTS main.rl_bucket (
     key         TEXT    NOT NULL PRIMARY KEY,
     level       REAL    NOT NULL,
@@ -21,6 +23,7 @@ CREATE TABLE IF NOT EXISTS main.rl_budget (
     period    TEXT    NOT NULL,
     used      INTEGER NOT NULL,
     resets_at INTEGER NOT NULL,
+    quota     INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (key, period)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS main.rl_entries (
@@ -61,7 +64,7 @@ CREATE TABLE IF NOT EXISTS main.rl_meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL
 ) WITHOUT ROWID;
-INSERT OR REPLACE INTO main.rl_meta (key, value) VALUES ('schema_version', '2');
+INSERT OR REPLACE INTO main.rl_meta (key, value) VALUES ('schema_version', '3');
 -- The checks epoch: a random number drawn anew whenever a policy changes or a subject
 -- comes to have a recorded block (blocked_until other than false, ended or not; the rule
 -- of penalty::records_new_block), by a function or by any other write. A connection

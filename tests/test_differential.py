@@ -39,7 +39,7 @@ def valid_call(rng):
                            "rl_refund_budget", "rl_charge_budget", "rl_window", "rl_window", "rl_window_peek",
                            "rl_acquire", "rl_release", "rl_renew", "rl_in_flight", "rl_take_all", "rl_check", "rl_check",
                            "rl_refund_check", "rl_policy_set", "rl_penalize", "rl_block", "rl_unblock", "rl_sweep",
-                           "rl_headers", "rl_reset", "rl_policy_drop"])
+                           "rl_headers", "rl_reset", "rl_policy_drop", "rl_budgets_near"])
     burst, rate = rng.choice([(5, 30), (3, 6), (10, 0.5)])
     args = {
         "rl_take": [key, burst, rate, cost], "rl_peek": [key, burst, rate, rng.choice([0, cost])],
@@ -59,7 +59,7 @@ def valid_call(rng):
         "rl_policy_set": [policy, rng.choice(DEFINITIONS)], "rl_policy_drop": [policy],
         "rl_penalize": [subject, rng.choice([0, 1, 3]), 60, 3600, rng.choice([1, 3600])],
         "rl_block": [subject, rng.choice([None, 1, 120])], "rl_unblock": [subject],
-        "rl_sweep": [], "rl_reset": [key],
+        "rl_sweep": [], "rl_reset": [key], "rl_budgets_near": [rng.choice([0, 0.5, 0.9, 1])],
         "rl_headers": ['{"admitted": false, "remaining": 0, "limit": 5, "retry_after_ms": 1500, '
                        '"retry_after_seconds": 2, "reset_after_seconds": 9, "refill_seconds": 10}'],
     }[function]

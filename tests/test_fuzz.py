@@ -117,6 +117,12 @@ def random_call(rng, functions):
             args.append(rng.choice(CLOCKS))
     elif function == "rl_top_refused":
         args = [rng.choice(POLICIES + [None])] + ([rng.choice([1, 10, 64, 0, 65, -1, None])] if rng.random() < 0.7 else [])
+    elif function == "rl_budgets_near":
+        args = [rng.choice(NUMBERS + [0, 0.5, 1])]
+        if rng.random() < 0.7:
+            args.append(rng.choice([1, 100, 10_000, 0, 10_001, -1, None]))
+            if rng.random() < 0.7:
+                args.append(rng.choice(CLOCKS))
     elif function == "rl_policy_drop":
         args = [rng.choice(POLICIES + [None, ""])]
     elif function in ("rl_check", "rl_refund_check"):
@@ -189,6 +195,11 @@ def check_answer(function, value):
         counts = [e["refusals"] for e in r["subjects"]]
         assert counts == sorted(counts, reverse=True) and len(counts) <= 64
         assert all(e["refusals"] > e["error"] >= 0 for e in r["subjects"])
+        return
+    if function == "rl_budgets_near":
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and len(r["budgets"]) <= 10_000
+        shares = [b["used"] / b["quota"] for b in r["budgets"]]
+        assert shares == sorted(shares, reverse=True) and all(s >= r["fraction"] for s in shares)
         return
     if function == "rl_policy_stats":
         r = json.loads(value) if isinstance(value, str) else value

@@ -96,7 +96,8 @@ def assert_browser_roles_shut_out(conn, schema="public"):
                         f"SELECT {schema}.rl_policy_drop('p')", f"SELECT {schema}.rl_stats_reset()",
                         f"SELECT * FROM {schema}.rl_blocks", f"SELECT * FROM {schema}.rl_policies",
                         f"SELECT * FROM {schema}.rl_stats", f"SELECT * FROM {schema}.rl_refused",
-                        f"SELECT {schema}.rl_top_refused('p')", "SELECT * FROM ratelimit.rl_bucket",
+                        f"SELECT {schema}.rl_top_refused('p')", f"SELECT {schema}.rl_budgets_near(0)",
+                        "SELECT * FROM ratelimit.rl_bucket",
                         "UPDATE ratelimit.rl_entries SET entries = ''", "SELECT ratelimit.rl__ceil_seconds(1)"):
                 with pytest.raises(psycopg2.errors.InsufficientPrivilege):
                     cur.execute(sql)

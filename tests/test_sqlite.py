@@ -237,7 +237,7 @@ def test_version_and_schema_version(sqlite_db):
     conn, _ = sqlite_db
     assert conn.execute("SELECT rl_version()").fetchone()[0] == CARGO_VERSION
     conn.execute("SELECT rl_take('k', 1, 1)")
-    assert conn.execute("SELECT value FROM rl_meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    assert conn.execute("SELECT value FROM rl_meta WHERE key = 'schema_version'").fetchone()[0] == "3"
 
 
 def test_a_database_written_by_0_2_0_keeps_working(tmp_path):
@@ -257,6 +257,7 @@ def test_a_database_written_by_0_2_0_keeps_working(tmp_path):
     assert call("SELECT rl_spend('fixture:budget', 'day', 10, 0.75, 1000)")["used"] == 1
     assert call("SELECT rl_take('fixture:bucket', 10, 1, 5, 1000)")["remaining"] == 1
     assert conn.execute("SELECT rl_reset('fixture:budget')").fetchone()[0] == 2
-    # its layout was schema_version 1; the first call that needs rl_entries adds it (2)
-    assert conn.execute("SELECT value FROM rl_meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    # its layout was schema_version 1; the first call that needs a table or column of a later
+    # version (rl_budget.quota: the first budget call) brings it to this version's (3)
+    assert conn.execute("SELECT value FROM rl_meta WHERE key = 'schema_version'").fetchone()[0] == "3"
     assert call("SELECT rl_window('fixture:window', 1, 60, 1, 1000)")["admitted"] is True

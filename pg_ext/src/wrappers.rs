@@ -183,6 +183,15 @@ fn rl_top_refused(policy: Option<&str>, n: default!(Option<i64>, 10)) -> JsonbRe
     run(&f::RL_TOP_REFUSED, &[text(policy), int(n)])
 }
 
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_budgets_near(
+    fraction: Option<f64>,
+    n: default!(Option<i64>, 100),
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonbResult {
+    run(&f::RL_BUDGETS_NEAR, &[real(fraction), int(n), real(now_ms)])
+}
+
 #[pg_extern(immutable, parallel_safe)]
 fn rl_headers(result: Option<JsonbArg>) -> JsonbResult {
     let result = json_text(&f::RL_HEADERS, "result", result);
@@ -221,8 +230,8 @@ mod ratelimit {
     }
 
     #[pg_extern(volatile, parallel_unsafe, cost = 1000)]
-    fn rl_budget_guard(used: i64, resets_at: i64) -> bool {
-        run(&f::RL_BUDGET_GUARD, &[Arg::Integer(used), Arg::Integer(resets_at)])
+    fn rl_budget_guard(used: i64, resets_at: i64, quota: i64) -> bool {
+        run(&f::RL_BUDGET_GUARD, &[Arg::Integer(used), Arg::Integer(resets_at), Arg::Integer(quota)])
     }
 
     /// The SET clauses: the row the guard decided to write, column by column.
@@ -241,5 +250,6 @@ mod ratelimit {
         rl_bucket_new_full_at -> i64 = RL_BUCKET_NEW_FULL_AT;
         rl_budget_new_used -> i64 = RL_BUDGET_NEW_USED;
         rl_budget_new_resets_at -> i64 = RL_BUDGET_NEW_RESETS_AT;
+        rl_budget_new_quota -> i64 = RL_BUDGET_NEW_QUOTA;
     }
 }

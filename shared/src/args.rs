@@ -72,7 +72,7 @@ pub fn arity(got: usize, min: usize, max: usize) -> Result<()> {
 }
 
 /// A number given as an integer, a real, or text that reads as a decimal number.
-fn as_number(arg: &Arg) -> Option<f64> {
+pub(crate) fn as_number(arg: &Arg) -> Option<f64> {
     match *arg {
         Arg::Integer(i) => Some(i as f64),
         Arg::Real(r) => Some(r),

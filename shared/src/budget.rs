@@ -3,11 +3,21 @@
 
 use crate::units::{ceil_seconds, Period};
 
-/// What a budget row stores: `used` millionths in the period ending at `resets_at` (epoch ms).
+/// What a budget row stores: `used` millionths in the period ending at `resets_at` (epoch ms),
+/// and the `quota` (millionths) of the last spend that wrote it, 0 when no spend did (a
+/// charge or refund keeps the row's): what rl_budgets_near measures `used` against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetState {
     pub used: i64,
     pub resets_at: i64,
+    pub quota: i64,
+}
+
+impl BudgetState {
+    /// The quota a change that is not a spend keeps: the row's, 0 without one.
+    fn kept_quota(state: Option<&BudgetState>) -> i64 {
+        state.map_or(0, |s| s.quota)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,13 +54,13 @@ pub fn spend(state: Option<&BudgetState>, period: Period, quota: i64, cost: i64,
         retry_after_seconds: if admitted { 0 } else { ceil_seconds(resets_at - now) },
         exceeds_limit: !admitted && cost > quota,
         period_ms: resets_at - period.start_ms(resets_at - 1),
-        new_state: admitted.then_some(BudgetState { used: total, resets_at }),
+        new_state: admitted.then_some(BudgetState { used: total, resets_at, quota }),
     }
 }
 
 /// The row that answers exactly as no row does: nothing used in the current period.
 pub fn untouched(period: Period, now_ms: i64) -> BudgetState {
-    BudgetState { used: 0, resets_at: period.end_ms(now_ms) }
+    BudgetState { used: 0, resets_at: period.end_ms(now_ms), quota: 0 }
 }
 
 /// The state after part of a period's use is given back.
@@ -71,7 +81,11 @@ pub fn refund(state: Option<&BudgetState>, period: Period, amount: i64, now: i64
     BudgetRefund {
         used: new_used,
         resets_at_ms: resets_at,
-        new_state: (new_used != used).then_some(BudgetState { used: new_used, resets_at }),
+        new_state: (new_used != used).then_some(BudgetState {
+            used: new_used,
+            resets_at,
+            quota: BudgetState::kept_quota(state),
+        }),
     }
 }
 
@@ -103,6 +117,47 @@ pub fn charge(state: Option<&BudgetState>, period: Period, amount: i64, now: i64
         used: total,
         resets_at_ms: resets_at,
         too_much: false,
-        new_state: Some(BudgetState { used: total, resets_at }),
+        new_state: Some(BudgetState { used: total, resets_at, quota: BudgetState::kept_quota(state) }),
     }
+}
+
+/// A budget near its quota, as rl_budgets_near lists it (the row, with its quota as the last
+/// spend gave it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NearBudget {
+    pub key: String,
+    pub period: String,
+    pub used: i64,
+    pub quota: i64,
+    pub resets_at: i64,
+}
+
+/// What rl_budgets_near answers: the fraction asked for and the budgets at or past it, the
+/// most used (as a share of the quota) first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetsNear {
+    pub fraction: f64,
+    pub budgets: Vec<NearBudget>,
+}
+
+/// Most budgets one rl_budgets_near call lists.
+pub const MAX_NEAR: i64 = 10_000;
+/// The largest fraction rl_budgets_near takes: a million times the quota, far past what a
+/// charge may add.
+pub const MAX_NEAR_FRACTION: f64 = 1_000_000.0;
+
+/// Whether a budget row is listed by rl_budgets_near(fraction) at `now`: its period is
+/// current, a spend gave it a quota, and it used at least `fraction` of it. The share is
+/// `used / quota` in doubles, as the statement computes it: a division rounds once, so a
+/// share that is exactly a decimal fraction (20 of 100) equals that fraction as given (0.2),
+/// where `fraction * quota` would round past it. The list is in [`near_order`].
+pub fn is_near(row: &BudgetState, fraction: f64, now: i64) -> bool {
+    row.resets_at > now && row.quota > 0 && row.used as f64 / row.quota as f64 >= fraction
+}
+
+/// The order of rl_budgets_near's list: the largest share of the quota first, then key
+/// and period.
+pub fn near_order(a: &NearBudget, b: &NearBudget) -> std::cmp::Ordering {
+    let share = |n: &NearBudget| n.used as f64 / n.quota as f64;
+    share(b).total_cmp(&share(a)).then_with(|| a.key.cmp(&b.key)).then_with(|| a.period.cmp(&b.period))
 }

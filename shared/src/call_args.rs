@@ -361,6 +361,46 @@ impl SweepArgs {
     }
 }
 
+/// `(fraction [, n = 100 [, now_ms]])` of rl_budgets_near.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetsNearArgs {
+    /// The share of the quota a budget has used at least, from 0 (every budget with a quota)
+    /// to [`crate::budget::MAX_NEAR_FRACTION`].
+    pub fraction: f64,
+    /// The most budgets listed, 1 to [`crate::budget::MAX_NEAR`].
+    pub n: i64,
+    pub now_ms: i64,
+}
+
+impl BudgetsNearArgs {
+    pub fn parse(call: &CallArgs, clock: &Clock) -> Result<Self> {
+        let fraction = call.get("fraction").arg;
+        let most = crate::budget::MAX_NEAR_FRACTION;
+        let fraction = match crate::args::as_number(&fraction) {
+            Some(f) if (0.0..=most).contains(&f) => f,
+            _ => {
+                let most = most as i64;
+                return Err(Error::invalid(format!(
+                    "fraction must be a number from 0 to {most}, got {}",
+                    fraction.describe()
+                )));
+            }
+        };
+        let most = crate::budget::MAX_NEAR;
+        let n = call.get("n");
+        let n = match n.passed() {
+            None => 100,
+            Some(a) => match as_integer(&a) {
+                Some(n) if (1..=most).contains(&n) => n,
+                _ => {
+                    return Err(Error::invalid(format!("n must be an integer from 1 to {most}, got {}", a.describe())))
+                }
+            },
+        };
+        Ok(BudgetsNearArgs { fraction, n, now_ms: call.now_ms(clock)? })
+    }
+}
+
 /// `(limits [, now_ms])` of rl_take_all: the limits in the order their rows are read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakeAllArgs<'a> {

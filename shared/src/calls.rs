@@ -5,8 +5,8 @@ use crate::args::{self, Arg, Clock};
 use crate::bucket::BucketState;
 use crate::budget::BudgetState;
 use crate::call_args::{
-    self, AcquireArgs, BlockArgs, CallArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs, SweepArgs,
-    TakeAllArgs, TakeArgs, WindowArgs,
+    self, AcquireArgs, BlockArgs, BudgetsNearArgs, CallArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs,
+    SpendArgs, SweepArgs, TakeAllArgs, TakeArgs, WindowArgs,
 };
 use crate::decision_slot::{self, NotInStatement};
 use crate::error::{Error, Result};
@@ -61,6 +61,7 @@ fn without_store(entry: Entry, args: &[Arg]) -> Result<Answer> {
         Entry::Internal(InternalCall::BucketNewFullAt) => decided_bucket().map(|r| Answer::Int(r.full_at)),
         Entry::Internal(InternalCall::BudgetNewUsed) => decided_budget().map(|r| Answer::Int(r.used)),
         Entry::Internal(InternalCall::BudgetNewResetsAt) => decided_budget().map(|r| Answer::Int(r.resets_at)),
+        Entry::Internal(InternalCall::BudgetNewQuota) => decided_budget().map(|r| Answer::Int(r.quota)),
         Entry::State(_) => Err(Error::storage("needs the database it is called in")),
         Entry::Server(_) => Err(Error::storage("is answered by the PostgreSQL server")),
     }
@@ -124,6 +125,7 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
         StateCall::RefundCheck => json(&protocol::refund_check(store, &CheckArgs::parse(call, clock)?)?),
         StateCall::Penalize => json(&protocol::penalize(store, &PenalizeArgs::parse(call, clock)?)?),
         StateCall::Block => json(&protocol::block(store, &BlockArgs::parse(call, clock)?)?),
+        StateCall::BudgetsNear => json(&protocol::budgets_near(store, &BudgetsNearArgs::parse(call, clock)?)?),
         StateCall::Unblock => {
             let (subject, now_ms) = call_args::first_name_at(call, clock)?;
             Answer::Bool(protocol::unblock(store, subject, now_ms)?)
@@ -153,11 +155,12 @@ fn bucket_guard(args: &[Arg]) -> Result<Answer> {
     internal(decision_slot::decide_row(&decision_slot::BUCKET, &row)).map(Answer::Bool)
 }
 
-/// `rl_budget_guard(used, resets_at)`: the WHERE clause of sql/budget_change.sql.
+/// `rl_budget_guard(used, resets_at, quota)`: the WHERE clause of sql/budget_change.sql.
 fn budget_guard(args: &[Arg]) -> Result<Answer> {
     let row = BudgetState {
         used: args::stored_integer(&args::nth(args, 0)),
         resets_at: args::stored_integer(&args::nth(args, 1)),
+        quota: args::stored_integer(&args::nth(args, 2)),
     };
     internal(decision_slot::decide_row(&decision_slot::BUDGET, &row)).map(Answer::Bool)
 }

@@ -167,6 +167,7 @@ pub enum StateCall {
     Penalize,
     Block,
     Unblock,
+    BudgetsNear,
 }
 
 impl StateCall {
@@ -207,6 +208,7 @@ pub enum InternalCall {
     BudgetGuard,
     BudgetNewUsed,
     BudgetNewResetsAt,
+    BudgetNewQuota,
 }
 
 /// The functions about this process's counters.
@@ -466,6 +468,10 @@ mod table {
     pub const RL_TOP_REFUSED: Function = Function { result_keys: &["policy", "scope", "subjects"], admin_only: true,
         ..function("rl_top_refused", Entry::Process(ProcessCall::TopRefused), &[POLICY, optional("n", Int8, "10")], Jsonb, NOT_AN_OBJECT,
         "the n (1 to 64) subjects rl_check refused most under policy since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy's (rl_admin only)") };
+    pub const RL_BUDGETS_NEAR: Function = Function { result_keys: &["fraction", "budgets"], admin_only: true,
+        ..state("rl_budgets_near", StateCall::BudgetsNear,
+        &[required("fraction", Float8), optional("n", Int8, "100"), NOW_MS],
+        "the budgets of the current period that used at least fraction of their quota (the quota the last rl_spend, rl_take_all or rl_check gave), the largest share first, at most n (1 to 10000): key, period, used, quota, resets_at; a scan of every budget row (rl_admin only)") };
     pub const RL_VERSION: Function = function("rl_version", Entry::Pure(PureCall::Version), &[], Text, NOT_AN_OBJECT,
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
@@ -494,7 +500,7 @@ mod table {
         Entry::Internal(InternalCall::BucketNewFullAt), &[], Int8, NOT_AN_OBJECT,
         "internal: the full_at the call in progress writes");
     pub const RL_BUDGET_GUARD: Function = function("rl_budget_guard", Entry::Internal(InternalCall::BudgetGuard),
-        &[required("used", Int8), required("resets_at", Int8)], Bool, NOT_AN_OBJECT,
+        &[required("used", Int8), required("resets_at", Int8), required("quota", Int8)], Bool, NOT_AN_OBJECT,
         "internal: hands a budget row to the decision of the rl_* call in progress; true when it writes");
     pub const RL_BUDGET_NEW_USED: Function = function("rl_budget_new_used",
         Entry::Internal(InternalCall::BudgetNewUsed), &[], Int8, NOT_AN_OBJECT,
@@ -502,6 +508,9 @@ mod table {
     pub const RL_BUDGET_NEW_RESETS_AT: Function = function("rl_budget_new_resets_at",
         Entry::Internal(InternalCall::BudgetNewResetsAt), &[], Int8, NOT_AN_OBJECT,
         "internal: the resets_at the call in progress writes");
+    pub const RL_BUDGET_NEW_QUOTA: Function = function("rl_budget_new_quota",
+        Entry::Internal(InternalCall::BudgetNewQuota), &[], Int8, NOT_AN_OBJECT,
+        "internal: the quota the call in progress writes");
 }
 
 pub use table::*;
@@ -537,6 +546,7 @@ pub const ALL: &[Function] = &[
     RL_POLICY_STATS,
     RL_STATS_RESET,
     RL_TOP_REFUSED,
+    RL_BUDGETS_NEAR,
     RL_HEADERS,
     RL_VERSION,
     RL_MEMORY_STATS,
@@ -548,6 +558,7 @@ pub const ALL: &[Function] = &[
     RL_BUDGET_GUARD,
     RL_BUDGET_NEW_USED,
     RL_BUDGET_NEW_RESETS_AT,
+    RL_BUDGET_NEW_QUOTA,
 ];
 
 /// The function called `name`.

@@ -3,7 +3,7 @@
 //! itself and how numbers are written are [`crate::json`].
 
 use crate::bucket::{RefundDecision, TakeDecision};
-use crate::budget::{BudgetCharge, BudgetRefund, SpendDecision};
+use crate::budget::{BudgetCharge, BudgetRefund, BudgetsNear, SpendDecision};
 use crate::json::Json;
 use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
@@ -117,6 +117,27 @@ impl ToJson for SpendDecision {
             .bool("exceeds_limit", self.exceeds_limit)
             .int("period_seconds", self.period_ms / 1000)
             .finish()
+    }
+}
+
+impl ToJson for BudgetsNear {
+    /// rl_budgets_near's answer: amounts in units as rl_spend gives them, resets_at in
+    /// epoch seconds.
+    fn to_json(&self) -> Json {
+        let budgets = self
+            .budgets
+            .iter()
+            .map(|b| {
+                JsonObject::new()
+                    .field("key", Json::Str(b.key.clone()))
+                    .field("period", Json::Str(b.period.clone()))
+                    .micros("used", b.used)
+                    .micros("quota", b.quota)
+                    .int("resets_at", b.resets_at / 1000)
+                    .finish()
+            })
+            .collect();
+        JsonObject::new().number("fraction", self.fraction).field("budgets", Json::Array(budgets)).finish()
     }
 }
 

@@ -127,6 +127,8 @@ statements! {
     PolicyDelete => "policy_delete",
     BucketChangeForPolicy => "bucket_change_for_policy",
     StrikeRowsRead => "strike_rows_read",
+    /// rl_budgets_near's list: a scan of every budget row (no index keeps spends HOT).
+    BudgetsNear => "budgets_near",
     /// SQLite only, as is ChecksEpochRead: PostgreSQL keeps the checks epoch in memory.
     BucketChangeInEpoch => "bucket_change_in_epoch",
     ChecksEpochRead => "checks_epoch_read",
@@ -137,10 +139,11 @@ impl Statement {
     pub const fn columns(self) -> &'static [SqlType] {
         match self {
             Statement::BucketRead | Statement::BucketLock => &[SqlType::Float8, SqlType::Int8, SqlType::Int8],
-            Statement::BudgetRead | Statement::BudgetLock => &[SqlType::Int8, SqlType::Int8],
+            Statement::BudgetRead | Statement::BudgetLock => &[SqlType::Int8, SqlType::Int8, SqlType::Int8],
             Statement::EntriesRead | Statement::EntriesLock => &[SqlType::Text, SqlType::Int8],
             Statement::PolicyRead => &[SqlType::Text, SqlType::Int8],
             Statement::StrikeRowsRead => &[SqlType::Text, SqlType::Text],
+            Statement::BudgetsNear => &[SqlType::Text, SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8],
             Statement::ChecksEpochRead => &[SqlType::Text],
             _ => &[],
         }

@@ -31,6 +31,8 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("REFUSED_ENTRIES", crate::refused::ENTRIES.to_string()),
         ("REFUSED_POLICIES", crate::refused::POLICIES.to_string()),
         ("REFUSED_SUBJECT_BYTES", crate::refused::SUBJECT_BYTES.to_string()),
+        ("MAX_NEAR", crate::budget::MAX_NEAR.to_string()),
+        ("MAX_NEAR_FRACTION", (crate::budget::MAX_NEAR_FRACTION as i64).to_string()),
     ]
 }
 
@@ -129,6 +131,11 @@ fn schema() -> String {
         .replace("CREATE SCHEMA ratelimit;", "CREATE SCHEMA IF NOT EXISTS ratelimit;")
         .replace("CREATE TABLE ratelimit.", "CREATE TABLE IF NOT EXISTS ratelimit.")
         .replace("CREATE INDEX rl_entries_strikes", "CREATE INDEX IF NOT EXISTS rl_entries_strikes")
+        // a table an earlier script made gains what this version's has (0.4.0: the quota)
+        .replace(
+            "REVOKE ALL ON ratelimit.rl_bucket,",
+            "ALTER TABLE ratelimit.rl_budget ADD COLUMN IF NOT EXISTS quota bigint NOT NULL DEFAULT 0;\nREVOKE ALL ON ratelimit.rl_bucket,",
+        )
         .replace("CREATE VIEW ", "CREATE OR REPLACE VIEW ")
         .lines()
         // pg_dump saves the rows of the tables in any case; only an extension marks them

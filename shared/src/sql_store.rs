@@ -4,7 +4,7 @@
 
 use crate::bucket;
 use crate::bucket::BucketState;
-use crate::budget::BudgetState;
+use crate::budget::{BudgetState, NearBudget};
 use crate::decision_slot::{self, Decide};
 use crate::sql::{Statement, Value};
 use crate::store::{
@@ -267,8 +267,8 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
     }
 
     fn insert_row<A: RowAt>(&mut self, at: A, row: &A::Row) -> StoreResult<bool> {
-        let [first, second] = row.columns();
-        let params = [Value::Text(at.key()), Value::Text(at.part()), first, second];
+        let mut params = vec![Value::Text(at.key()), Value::Text(at.part())];
+        params.extend(row.columns());
         Ok(self.0.execute(A::Row::STATEMENTS.insert, &params)? == 1)
     }
 
@@ -278,8 +278,9 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
     }
 
     fn replace_row<A: RowAt>(&mut self, at: A, old: &A::Row, new: &A::Row) -> StoreResult<bool> {
-        let ([new_first, new_second], [old_first, old_second]) = (new.columns(), old.columns());
-        let params = [new_first, new_second, Value::Text(at.key()), Value::Text(at.part()), old_first, old_second];
+        let mut params = new.columns();
+        params.extend([Value::Text(at.key()), Value::Text(at.part())]);
+        params.extend(old.columns());
         Ok(self.0.execute(A::Row::STATEMENTS.update, &params)? == 1)
     }
 
@@ -293,6 +294,21 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
             removed += self.0.execute(statement, &[Value::Text(key)])?;
         }
         Ok(removed as i64)
+    }
+
+    fn budgets_near(&mut self, fraction: f64, now_ms: i64, limit: i64) -> StoreResult<Vec<NearBudget>> {
+        let params = [Value::Int(now_ms), Value::Float(fraction), Value::Int(limit)];
+        let rows = self.0.query_rows(Statement::BudgetsNear, &params)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| NearBudget {
+                key: r[0].as_text().to_owned(),
+                period: r[1].as_text().to_owned(),
+                used: r[2].as_i64(),
+                quota: r[3].as_i64(),
+                resets_at: r[4].as_i64(),
+            })
+            .collect())
     }
 
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {

@@ -16,7 +16,7 @@
 //! only if it still holds what was read.
 
 use crate::bucket::BucketState;
-use crate::budget::BudgetState;
+use crate::budget::{BudgetState, NearBudget};
 use crate::decision_slot::Decide;
 use crate::sql::{RowStatements, Statement, Value};
 use crate::take_all::BucketItem;
@@ -100,7 +100,7 @@ pub struct StoredPolicy {
 }
 
 /// A kind of row the tables hold (a budget, a row of entries): stored under its key and a
-/// second part of its primary key, as two columns.
+/// second part of its primary key, as columns of its own (a budget's three, entries' two).
 pub trait TableRow: Clone + PartialEq + 'static {
     /// Which rows these are (for the read-only test).
     const ROWS: Rows;
@@ -108,9 +108,9 @@ pub trait TableRow: Clone + PartialEq + 'static {
     const STATEMENTS: &'static RowStatements;
     /// When the row stops changing any answer: the sweep may delete it from then on.
     fn ends_at(&self) -> i64;
-    /// Its two columns, in the order the statements bind and read them.
-    fn columns(&self) -> [Value<'_>; 2];
-    /// The row from its two columns as read.
+    /// Its columns, in the order the statements bind and read them.
+    fn columns(&self) -> Vec<Value<'_>>;
+    /// The row from its columns as read.
     fn from_columns(columns: &[Value]) -> Self;
 }
 
@@ -169,11 +169,11 @@ impl TableRow for BudgetState {
     fn ends_at(&self) -> i64 {
         self.resets_at
     }
-    fn columns(&self) -> [Value<'_>; 2] {
-        [Value::Int(self.used), Value::Int(self.resets_at)]
+    fn columns(&self) -> Vec<Value<'_>> {
+        vec![Value::Int(self.used), Value::Int(self.resets_at), Value::Int(self.quota)]
     }
     fn from_columns(columns: &[Value]) -> Self {
-        BudgetState { used: columns[0].as_i64(), resets_at: columns[1].as_i64() }
+        BudgetState { used: columns[0].as_i64(), resets_at: columns[1].as_i64(), quota: columns[2].as_i64() }
     }
 }
 
@@ -189,8 +189,8 @@ impl TableRow for EntriesRow {
     fn ends_at(&self) -> i64 {
         self.empty_at
     }
-    fn columns(&self) -> [Value<'_>; 2] {
-        [Value::Text(&self.entries), Value::Int(self.empty_at)]
+    fn columns(&self) -> Vec<Value<'_>> {
+        vec![Value::Text(&self.entries), Value::Int(self.empty_at)]
     }
     fn from_columns(columns: &[Value]) -> Self {
         EntriesRow { entries: columns[0].as_text().to_owned(), empty_at: columns[1].as_i64() }
@@ -286,6 +286,10 @@ pub trait TableRows {
     /// Deletes every budget and row of entries of `key`; returns how many rows went.
     fn delete_key(&mut self, key: &str) -> StoreResult<i64>;
 
+    /// At most `limit` budget rows that [`crate::budget::is_near`] `fraction` at `now_ms`,
+    /// in [`crate::budget::near_order`] (no lock; a scan of every budget row).
+    fn budgets_near(&mut self, fraction: f64, now_ms: i64, limit: i64) -> StoreResult<Vec<NearBudget>>;
+
     /// The stored definition of policy `name`.
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>>;
     /// Stores `definition` as policy `name` under a new `revision`, replacing any.
@@ -369,6 +373,9 @@ impl<S: TablesElsewhere> TableRows for S {
     }
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
         self.tables().delete_key(key)
+    }
+    fn budgets_near(&mut self, fraction: f64, now_ms: i64, limit: i64) -> StoreResult<Vec<NearBudget>> {
+        self.tables().budgets_near(fraction, now_ms, limit)
     }
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
         self.tables().read_policy(name)

@@ -4,7 +4,7 @@ use chrono::{TimeZone, Utc};
 use proptest::prelude::*;
 use ratelimit_core::args::{Arg, Clock};
 use ratelimit_core::bucket::{self, BucketLimits, BucketState};
-use ratelimit_core::budget::{self, BudgetState};
+use ratelimit_core::budget::{self, BudgetState, NearBudget};
 use ratelimit_core::call_args::{CallArgs, SpendArgs};
 use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::memory;
@@ -223,6 +223,21 @@ impl TableRows for MapStore {
         self.entries.retain(|(k, _), _| k != key);
         Ok((before - count(self)) as i64)
     }
+    fn budgets_near(&mut self, fraction: f64, now_ms: i64, limit: i64) -> StoreResult<Vec<NearBudget>> {
+        let mut near: Vec<NearBudget> = (self.budgets.iter())
+            .filter(|(_, row)| budget::is_near(row, fraction, now_ms))
+            .map(|((key, period), row)| NearBudget {
+                key: key.clone(),
+                period: period.to_string(),
+                used: row.used,
+                quota: row.quota,
+                resets_at: row.resets_at,
+            })
+            .collect();
+        near.sort_by(budget::near_order);
+        near.truncate(limit as usize);
+        Ok(near)
+    }
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
         Ok(self.policies.get(name).cloned())
     }
@@ -301,6 +316,7 @@ mod calls {
         rl_check => RL_CHECK;
         rl_refund_check => RL_REFUND_CHECK;
         rl_penalize => RL_PENALIZE;
+        rl_budgets_near => RL_BUDGETS_NEAR;
     }
 
     pub fn rl_release(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<bool> {
@@ -633,8 +649,74 @@ fn budget_and_bucket_and_periods_are_separate() {
 }
 
 #[test]
+fn budgets_near_lists_the_current_periods_past_a_share_of_their_quota() {
+    let mut s = MapStore::default();
+    let near = |s: &mut MapStore, fraction: Arg, now: i64| {
+        parsed(calls::rl_budgets_near(s, &[fraction, Arg::Integer(100), Arg::Integer(now)], &TEST_CLOCK).unwrap())
+    };
+    spend(&mut s, "a", "day", Arg::Integer(10), Arg::Integer(9), 0); // 0.9
+    spend(&mut s, "b", "day", Arg::Integer(10), Arg::Integer(8), 0); // 0.8
+    spend(&mut s, "b", "month", Arg::Integer(100), Arg::Integer(1), 0); // 0.01
+    spend(&mut s, "c", "day", Arg::Integer(4), Arg::Integer(3), 0); // 0.75
+                                                                    // a charge past the quota keeps the quota the spend gave, and lists first
+    spend(&mut s, "d", "day", Arg::Integer(2), Arg::Integer(1), 0);
+    calls::rl_charge_budget(&mut s, &[Arg::Text("d"), Arg::Text("day"), Arg::Integer(3), Arg::Integer(0)], &TEST_CLOCK)
+        .unwrap();
+    // a refund keeps it too
+    spend(&mut s, "e", "day", Arg::Integer(10), Arg::Integer(10), 0);
+    calls::rl_refund_budget(&mut s, &[Arg::Text("e"), Arg::Text("day"), Arg::Integer(5), Arg::Integer(0)], &TEST_CLOCK)
+        .unwrap();
+    // charged only: no quota is known, so it is never listed
+    calls::rl_charge_budget(&mut s, &[Arg::Text("f"), Arg::Text("day"), Arg::Integer(7), Arg::Integer(0)], &TEST_CLOCK)
+        .unwrap();
+    let r = near(&mut s, Arg::Real(0.8), 1000);
+    let listed: Vec<(String, String)> = r["budgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["key"].as_str().unwrap().to_owned(), b["period"].as_str().unwrap().to_owned()))
+        .collect();
+    let expected = [("d", "day"), ("a", "day"), ("b", "day")].map(|(k, p)| (k.to_owned(), p.to_owned()));
+    assert_eq!(listed, expected);
+    assert_eq!(r["fraction"], 0.8);
+    assert_eq!(
+        r["budgets"][0],
+        serde_json::json!({"key": "d", "period": "day", "used": 4, "quota": 2, "resets_at": 86_400})
+    );
+    let all = near(&mut s, Arg::Integer(0), 1000);
+    assert_eq!(all["budgets"].as_array().unwrap().len(), 6, "every budget with a quota: {all}");
+    assert_eq!(all["budgets"][5]["key"], "b", "0.01 last");
+    // n bounds the list; a period that ended lists nothing
+    let two =
+        calls::rl_budgets_near(&mut s, &[Arg::Integer(0), Arg::Integer(2), Arg::Integer(0)], &TEST_CLOCK).unwrap();
+    assert_eq!(parsed(two)["budgets"].as_array().unwrap().len(), 2);
+    let later = near(&mut s, Arg::Integer(0), 86_400_000);
+    assert_eq!(later["budgets"].as_array().unwrap().len(), 1, "the month's budget alone: {later}");
+    // a spend after the charge-only row gives it a quota
+    spend(&mut s, "f", "day", Arg::Integer(8), Arg::Integer(1), 0);
+    assert_eq!(near(&mut s, Arg::Real(1.0), 0)["budgets"][0]["key"], "d");
+    assert_eq!(near(&mut s, Arg::Real(1.0), 0)["budgets"][1]["key"], "f");
+    // a share that is exactly the fraction given is at it: 20 of 100 at 0.2, 0.3 of 1 at 0.3
+    spend(&mut s, "h", "month", Arg::Integer(100), Arg::Integer(20), 0);
+    spend(&mut s, "i", "month", Arg::Integer(1), Arg::Text("0.3"), 0);
+    let at = |s: &mut MapStore, f: f64| near(s, Arg::Real(f), 0)["budgets"].as_array().unwrap().len();
+    let just_past = |f: f64| f64::from_bits(f.to_bits() + 1);
+    assert_eq!(at(&mut s, 0.2) - at(&mut s, just_past(0.2)), 1, "h is at 0.2");
+    assert_eq!(at(&mut s, 0.3) - at(&mut s, just_past(0.3)), 1, "i is at 0.3");
+    for (fraction, n, message) in [
+        (Arg::Real(-0.1), Arg::Integer(1), "fraction must be a number from 0 to 1000000, got -0.1"),
+        (Arg::Null, Arg::Integer(1), "fraction must be a number from 0 to 1000000, got NULL"),
+        (Arg::Real(0.5), Arg::Integer(0), "n must be an integer from 1 to 10000, got 0"),
+        (Arg::Real(0.5), Arg::Integer(10_001), "n must be an integer from 1 to 10000, got 10001"),
+    ] {
+        let e = calls::rl_budgets_near(&mut s, &[fraction, n], &TEST_CLOCK).unwrap_err();
+        assert_eq!(e.to_string(), format!("rl_budgets_near: {message}"));
+    }
+}
+
+#[test]
 fn budget_clock_behind_a_newer_period_answers_from_that_period() {
-    let state = BudgetState { used: 3_000_000, resets_at: ms(2027, 1, 1, 0, 0, 0) };
+    let state = BudgetState { used: 3_000_000, resets_at: ms(2027, 1, 1, 0, 0, 0), quota: 0 };
     let d = budget::spend(Some(&state), Period::Month, 3_000_000, 1_000_000, ms(2026, 11, 15, 0, 0, 0));
     assert!(!d.admitted);
     assert_eq!(d.resets_at_ms, state.resets_at);
@@ -685,7 +767,7 @@ fn a_lost_insert_race_decides_again_on_the_winners_row() {
 fn a_row_swept_between_decision_and_write_is_decided_again() {
     let mut s = MapStore { swept_mid_write: 1, ..Default::default() };
     s.buckets.insert("k".into(), BucketState { level: 0.0, refilled_at: 0, full_at: 60_000 });
-    s.budgets.insert(("k".into(), "day"), BudgetState { used: 1, resets_at: 86_400_000 });
+    s.budgets.insert(("k".into(), "day"), BudgetState { used: 1, resets_at: 86_400_000, quota: 0 });
     let r = take(&mut s, "k", 2.0, 1.0, 1.0, 120_000);
     assert_eq!((r["admitted"].as_bool(), r["remaining"].as_i64()), (Some(true), Some(1)));
     assert_eq!(s.buckets["k"].level, 1.0, "inserted afresh after the sweep");

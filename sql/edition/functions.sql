@@ -432,6 +432,31 @@ BEGIN
         WHERE x.i <= n), '[]'::jsonb));
 END
 
+-- function: rl_budgets_near
+DECLARE
+    fn CONSTANT text := 'rl_budgets_near';
+    now bigint;
+BEGIN
+    -- the arguments in their order, as call_args::BudgetsNearArgs checks them
+    IF fraction IS NULL OR NOT (fraction >= 0 AND fraction <= @MAX_NEAR_FRACTION@) THEN
+        PERFORM ratelimit.rl__invalid(fn, 'fraction must be a number from 0 to @MAX_NEAR_FRACTION@, got ' || ratelimit.rl__describe(fraction));
+    END IF;
+    IF n IS NULL OR n < 1 OR n > @MAX_NEAR@ THEN
+        PERFORM ratelimit.rl__invalid(fn, 'n must be an integer from 1 to @MAX_NEAR@, got ' || coalesce(n::text, 'NULL'));
+    END IF;
+    now := ratelimit.rl__now(fn, now_ms);
+    -- sql/budgets_near.sql: a scan of every budget row, the largest share of the quota first
+    RETURN jsonb_build_object('fraction', ratelimit.rl__number(fraction), 'budgets', coalesce((
+        SELECT jsonb_agg(jsonb_build_object('key', x.key, 'period', x.period, 'used', ratelimit.rl__micros(x.used),
+                                            'quota', ratelimit.rl__micros(x.quota), 'resets_at', x.resets_at / 1000)
+                         ORDER BY x.i)
+        FROM (SELECT t.key, t.period, t.used, t.quota, t.resets_at,
+                     row_number() OVER (ORDER BY t.used::float8 / t.quota::float8 DESC, t.key, t.period) AS i
+              FROM ratelimit.rl_budget AS t
+              WHERE t.resets_at > now AND t.quota > 0 AND t.used::float8 / t.quota::float8 >= fraction) AS x
+        WHERE x.i <= n), '[]'::jsonb));
+END
+
 -- function: rl_headers
 DECLARE
     fn CONSTANT text := 'rl_headers';

@@ -527,7 +527,8 @@ $$;
 
 -- The one path of every budget change (protocol::change_row over budget::spend, refund
 -- and charge): a guarded UPDATE deciding on the newest row; without a row, insert.
--- op is 'spend', 'refund' or 'charge'; quota is used by 'spend' only.
+-- op is 'spend', 'refund' or 'charge'; quota is used by 'spend' only, which writes it (the
+-- others keep the row's: budget::BudgetState's quota).
 CREATE OR REPLACE FUNCTION ratelimit.rl__budget_change(fn text, op text, k text, p text, quota bigint,
                                                        amount bigint, now bigint)
 RETURNS jsonb LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
@@ -546,9 +547,10 @@ BEGIN
         SET used = CASE op WHEN 'refund'
                 THEN greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
                 ELSE CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount END,
-            resets_at = CASE WHEN t.resets_at > now THEN t.resets_at ELSE period_end END
+            resets_at = CASE WHEN t.resets_at > now THEN t.resets_at ELSE period_end END,
+            quota = CASE op WHEN 'spend' THEN rl__budget_change.quota ELSE t.quota END
         WHERE t.key = k AND t.period = p AND CASE op
-            WHEN 'spend' THEN CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= quota
+            WHEN 'spend' THEN CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= rl__budget_change.quota
             WHEN 'charge' THEN CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= max_used
             ELSE greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
                  <> CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END END
@@ -581,7 +583,8 @@ BEGIN
         ELSIF op = 'spend' AND amount > quota THEN
             RETURN ratelimit.rl__spend_answer(false, 0, 0, p, quota, amount, now);
         END IF;
-        INSERT INTO ratelimit.rl_budget (key, period, used, resets_at) VALUES (k, p, amount, period_end)
+        INSERT INTO ratelimit.rl_budget (key, period, used, resets_at, quota)
+        VALUES (k, p, amount, period_end, CASE op WHEN 'spend' THEN rl__budget_change.quota ELSE 0 END)
         ON CONFLICT (key, period) DO NOTHING;
         IF FOUND THEN
             IF op = 'charge' THEN
@@ -1396,7 +1399,8 @@ BEGIN
         FOR i IN 1..n LOOP
             it := items -> (i - 1);
             IF (it ->> 'kind')::int = 1 THEN
-                UPDATE ratelimit.rl_budget AS t SET used = new_used[i], resets_at = new_resets[i]
+                UPDATE ratelimit.rl_budget AS t SET used = new_used[i], resets_at = new_resets[i],
+                    quota = (it ->> 'quota')::bigint
                 WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
             ELSIF (it ->> 'kind')::int = 2 THEN
                 IF too_many[i] THEN PERFORM ratelimit.rl__window_too_full(fn); END IF;

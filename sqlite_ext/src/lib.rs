@@ -169,10 +169,12 @@ impl SqliteEngine<'_> {
             // rather than read the message.
             Err((e, at_prepare)) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) => {
                 if self.has_state_tables()? {
-                    // there now: another connection created them after this one's prepare failed
+                    // there now: another connection created them after this one's prepare
+                    // failed; or made by an earlier version, which this one upgrades
                     if !at_prepare {
                         return Err(self.fail(e));
                     }
+                    self.upgrade_schema()?;
                 } else {
                     if let Some(answer) = read_only_without_tables {
                         if self.conn.is_readonly(MAIN_DB).map_err(|e| self.fail(e))? {
@@ -181,12 +183,39 @@ impl SqliteEngine<'_> {
                     }
                     self.conn.flush_prepared_statement_cache();
                     self.conn.execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))?;
+                    // a database of 0.1.0 or 0.2.0 had rl_budget already, without its quota
+                    self.upgrade_schema()?;
                 }
                 attempt().map_err(|(e, _)| self.fail(e))
             }
             Err((e, _)) => Err(self.fail(e)),
             Ok(answer) => Ok(answer),
         }
+    }
+
+    /// Brings tables an earlier version made to this version's schema_version (3: the
+    /// column rl_budget.quota, then the schema script's views), if they are not there yet.
+    /// A read-only database keeps its layout (the statement's own error follows).
+    fn upgrade_schema(&self) -> StoreResult<()> {
+        let has_quota = |conn: &rusqlite::Connection| {
+            conn.query_row(
+                "SELECT count(*) FROM pragma_table_info('rl_budget', 'main') WHERE name = 'quota'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+        };
+        if has_quota(self.conn).map_err(|e| self.fail(e))? == 1 || self.conn.is_readonly(MAIN_DB).unwrap_or(true) {
+            return Ok(());
+        }
+        let added = self.conn.execute_batch("ALTER TABLE main.rl_budget ADD COLUMN quota INTEGER NOT NULL DEFAULT 0");
+        // another connection may have added it between the two statements
+        if let Err(e) = added {
+            if has_quota(self.conn).map_err(|e| self.fail(e))? != 1 {
+                return Err(self.fail(e));
+            }
+        }
+        self.conn.flush_prepared_statement_cache();
+        self.conn.execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))
     }
 
     /// Whether every state table is in `main`.

@@ -10,8 +10,8 @@ mod take_all;
 
 pub use checks::{block, check, penalize, policy_drop, policy_set, refund_check, unblock};
 pub use rows::{
-    acquire, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew, reset, spend,
-    sweep, take, window, window_peek,
+    acquire, budgets_near, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew,
+    reset, spend, sweep, take, window, window_peek,
 };
 pub use take_all::take_all;
 
@@ -20,8 +20,8 @@ use std::rc::Rc;
 use crate::bucket::{self, BucketState, RefundDecision, TakeDecision};
 use crate::budget::{self, BudgetCharge, BudgetRefund, BudgetState, SpendDecision};
 use crate::call_args::{
-    AcquireArgs, BlockArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs, SweepArgs, TakeAllArgs,
-    TakeArgs, WindowArgs,
+    AcquireArgs, BlockArgs, BudgetsNearArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs,
+    SweepArgs, TakeAllArgs, TakeArgs, WindowArgs,
 };
 use crate::decision_slot::Decide;
 use crate::error::{Error, ErrorKind, Result};

@@ -64,6 +64,13 @@ pub fn peek_budget<S: Store>(store: &mut S, a: &SpendArgs) -> Result<SpendDecisi
     Ok(budget::spend(row.as_ref(), a.period, a.quota, a.cost, a.now_ms))
 }
 
+/// rl_budgets_near: the budgets of the current period that used at least `fraction` of the
+/// quota their last spend gave (read-only, like rl_budget).
+pub fn budgets_near<S: Store>(store: &mut S, a: &BudgetsNearArgs) -> Result<budget::BudgetsNear> {
+    let budgets = store.budgets_near(a.fraction, a.now_ms, a.n)?;
+    Ok(budget::BudgetsNear { fraction: a.fraction, budgets })
+}
+
 /// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
 pub fn sweep<S: Store>(store: &mut S, a: &SweepArgs) -> Result<i64> {
     writable_everywhere(store)?;
