@@ -296,17 +296,22 @@ def hot_key_section():
     return run_matrix(matrix)
 
 
+def install_sql_edition(db):
+    """A fresh database with the SQL edition's plain script run in it."""
+    psql(f"DROP DATABASE IF EXISTS {db}", db="postgres")
+    psql(f"CREATE DATABASE {db}", db="postgres")
+    script = subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
+                            capture_output=True, text=True).stdout.split()[0]
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", db, "-f", os.path.join(ROOT, script)],
+                   check=True, capture_output=True)
+
+
 def edition_section():
     """The SQL edition (managed PostgreSQL) beside the native table store: the same calls on
     the same rows in two databases of one cluster, 8 clients, synchronous_commit on and off."""
     print("SQL edition: setup", file=sys.stderr)
     setup_postgres(KEYS)
-    psql(f"DROP DATABASE IF EXISTS {SQL_DB}", db="postgres")
-    psql(f"CREATE DATABASE {SQL_DB}", db="postgres")
-    script = subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
-                            capture_output=True, text=True).stdout.split()[0]
-    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", SQL_DB, "-f", os.path.join(ROOT, script)],
-                   check=True, capture_output=True)
+    install_sql_edition(SQL_DB)
     for db in (DB, SQL_DB):
         psql(f"SELECT rl_policy_set('one', '{ONE_BUCKET_POLICY}')", db=db)
         psql(f"INSERT INTO ratelimit.rl_bucket SELECT 'k' || g, 1000000000, 0, 0 FROM generate_series(1, {KEYS}) g "
@@ -363,6 +368,61 @@ def refused_section():
 RLS_CLIENTS = (8, 32)
 # ratelimit-rls builds in a target folder of its own (scripts/package.sh says why)
 RLS_TARGET = os.path.join(ROOT, "target", "rls")
+
+
+NEAR_BUDGETS = int(os.environ.get("RL_BENCH_NEAR_BUDGETS", "1000000"))
+
+
+def budgets_near_section():
+    """What rl_budgets_near costs over NEAR_BUDGETS budget rows (a month's, shares of the quota
+    spread evenly from 0 to 0.999): its call (the 100 largest shares of the 1 % at 0.99 or
+    more) beside a plain count of the same table, the least any read of every row costs, on
+    the native extension, the SQL edition and SQLite; one connection each, the calls
+    interleaved, medians of RL_BENCH_REPS x 5 calls."""
+    import sqlite3
+
+    import psycopg2
+
+    print(f"budgets near their quota: {NEAR_BUDGETS:,} rows in each engine", file=sys.stderr)
+    setup_postgres(KEYS)
+    install_sql_edition(SQL_DB)
+    fill = ("INSERT INTO ratelimit.rl_budget (key, period, used, resets_at, quota) "
+            f"SELECT 'team:' || g, 'month', (g % 1000) * 1000000, 253402300799999, 1000000000 "
+            f"FROM generate_series(1, {NEAR_BUDGETS}) AS g")
+    for db in (DB, SQL_DB):
+        psql(fill, db=db)
+        psql("VACUUM ANALYZE ratelimit.rl_budget", db=db)
+    path = os.path.join(tempfile.mkdtemp(prefix="rl_near_"), "near.db")
+    lite = sqlite3.connect(path, isolation_level=None)
+    lite.enable_load_extension(True)
+    lite.load_extension(SQLITE_EXT)
+    lite.execute("PRAGMA journal_mode = WAL")
+    lite.execute("SELECT rl_spend('made', 'day', 1, 1)")  # the tables
+    lite.execute("DELETE FROM rl_budget")
+    lite.execute("WITH RECURSIVE n(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM n WHERE g < ?) "
+                 "INSERT INTO rl_budget (key, period, used, resets_at, quota) "
+                 "SELECT 'team:' || g, 'month', (g % 1000) * 1000000, 253402300799999, 1000000000 FROM n",
+                 (NEAR_BUDGETS,))
+    engines = {"native": psycopg2.connect(dbname=DB), "SQL edition": psycopg2.connect(dbname=SQL_DB), "SQLite": lite}
+    queries = {"rl_budgets_near(0.99)": "SELECT rl_budgets_near(0.99)",
+               "count(*)": "SELECT count(*) FROM {table}"}
+    times = {(engine, query): [] for engine in engines for query in queries}
+    for _ in range(REPS * 5):
+        for engine, conn in engines.items():
+            table = "main.rl_budget" if engine == "SQLite" else "ratelimit.rl_budget"
+            for query, sql in queries.items():
+                cur = conn.cursor()
+                start = time.perf_counter()
+                cur.execute(sql.format(table=table))
+                answer = cur.fetchone()[0]
+                times[(engine, query)].append(time.perf_counter() - start)
+                if query != "count(*)":
+                    listed = json.loads(answer) if isinstance(answer, str) else answer
+                    assert len(listed["budgets"]) == 100, listed
+    for conn in engines.values():
+        conn.close()
+    shutil.rmtree(os.path.dirname(path))
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
 
 
 def rls_section():
@@ -525,6 +585,9 @@ def main():
         return
     if os.environ.get("RL_BENCH_ONLY") == "refused":
         report.write_refused(*refused_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "near":
+        report.write_budgets_near(budgets_near_section())
         return
     if os.environ.get("RL_BENCH_ONLY") == "rls":
         report.write_rls(rls_section())

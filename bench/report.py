@@ -249,6 +249,25 @@ def write_refused(cells, record_ns):
         f.write("\n".join(lines))
 
 
+def write_budgets_near(ms):
+    rows = int(os.environ.get("RL_BENCH_NEAR_BUDGETS", "1000000"))
+    reps = int(os.environ.get("RL_BENCH_REPS", "3"))
+    lines = ["# What rl_budgets_near costs over a million budgets", "",
+             f"One interleaved run (`RL_BENCH_REPS={reps} RL_BENCH_ONLY=near bash scripts/bench.sh`), the median of "
+             f"{5 * reps} calls per cell; 2 cores, PostgreSQL 15, {rows:,} budget rows of the current month, their "
+             "shares of the quota spread evenly from 0 to 0.999, in each engine (the native extension, the SQL "
+             "edition in another database of the same cluster, SQLite in WAL mode): `rl_budgets_near(0.99)` (the "
+             "100 largest shares of the 10,000 at 0.99 or more) beside `count(*)` of the same table, the least a "
+             "read of every row costs; one connection per engine, the calls interleaved.", "",
+        "| engine | rl_budgets_near(0.99) | count(*) | ratio |", "|---|---|---|---|"]
+    for engine in ("native", "SQL edition", "SQLite"):
+        near, count = ms[(engine, "rl_budgets_near(0.99)")], ms[(engine, "count(*)")]
+        lines.append(f"| {engine} | {near:,.0f} ms | {count:,.0f} ms | {near / count:.1f}x |")
+    lines.append("")
+    with open(os.path.join(RESULTS, "budgets_near.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
 def write_rls(cells):
     lines = section_head("ratelimit-rls: what the gRPC server adds to a decision", "rls",
                          "synchronous_commit on: one Rust client program (`rls/examples/rls_load.rs`) asks the same "

@@ -65,6 +65,7 @@ def test_every_exporter_query_answers_its_declared_columns(pg_db):
         cur.execute("""SELECT rl_policy_set('login', '{"limits": [{"burst": 1, "refill_per_minute": 0.001}]}')""")
         cur.execute("SELECT rl_stats_reset()")
         cur.execute("SELECT rl_check('login', 'ip:1'), rl_check('login', 'ip:1'), rl_block('ip:2', NULL), rl_block('ip:3', 60)")
+        cur.execute("SELECT rl_spend('team:7', 'month', 100, 93.5), rl_spend('team:8', 'month', 100, 20)")
         cur.execute(f"SET ROLE {monitor}")
         try:
             for query, spec in exporter_queries().items():
@@ -76,11 +77,14 @@ def test_every_exporter_query_answers_its_declared_columns(pg_db):
                 labels = [i for i, m in enumerate(spec["metrics"]) if next(iter(m.values()))["usage"] == "LABEL"]
                 for row in rows:
                     for i, value in enumerate(row):
-                        assert isinstance(value, str) if i in labels else isinstance(value, int), (query, columns[i], value)
+                        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                        assert isinstance(value, str) if i in labels else number, (query, columns[i], value)
             cur.execute("SELECT refused, refused_blocked FROM rl_stats WHERE policy = 'login'")
             assert cur.fetchone() == (1, 0)
             cur.execute(exporter_queries()["pg_ratelimit_blocks"]["query"])
             assert cur.fetchone() == (2, 1)
+            cur.execute(exporter_queries()["pg_ratelimit_budget"]["query"])
+            assert cur.fetchall() == [("team:7", "month", 93.5, 100.0)], "from half the quota up"
         finally:
             cur.execute("RESET ROLE")
             cur.execute(f"DROP ROLE {monitor}")
@@ -136,6 +140,7 @@ def test_ratelimit_web_top_in_a_terminal_refreshes_the_operators_view(pg_db):
         for _ in range(3):
             cur.execute("SELECT rl_check('login', 'ip:203.0.113.9')")
         cur.execute("SELECT rl_block('ip:198.51.100.1', NULL)")
+        cur.execute("SELECT rl_spend('team:7', 'month', 100, 93), rl_spend('team:8', 'month', 100, 20)")
     command = f"{web_cli()} --db 'dbname={name}' top --interval 0.3"
     tmux("new-session", "-d", "-s", "top", "-x", "120", "-y", "40", command)
     try:
@@ -152,6 +157,8 @@ def test_ratelimit_web_top_in_a_terminal_refreshes_the_operators_view(pg_db):
         assert re.search(r"^login\s+1\s+2\s+0\s+0$", shown, re.M), shown
         assert re.search(r"^login\s+ip:203\.0\.113\.9\s+2\s+0\s+\d\d:\d\d:\d\d$", shown, re.M), shown
         assert re.search(r"^ip:198\.51\.100\.1\s+0\s+until unblocked$", shown, re.M), shown
+        assert "NEAR THEIR QUOTA (80% or more)" in shown and "team:8" not in shown, shown
+        assert re.search(r"^team:7\s+month\s+93\s+100\s+93\.0 %\s+\d{4}-\d\d-\d\d 00:00$", shown, re.M), shown
         with conn.cursor() as cur:
             for _ in range(5):
                 cur.execute("SELECT rl_check('login', 'ip:203.0.113.9')")

@@ -28,8 +28,10 @@ export interface AdminOptions {
   authorize: (request: AdminRequest) => boolean | Promise<boolean>;
   /** How often the page's process samples the counts for its chart (default 10 s). */
   sampleSeconds?: number;
-  /** Subjects refused most to list (default 20). */
+  /** Subjects refused most, and budgets near their quota, to list (default 20). */
   top?: number;
+  /** Budgets are listed from this share of their quota up (default 0.8: rl_budgets_near). */
+  nearFraction?: number;
   /** SQLite: libratelimit (default: the sqlite-ratelimit package's). */
   extension?: string;
 }
@@ -69,7 +71,7 @@ export class AdminView {
     if (typeof options?.authorize !== "function") {
       throw new TypeError("AdminView needs an authorize(request) function: the page is never open to everyone");
     }
-    this.options = { sampleSeconds: 10, top: 20, ...options };
+    this.options = { sampleSeconds: 10, top: 20, nearFraction: 0.8, ...options };
   }
 
   /** Runs `f` on the one connection, one call at a time; a failed call reconnects next time. */
@@ -100,13 +102,14 @@ export class AdminView {
         ({ policy, subject, refusals: num(refusals), error: num(error), last_refused_ms: num(last) }));
       const blocks = (await db.rows("SELECT subject, strikes, blocked_until_ms FROM rl_blocks ORDER BY subject"))
         .map(([subject, strikes, until]) => ({ subject, strikes: num(strikes), blocked_until_ms: num(until) }));
+      const near = decoded((await db.rows("SELECT rl_budgets_near($1, $2)", [this.options.nearFraction, this.options.top]))[0]?.[0]);
       let memory: unknown = null;
       try {
         memory = await value("SELECT rl_memory_stats()");
       } catch {
         memory = null; // SQLite and the SQL edition have no memory store
       }
-      return { stats, definitions, refused, blocks, memory };
+      return { stats, definitions, refused, blocks, near, memory };
     });
     this.sample(read.stats.policies);
     const names = [...new Set([...read.definitions.keys(), ...Object.keys(read.stats.policies)])].sort();
@@ -118,6 +121,7 @@ export class AdminView {
       })),
       refused: read.refused.slice(0, this.options.top),
       blocks: read.blocks,
+      near: read.near,
       memory: read.memory,
       history: this.history.map(([t, c]) => [t, { ...c }]),
       sample_seconds: this.options.sampleSeconds,

@@ -1,7 +1,8 @@
 """An operator's page: who is being limited right now. Policies with their limits and
 counts, a chart of refusals over the last hour, the subjects refused most, the blocks in
-force with an unblock button, and the memory store's fill, read from the database's own
-views (rl_stats, rl_refused, rl_blocks, rl_policies, rl_memory_stats).
+force with an unblock button, the budgets near their quota (`near_fraction`, 0.8 by
+default) and the memory store's fill, read from the database's own views and functions
+(rl_stats, rl_refused, rl_blocks, rl_policies, rl_budgets_near, rl_memory_stats).
 
 It is off until you mount it, and it needs two things of its own:
 
@@ -50,11 +51,12 @@ def _json(status: int, value: Any) -> Answer:
 
 class AdminView:
     def __init__(self, database: str, authorize: Callable[[AdminRequest], bool], sample_seconds: float = 10.0,
-                 top: int = 20, extension: Optional[str] = None):
+                 top: int = 20, extension: Optional[str] = None, near_fraction: float = 0.8):
         if not callable(authorize):
             raise TypeError("AdminView needs an authorize(request) callable: the page is never open to everyone")
         self.database, self.authorize, self.sample_seconds, self.top = database, authorize, sample_seconds, top
         self.extension = extension  # SQLite: libratelimit (default: the sqlite-ratelimit package's)
+        self.near_fraction = near_fraction  # budgets listed from this share of their quota up
         self._db: Optional[Database] = None
         self._lock = threading.Lock()
         self._history: List[Tuple[float, Dict[str, int]]] = []
@@ -85,13 +87,14 @@ class AdminView:
                                                      "FROM rl_refused ORDER BY refusals DESC, policy, subject")]
             blocks = [{"subject": s, "strikes": k, "blocked_until_ms": u}
                       for s, k, u in db.rows("SELECT subject, strikes, blocked_until_ms FROM rl_blocks ORDER BY subject")]
+            near = db.value("SELECT rl_budgets_near(?, ?)", (self.near_fraction, self.top))
             try:
                 memory = db.value("SELECT rl_memory_stats()")
             except Exception:  # noqa: BLE001 - SQLite and the SQL edition have no memory store
                 memory = None
-            return stats, definitions, refused, blocks, memory
+            return stats, definitions, refused, blocks, near, memory
 
-        stats, definitions, refused, blocks, memory = self._query(read)
+        stats, definitions, refused, blocks, near, memory = self._query(read)
         self._sample(stats)
         names = sorted(set(definitions) | set(stats["policies"]))
         policies = [{"name": n, "limits": (definitions.get(n) or {}).get("limits", []),
@@ -100,7 +103,7 @@ class AdminView:
         with self._lock:
             history = [[round(t * 1000), dict(c)] for t, c in self._history]
         return {"scope": stats["scope"], "policies": policies, "refused": refused[:self.top], "blocks": blocks,
-                "memory": memory, "history": history, "sample_seconds": self.sample_seconds}
+                "near": near, "memory": memory, "history": history, "sample_seconds": self.sample_seconds}
 
     def _sample(self, stats: Optional[Dict[str, Any]] = None) -> None:
         if stats is None:

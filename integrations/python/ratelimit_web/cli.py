@@ -75,9 +75,13 @@ def table(title: str, header: List[str], rows: List[list], left: int = 1) -> Lis
     return lines
 
 
+# `top` lists the budgets of this period from this share of their quota up (rl_budgets_near).
+NEAR_FRACTION = 0.8
+
+
 def top_screen(db: "Database", n: int) -> str:
-    """What `top` shows: rl_check's counts per policy, the subjects refused most and the
-    blocks in force, each read from the database's views."""
+    """What `top` shows: rl_check's counts per policy, the subjects refused most, the
+    blocks in force and the budgets near their quota, each read from the database."""
     stats = db.value("SELECT rl_policy_stats()")
     policies = sorted(stats["policies"].items())
     refused = []
@@ -95,6 +99,10 @@ def top_screen(db: "Database", n: int) -> str:
                    [[name, c["admitted"], c["refused"], c["refused_blocked"], c["would_refuse"]] for name, c in policies])
     lines += table("MOST REFUSED", ["policy", "subject", "refusals", "error", "last (UTC)"], refused[:n], 2)
     lines += table("BLOCKED NOW", ["subject", "strikes", "ends"], blocks)
+    near = db.value("SELECT rl_budgets_near(?, ?)", (NEAR_FRACTION, n))["budgets"]
+    lines += table(f"NEAR THEIR QUOTA ({NEAR_FRACTION:.0%} or more)", ["key", "period", "used", "quota", "share", "resets (UTC)"],
+                   [[b["key"], b["period"], b["used"], b["quota"], f"{100 * b['used'] / b['quota']:.1f} %",
+                     time.strftime("%Y-%m-%d %H:%M", time.gmtime(b["resets_at"]))] for b in near], 2)
     return "\n".join(lines) + "\n"
 
 

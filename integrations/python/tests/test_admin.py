@@ -83,6 +83,8 @@ class App:
                 run("SELECT rl_check('login', ?)", subject)
         run("SELECT rl_block('ip:192.0.2.66', NULL)")
         run("SELECT rl_block('user:mallory', 3600)")
+        run("SELECT rl_spend('team:7', 'month', 100, 93)")  # near its quota
+        run("SELECT rl_spend('team:8', 'month', 100, 20)")  # not
 
     def blocked(self):
         return sorted(r[0] for r in self.run("SELECT subject FROM rl_blocks"))
@@ -261,6 +263,8 @@ def test_the_page_in_chromium_lists_refusals_and_unblocks(app, served_by):
             assert counts == ["4", "5", "0", "0"]  # admitted 2 + 2, refused 4 + 1
         else:
             assert refused == ["Nobody refused since the last reset."] and counts == ["0", "0", "0", "0"]
+        near = browser.js("[...document.querySelectorAll('#near tr')].map(r => r.innerText.split('\\t').slice(0, 5).join(' '))")
+        assert near == ["team:7 month 93 100 93.0 %"], near
         # the chart appears once the page has two samples
         browser.wait_for("document.querySelector('#chart svg') !== null")
         # keyboard: the unblock buttons are reachable and named
