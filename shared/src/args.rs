@@ -7,6 +7,7 @@
 use serde_json::Value;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::messages as msg;
 use crate::units::{
     Period, MAX_AMOUNT, MAX_DURATION_SECONDS, MAX_JSON_BYTES, MAX_KEY_BYTES, MAX_NOW_MS, MAX_TOKENS, MICROS_PER_UNIT,
     POLICY_KEY_MARK,
@@ -107,7 +108,7 @@ fn parse_decimal_text(t: &str) -> Option<f64> {
 pub fn positive_number(name: &str, arg: &Arg) -> Result<f64> {
     match as_number(arg) {
         Some(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(Error::invalid(format!("{name} must be a finite number greater than 0, got {}", arg.describe()))),
+        _ => Err(Error::invalid(msg::NOT_POSITIVE.render(&[&name, &arg.describe()]))),
     }
 }
 
@@ -116,7 +117,7 @@ pub fn positive_number(name: &str, arg: &Arg) -> Result<f64> {
 pub fn token_number(name: &str, arg: &Arg) -> Result<f64> {
     let value = positive_number(name, arg)?;
     if value > MAX_TOKENS {
-        return Err(Error::invalid(format!("{name} must be at most 1000000000000000, got {}", arg.describe())));
+        return Err(Error::invalid(msg::AT_MOST.render(&[&name, &(MAX_TOKENS as i64), &arg.describe()])));
     }
     Ok(value)
 }
@@ -127,7 +128,7 @@ fn peek_cost(arg: &Arg) -> Option<f64> {
 }
 
 fn zero_error(name: &str, arg: &Arg) -> Error {
-    Error::invalid(format!("{name} must be a finite number of at least 0, got {}", arg.describe()))
+    Error::invalid(msg::NOT_AT_LEAST_ZERO.render(&[&name, &arg.describe()]))
 }
 
 /// What a call may be charged: a positive number, or 0 too where `zero` (the peeks).
@@ -155,11 +156,11 @@ pub(crate) fn cost_micros(name: &str, arg: &Arg, zero: bool) -> Result<i64> {
 pub fn amount_micros(name: &str, arg: &Arg) -> Result<i64> {
     let value = positive_number(name, arg)?;
     if value > MAX_AMOUNT {
-        return Err(Error::invalid(format!("{name} must be at most 1000000000, got {}", arg.describe())));
+        return Err(Error::invalid(msg::AT_MOST.render(&[&name, &(MAX_AMOUNT as i64), &arg.describe()])));
     }
     // Below a millionth would round up to one: refused as the text says, never rounded up.
     if value < 1.0 / MICROS_PER_UNIT as f64 {
-        return Err(Error::invalid(format!("{name} must be at least 0.000001, got {}", arg.describe())));
+        return Err(Error::invalid(msg::BELOW_A_MILLIONTH.render(&[&name, &arg.describe()])));
     }
     let micros = match *arg {
         Arg::Integer(i) => i * MICROS_PER_UNIT,
@@ -167,7 +168,7 @@ pub fn amount_micros(name: &str, arg: &Arg) -> Result<i64> {
         _ => round_micros(value),
     };
     if micros < 1 {
-        return Err(Error::invalid(format!("{name} must be at least 0.000001, got {}", arg.describe())));
+        return Err(Error::invalid(msg::BELOW_A_MILLIONTH.render(&[&name, &arg.describe()])));
     }
     Ok(micros)
 }
@@ -194,7 +195,7 @@ fn decimal_text_micros(t: &str) -> Option<i64> {
 pub fn key<'a>(arg: &Arg<'a>) -> Result<&'a str> {
     let key = name("key", arg)?;
     if key.starts_with(POLICY_KEY_MARK) {
-        return Err(Error::invalid("key must not start with U+0001, which marks the keys of policies"));
+        return Err(Error::invalid(msg::POLICY_KEY.template));
     }
     Ok(key)
 }
@@ -202,12 +203,12 @@ pub fn key<'a>(arg: &Arg<'a>) -> Result<&'a str> {
 /// A name (a key, a policy, a subject): non-empty text of at most [`MAX_KEY_BYTES`] bytes.
 pub fn name<'a>(what: &str, arg: &Arg<'a>) -> Result<&'a str> {
     match *arg {
-        Arg::Text("") => Err(Error::invalid(format!("{what} must not be empty"))),
+        Arg::Text("") => Err(Error::invalid(msg::EMPTY.render(&[&what]))),
         Arg::Text(t) if t.len() > MAX_KEY_BYTES => {
-            Err(Error::invalid(format!("{what} must be at most {MAX_KEY_BYTES} bytes, got {} bytes", t.len())))
+            Err(Error::invalid(msg::NAME_TOO_LONG.render(&[&what, &MAX_KEY_BYTES, &t.len()])))
         }
         Arg::Text(t) => Ok(t),
-        _ => Err(Error::invalid(format!("{what} must be text, got {}", arg.describe()))),
+        _ => Err(Error::invalid(msg::NOT_TEXT.render(&[&what, &arg.describe()]))),
     }
 }
 
@@ -216,10 +217,11 @@ pub fn name<'a>(what: &str, arg: &Arg<'a>) -> Result<&'a str> {
 pub fn duration_ms(name: &str, arg: &Arg) -> Result<i64> {
     let seconds = positive_number(name, arg)?;
     if seconds > MAX_DURATION_SECONDS {
-        return Err(Error::invalid(format!(
-            "{name} must be at most {MAX_DURATION_SECONDS} (one year), got {}",
-            arg.describe()
-        )));
+        return Err(Error::invalid(msg::DURATION_TOO_LONG.render(&[
+            &name,
+            &(MAX_DURATION_SECONDS as i64),
+            &arg.describe(),
+        ])));
     }
     Ok(((seconds * 1000.0).round() as i64).max(1))
 }
@@ -228,7 +230,7 @@ pub fn duration_ms(name: &str, arg: &Arg) -> Result<i64> {
 pub(crate) fn whole_number(name: &str, arg: &Arg, max: i64) -> Result<i64> {
     match as_integer(arg) {
         Some(n) if (1..=max).contains(&n) => Ok(n),
-        _ => Err(Error::invalid(format!("{name} must be an integer from 1 to {max}, got {}", arg.describe()))),
+        _ => Err(Error::invalid(msg::INTEGER_RANGE.render(&[&name, &max, &arg.describe()]))),
     }
 }
 
@@ -261,10 +263,7 @@ pub fn explicit_now_ms(arg: &Arg) -> Result<Option<i64>> {
     }
     match as_integer(arg) {
         Some(ms) if (0..=MAX_NOW_MS).contains(&ms) => Ok(Some(ms)),
-        _ => Err(Error::invalid(format!(
-            "now_ms must be an integer number of epoch milliseconds from 0 to {MAX_NOW_MS}, got {}",
-            arg.describe()
-        ))),
+        _ => Err(Error::invalid(msg::NOW_MS_RANGE.render(&[&MAX_NOW_MS, &arg.describe()]))),
     }
 }
 
@@ -275,7 +274,7 @@ pub(crate) fn max_rows(arg: &Arg) -> Result<i64> {
     }
     match as_integer(arg) {
         Some(n) if n >= 1 => Ok(n),
-        _ => Err(Error::invalid(format!("max_rows must be a positive integer, got {}", arg.describe()))),
+        _ => Err(Error::invalid(msg::MAX_ROWS.render(&[&arg.describe()]))),
     }
 }
 
@@ -297,7 +296,7 @@ pub fn period(arg: &Arg) -> Result<Period> {
         Arg::Text(t) => Period::ALL.into_iter().find(|p| p.as_str() == t),
         _ => None,
     }
-    .ok_or_else(|| Error::invalid(format!("period must be 'day' or 'month', got {}", arg.describe())))
+    .ok_or_else(|| Error::invalid(msg::PERIOD.render(&[&arg.describe()])))
 }
 
 /// A JSON argument parsed, after its size is checked (so no call parses more than
@@ -319,7 +318,7 @@ pub fn json_size(name: &str, bytes: usize) -> Result<()> {
 
 /// The error of a JSON argument of more than [`MAX_JSON_BYTES`] (`bytes`: as far as it was read).
 pub fn json_too_large(name: &str, bytes: usize) -> Error {
-    Error::invalid(format!("{name} must be at most {MAX_JSON_BYTES} bytes of JSON, got {bytes} bytes"))
+    Error::invalid(msg::JSON_TOO_LARGE.render(&[&name, &MAX_JSON_BYTES, &bytes]))
 }
 
 /// A JSON value as the argument it stands for.

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::functions::{Function, Param, SqlType};
 use crate::lease::MAX_IN_FLIGHT;
 use crate::limit_json::{self, LimitShape};
+use crate::messages as msg;
 use crate::penalty::Escalation;
 use crate::take_all::{BucketItem, BudgetItem, Limit, WindowItem, MAX_ITEMS};
 use crate::units::{Period, MICROS_PER_UNIT};
@@ -233,7 +234,7 @@ impl<'a> LeaseArgs<'a> {
         let key = call.key()?;
         let lease = match call.get("lease").arg {
             Arg::Text(t) => t,
-            other => return Err(Error::invalid(format!("lease must be text, got {}", other.describe()))),
+            other => return Err(Error::invalid(msg::NOT_TEXT.render(&[&"lease", &other.describe()]))),
         };
         let lease_ms = match call.has("lease_seconds") {
             true => Some(duration_ms("lease_seconds", &call.get("lease_seconds").arg)?),
@@ -297,12 +298,7 @@ impl<'a> PenalizeArgs<'a> {
                     None => 3,
                     Some(a) => match as_integer(&a) {
                         Some(n) if (0..=1_000_000).contains(&n) => n,
-                        _ => {
-                            return Err(Error::invalid(format!(
-                                "free_strikes must be an integer from 0 to 1000000, got {}",
-                                a.describe()
-                            )))
-                        }
+                        _ => return Err(Error::invalid(msg::FREE_STRIKES.render(&[&a.describe()]))),
                     },
                 },
                 base_ms: seconds_or("base_seconds", 60_000)?,
@@ -378,13 +374,7 @@ impl BudgetsNearArgs {
         let most = crate::budget::MAX_NEAR_FRACTION;
         let fraction = match crate::args::as_number(&fraction) {
             Some(f) if (0.0..=most).contains(&f) => f,
-            _ => {
-                let most = most as i64;
-                return Err(Error::invalid(format!(
-                    "fraction must be a number from 0 to {most}, got {}",
-                    fraction.describe()
-                )));
-            }
+            _ => return Err(Error::invalid(msg::FRACTION_RANGE.render(&[&(most as i64), &fraction.describe()]))),
         };
         let most = crate::budget::MAX_NEAR;
         let n = call.get("n");
@@ -392,9 +382,7 @@ impl BudgetsNearArgs {
             None => 100,
             Some(a) => match as_integer(&a) {
                 Some(n) if (1..=most).contains(&n) => n,
-                _ => {
-                    return Err(Error::invalid(format!("n must be an integer from 1 to {most}, got {}", a.describe())))
-                }
+                _ => return Err(Error::invalid(msg::INTEGER_RANGE.render(&[&"n", &most, &a.describe()]))),
             },
         };
         Ok(BudgetsNearArgs { fraction, n, now_ms: call.now_ms(clock)? })
@@ -419,7 +407,7 @@ pub fn limits_json(call: &CallArgs) -> Result<Value> {
 impl<'a> TakeAllArgs<'a> {
     pub fn parse(json: &'a Value, call: &CallArgs, clock: &Clock) -> Result<Self> {
         let now_ms = call.now_ms(clock)?;
-        let list = json.as_array().ok_or_else(|| Error::invalid("limits must be a JSON array of limit objects"))?;
+        let list = json.as_array().ok_or_else(|| Error::invalid(msg::LIMITS_NOT_AN_ARRAY.template))?;
         if list.is_empty() || list.len() > MAX_ITEMS {
             return Err(Error::invalid(format!("limits must hold 1 to {MAX_ITEMS} items, got {}", list.len())));
         }

@@ -76,7 +76,7 @@ fn top_refused(args: &[Arg]) -> Result<Answer> {
             Some(n) if (1..=crate::refused::ENTRIES as i64).contains(&n) => n as usize,
             _ => {
                 let most = crate::refused::ENTRIES;
-                return Err(Error::invalid(format!("n must be an integer from 1 to {most}, got {}", a.describe())));
+                return Err(Error::invalid(crate::messages::INTEGER_RANGE.render(&[&"n", &most, &a.describe()])));
             }
         },
     };

@@ -76,7 +76,7 @@ impl Error {
     }
 
     pub fn read_only() -> Self {
-        Error::new(ErrorKind::ReadOnly, "cannot change rate-limit state in a read-only database or transaction")
+        Error::new(ErrorKind::ReadOnly, crate::messages::READ_ONLY.template)
     }
 
     /// The error as `function` reports it (an error already stamped keeps its name).

@@ -37,6 +37,7 @@ pub mod lease;
 pub mod limit_json;
 pub mod memory;
 pub mod memory_store;
+pub mod messages;
 pub mod penalty;
 pub mod policy;
 pub mod policy_cache;

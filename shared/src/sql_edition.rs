@@ -32,6 +32,7 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("REFUSED_POLICIES", crate::refused::POLICIES.to_string()),
         ("REFUSED_SUBJECT_BYTES", crate::refused::SUBJECT_BYTES.to_string()),
         ("MAX_NEAR", crate::budget::MAX_NEAR.to_string()),
+        ("MAX_USED_UNITS", (crate::budget::MAX_USED / units::MICROS_PER_UNIT).to_string()),
         ("MAX_NEAR_FRACTION", (crate::budget::MAX_NEAR_FRACTION as i64).to_string()),
     ]
 }
@@ -78,9 +79,13 @@ fn with_arguments(body: &str, f: &Function) -> String {
     }
 }
 
-/// `text` with every `@NAME@` of [`constants`] (and `@VERSION@`) replaced.
+/// `text` with every `@MSG_NAME@` of [`crate::messages`] replaced by its template as a
+/// `format()` string, then every `@NAME@` of [`constants`] (and `@VERSION@`).
 fn substitute(text: &str, version: &str) -> String {
     let mut out = text.replace("@VERSION@", version);
+    for m in crate::messages::ALL {
+        out = out.replace(&format!("@MSG_{}@", m.name), &m.sql_literal());
+    }
     for (name, value) in constants() {
         out = out.replace(&format!("@{name}@"), &value);
     }
@@ -326,6 +331,26 @@ mod tests {
                 HELPERS.contains(&format!("@{name}@")) || BODIES.contains(&format!("@{name}@")),
                 "{name} is named by no SQL of the edition"
             );
+        }
+    }
+
+    /// A message of the core's table is what both editions say: the edition names each
+    /// (so a text changed in Rust changes the edition's), and names no other.
+    #[test]
+    fn every_message_is_the_editions_too() {
+        for m in crate::messages::ALL {
+            let placeholder = format!("@MSG_{}@", m.name);
+            assert!(
+                HELPERS.contains(&placeholder) || BODIES.contains(&placeholder),
+                "{} is a message the edition never gives",
+                m.name
+            );
+        }
+        for text in [HELPERS, BODIES] {
+            for (i, _) in text.match_indices("@MSG_") {
+                let name = &text[i + 5..][..text[i + 5..].find('@').unwrap()];
+                assert!(crate::messages::ALL.iter().any(|m| m.name == name), "@MSG_{name}@ is no message of the core");
+            }
         }
     }
 }

@@ -90,12 +90,11 @@ BEGIN
     -- an explicit clock needs no permission here: the cutoff is never later than real time
     IF now_ms IS NOT NULL AND NOT (now_ms = trunc(now_ms) AND abs(now_ms) < 9e15 AND now_ms >= 0
                                    AND now_ms <= 253402300799999) THEN
-        PERFORM ratelimit.rl__invalid(fn, 'now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got '
-            || ratelimit.rl__describe(now_ms));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOW_MS_RANGE@, @MAX_NOW_MS@, ratelimit.rl__describe(now_ms)));
     END IF;
     cutoff := least(coalesce(now_ms::bigint, wall), wall);
     IF max_rows IS NOT NULL AND max_rows < 1 THEN
-        PERFORM ratelimit.rl__invalid(fn, 'max_rows must be a positive integer, got ' || max_rows);
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_MAX_ROWS@, max_rows));
     END IF;
     budget := coalesce(max_rows, 9223372036854775807);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
@@ -185,8 +184,7 @@ DECLARE
     now bigint;
 BEGIN
     IF cap IS NULL OR cap < 1 OR cap > @MAX_IN_FLIGHT@ THEN
-        PERFORM ratelimit.rl__invalid(fn, 'max_in_flight must be an integer from 1 to @MAX_IN_FLIGHT@, got '
-            || coalesce(cap::text, 'NULL'));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_INTEGER_RANGE@, 'max_in_flight', @MAX_IN_FLIGHT@, coalesce(cap::text, 'NULL')));
     END IF;
     lease_ms := ratelimit.rl__duration_ms(fn, 'lease_seconds', lease_seconds);
     now := ratelimit.rl__now(fn, now_ms);
@@ -200,7 +198,7 @@ DECLARE
     k text := ratelimit.rl__key(fn, key);
     now bigint;
 BEGIN
-    IF lease IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'lease must be text, got NULL'); END IF;
+    IF lease IS NULL THEN PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOT_TEXT@, 'lease', 'NULL')); END IF;
     now := ratelimit.rl__now(fn, now_ms);
     RETURN ratelimit.rl__entries_change(fn, k, 'lease', 'release', jsonb_build_object('lease', lease), now, '1')::boolean;
 END
@@ -212,7 +210,7 @@ DECLARE
     lease_ms bigint;
     now bigint;
 BEGIN
-    IF lease IS NULL THEN PERFORM ratelimit.rl__invalid(fn, 'lease must be text, got NULL'); END IF;
+    IF lease IS NULL THEN PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOT_TEXT@, 'lease', 'NULL')); END IF;
     lease_ms := ratelimit.rl__duration_ms(fn, 'lease_seconds', lease_seconds);
     now := ratelimit.rl__now(fn, now_ms);
     RETURN ratelimit.rl__entries_change(fn, k, 'lease', 'renew',
@@ -239,8 +237,7 @@ DECLARE
     now bigint;
 BEGIN
     IF free_strikes IS NULL OR free_strikes < 0 OR free_strikes > 1000000 THEN
-        PERFORM ratelimit.rl__invalid(fn, 'free_strikes must be an integer from 0 to 1000000, got '
-            || coalesce(free_strikes::text, 'NULL'));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_FREE_STRIKES@, coalesce(free_strikes::text, 'NULL')));
     END IF;
     base_ms := ratelimit.rl__duration_ms(fn, 'base_seconds', base_seconds);
     max_ms := ratelimit.rl__duration_ms(fn, 'max_seconds', max_seconds);
@@ -280,7 +277,7 @@ BEGIN
     PERFORM ratelimit.rl__json_arg(fn, 'limits', limits, 'a JSON array');
     now := ratelimit.rl__now(fn, now_ms);
     IF jsonb_typeof(limits) <> 'array' THEN
-        PERFORM ratelimit.rl__invalid(fn, 'limits must be a JSON array of limit objects');
+        PERFORM ratelimit.rl__invalid(fn, @MSG_LIMITS_NOT_AN_ARRAY@);
     END IF;
     IF jsonb_array_length(limits) NOT BETWEEN 1 AND 64 THEN
         PERFORM ratelimit.rl__invalid(fn, format('limits must hold 1 to 64 items, got %s', jsonb_array_length(limits)));
@@ -420,7 +417,7 @@ DECLARE
     summary jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.refused', true), ''), '{}')::jsonb;
 BEGIN
     IF n IS NULL OR n < 1 OR n > @REFUSED_ENTRIES@ THEN
-        PERFORM ratelimit.rl__invalid(fn, 'n must be an integer from 1 to @REFUSED_ENTRIES@, got ' || coalesce(n::text, 'NULL'));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_INTEGER_RANGE@, 'n', @REFUSED_ENTRIES@, coalesce(n::text, 'NULL')));
     END IF;
     -- most refused first, then by subject's bytes (refused::RefusedSlots::top)
     RETURN jsonb_build_object('policy', p, 'scope', 'session', 'subjects', coalesce((
@@ -439,10 +436,10 @@ DECLARE
 BEGIN
     -- the arguments in their order, as call_args::BudgetsNearArgs checks them
     IF fraction IS NULL OR NOT (fraction >= 0 AND fraction <= @MAX_NEAR_FRACTION@) THEN
-        PERFORM ratelimit.rl__invalid(fn, 'fraction must be a number from 0 to @MAX_NEAR_FRACTION@, got ' || ratelimit.rl__describe(fraction));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_FRACTION_RANGE@, @MAX_NEAR_FRACTION@, ratelimit.rl__describe(fraction)));
     END IF;
     IF n IS NULL OR n < 1 OR n > @MAX_NEAR@ THEN
-        PERFORM ratelimit.rl__invalid(fn, 'n must be an integer from 1 to @MAX_NEAR@, got ' || coalesce(n::text, 'NULL'));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_INTEGER_RANGE@, 'n', @MAX_NEAR@, coalesce(n::text, 'NULL')));
     END IF;
     now := ratelimit.rl__now(fn, now_ms);
     -- sql/budgets_near.sql: a scan of every budget row, the largest share of the quota first

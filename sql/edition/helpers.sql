@@ -93,13 +93,13 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__name_error(fn text, what text, v text) 
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF v IS NULL THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be text, got NULL');
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOT_TEXT@, what, 'NULL'));
     ELSIF v = '' THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must not be empty');
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_EMPTY@, what));
     ELSIF octet_length(v) > @MAX_KEY_BYTES@ THEN
-        PERFORM ratelimit.rl__invalid(fn, format('%s must be at most @MAX_KEY_BYTES@ bytes, got %s bytes', what, octet_length(v)));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_NAME_TOO_LONG@, what, @MAX_KEY_BYTES@, octet_length(v)));
     ELSIF what = 'key' AND left(v, 1) = chr(1) THEN
-        PERFORM ratelimit.rl__invalid(fn, 'key must not start with U+0001, which marks the keys of policies');
+        PERFORM ratelimit.rl__invalid(fn, @MSG_POLICY_KEY@);
     END IF;
     RETURN v;
 END
@@ -124,8 +124,7 @@ BEGIN
     IF v IS NULL THEN
         PERFORM ratelimit.rl__invalid(fn, format('%s must be %s, got NULL', what, wanted));
     ELSIF pg_column_size(v) > @MAX_JSON_BYTES@ THEN
-        PERFORM ratelimit.rl__invalid(fn, format('%s must be at most @MAX_JSON_BYTES@ bytes of JSON, got %s bytes',
-                                                 what, pg_column_size(v)));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_JSON_TOO_LARGE@, what, @MAX_JSON_BYTES@, pg_column_size(v)));
     END IF;
     RETURN v;
 END
@@ -138,17 +137,17 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__number_error(fn text, what text, v doub
 RETURNS double precision LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF v IS NULL OR NOT (v > 0 AND v < 'Infinity'::float8) OR v = 'NaN'::float8 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || CASE WHEN zero THEN ' must be a finite number of at least 0, got '
-            ELSE ' must be a finite number greater than 0, got ' END || ratelimit.rl__describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(CASE WHEN zero THEN @MSG_NOT_AT_LEAST_ZERO@ ELSE @MSG_NOT_POSITIVE@ END,
+                                                 what, ratelimit.rl__describe(v)));
     END IF;
     IF max = '@MAX_DURATION_SECONDS@' AND v > @MAX_DURATION_SECONDS@ THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most @MAX_DURATION_SECONDS@ (one year), got ' || ratelimit.rl__describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_DURATION_TOO_LONG@, what, @MAX_DURATION_SECONDS@, ratelimit.rl__describe(v)));
     END IF;
     IF max <> 'Infinity' AND v > max::float8 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most ' || max || ', got ' || ratelimit.rl__describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_AT_MOST@, what, max, ratelimit.rl__describe(v)));
     END IF;
     IF max = '@MAX_AMOUNT@' AND v < 1.0::float8 / @MICROS_PER_UNIT@ THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at least 0.000001, got ' || ratelimit.rl__describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_BELOW_A_MILLIONTH@, what, ratelimit.rl__describe(v)));
     END IF;
     RETURN v;
 END
@@ -202,9 +201,9 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_error(fn text, v text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    PERFORM ratelimit.rl__invalid(fn, 'period must be ''day'' or ''month'', got '
-        || CASE WHEN v IS NULL THEN 'NULL' ELSE '''' || replace(left(v, 40), '''', '''''')
-                || CASE WHEN length(v) > 40 THEN '...' ELSE '' END || '''' END);
+    PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD@,
+        CASE WHEN v IS NULL THEN 'NULL' ELSE '''' || replace(left(v, 40), '''', '''''')
+             || CASE WHEN length(v) > 40 THEN '...' ELSE '' END || '''' END));
     RETURN v;
 END
 $$;
@@ -231,8 +230,7 @@ DECLARE
     caller name;
 BEGIN
     IF NOT (now_ms = trunc(now_ms) AND abs(now_ms) < 9e15 AND now_ms >= 0 AND now_ms <= 253402300799999) THEN
-        PERFORM ratelimit.rl__invalid(fn, 'now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got '
-            || ratelimit.rl__describe(now_ms));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOW_MS_RANGE@, @MAX_NOW_MS@, ratelimit.rl__describe(now_ms)));
     END IF;
     caller := ratelimit.rl__caller();
     -- (rl_admin may not exist: an installing role without CREATEROLE administers alone)
@@ -400,7 +398,7 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF current_setting('transaction_read_only') = 'on' THEN
         RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = fn || ': cannot change rate-limit state in a read-only database or transaction';
+            MESSAGE = fn || ': ' || @MSG_READ_ONLY@;
     END IF;
     RETURN true;
 END
@@ -467,7 +465,7 @@ BEGIN
             IF op = 'charge' THEN
                 CONTINUE WHEN NOT (cur - amount < -@MAX_TOKENS@::float8);
                 RAISE EXCEPTION USING ERRCODE = '22003',
-                    MESSAGE = fn || ': the bucket''s debt would pass @MAX_TOKENS@ tokens; nothing was charged';
+                    MESSAGE = fn || ': ' || format(@MSG_DEBT_TOO_DEEP@, @MAX_TOKENS@);
             END IF;
             CONTINUE WHEN amount <= cur;
             RETURN (ratelimit.rl__take_decision(true, row_level, row_refilled_at, b, r, amount, now)).answer;
@@ -489,7 +487,7 @@ BEGIN
         END IF;
         -- another call inserted the row first: decide on that row
     END LOOP;
-    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': the row kept changing under @MAX_ATTEMPTS@ attempts; try again';
+    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': ' || format(@MSG_ROW_KEPT_CHANGING@, @MAX_ATTEMPTS@);
 END
 $$;
 
@@ -573,7 +571,7 @@ BEGIN
             ELSIF op = 'charge' THEN
                 CONTINUE WHEN cur + amount <= max_used;
                 RAISE EXCEPTION USING ERRCODE = '22003',
-                    MESSAGE = fn || ': the period''s use would pass 9007199254 units; nothing was charged';
+                    MESSAGE = fn || ': ' || format(@MSG_USE_TOO_HIGH@, @MAX_USED_UNITS@);
             END IF;
             CONTINUE WHEN greatest(cur - amount, 0) <> cur;
             RETURN ratelimit.rl__budget_answer(NULL, cur, CASE WHEN row_resets_at > now THEN row_resets_at ELSE period_end END);
@@ -593,7 +591,7 @@ BEGIN
             RETURN ratelimit.rl__spend_answer(true, amount, period_end, p, quota, 0, now);
         END IF;
     END LOOP;
-    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': the row kept changing under @MAX_ATTEMPTS@ attempts; try again';
+    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': ' || format(@MSG_ROW_KEPT_CHANGING@, @MAX_ATTEMPTS@);
 END
 $$;
 
@@ -602,7 +600,7 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__damaged(fn text, kind text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': a stored ' || kind || ' row is damaged; rl_reset its key';
+    RAISE EXCEPTION USING ERRCODE = 'XX000', MESSAGE = fn || ': ' || format(@MSG_DAMAGED@, kind);
 END
 $$;
 
@@ -1142,7 +1140,7 @@ DECLARE
     n double precision := ratelimit.rl__json_number(v);
 BEGIN
     IF n IS NULL OR NOT (n > 0 AND n < 'Infinity'::float8) OR n = 'NaN'::float8 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be a finite number greater than 0, got ' || ratelimit.rl__json_describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOT_POSITIVE@, what, ratelimit.rl__json_describe(v)));
     END IF;
     RETURN n;
 END
@@ -1155,7 +1153,7 @@ DECLARE
     n double precision := ratelimit.rl__json_positive(fn, what, v);
 BEGIN
     IF n > @MAX_TOKENS@ THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most 1000000000000000, got ' || ratelimit.rl__json_describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_AT_MOST@, what, @MAX_TOKENS@, ratelimit.rl__json_describe(v)));
     END IF;
     RETURN n;
 END
@@ -1170,10 +1168,10 @@ DECLARE
     t text;
 BEGIN
     IF n > @MAX_AMOUNT@ THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most @MAX_AMOUNT@, got ' || ratelimit.rl__json_describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_AT_MOST@, what, @MAX_AMOUNT@, ratelimit.rl__json_describe(v)));
     END IF;
     IF n < 1.0::float8 / 1000000 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at least 0.000001, got ' || ratelimit.rl__json_describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_BELOW_A_MILLIONTH@, what, ratelimit.rl__json_describe(v)));
     END IF;
     IF jsonb_typeof(v) = 'number' AND ratelimit.rl__int(v::text) IS NOT NULL THEN
         RETURN ratelimit.rl__int(v::text) * 1000000;
@@ -1196,7 +1194,7 @@ DECLARE
     n double precision := ratelimit.rl__json_positive(fn, what, v);
 BEGIN
     IF n > 31536000 THEN
-        PERFORM ratelimit.rl__invalid(fn, what || ' must be at most @MAX_DURATION_SECONDS@ (one year), got ' || ratelimit.rl__json_describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_DURATION_TOO_LONG@, what, @MAX_DURATION_SECONDS@, ratelimit.rl__json_describe(v)));
     END IF;
     RETURN greatest(ratelimit.rl__round(n * 1000)::bigint, 1);
 END
@@ -1207,7 +1205,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__json_key(fn text, v jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF jsonb_typeof(v) IS DISTINCT FROM 'string' THEN
-        PERFORM ratelimit.rl__invalid(fn, 'key must be text, got ' || ratelimit.rl__json_describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOT_TEXT@, 'key', ratelimit.rl__json_describe(v)));
     END IF;
     RETURN ratelimit.rl__key(fn, v #>> '{}');
 END
@@ -1218,7 +1216,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__json_period(fn text, v jsonb) RETURNS t
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF jsonb_typeof(v) IS DISTINCT FROM 'string' OR (v #>> '{}') NOT IN ('day', 'month') THEN
-        PERFORM ratelimit.rl__invalid(fn, 'period must be ''day'' or ''month'', got ' || ratelimit.rl__json_describe(v));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD@, ratelimit.rl__json_describe(v)));
     END IF;
     RETURN v #>> '{}';
 END

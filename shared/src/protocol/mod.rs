@@ -104,7 +104,7 @@ where
             },
         }
     }
-    Err(Error::storage(format!("the row kept changing under {MAX_ATTEMPTS} attempts; try again")))
+    Err(Error::storage(crate::messages::ROW_KEPT_CHANGING.render(&[&MAX_ATTEMPTS])))
 }
 
 pub(super) fn change_bucket<S: Store, R: RowDecision<BucketState>>(

@@ -1,6 +1,7 @@
 //! The calls on one row: buckets, budgets, windows and leases, and the sweeps and resets.
 
 use super::*;
+use crate::messages as msg;
 
 /// rl_take: one atomic take.
 pub fn take<S: Store>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
@@ -32,7 +33,7 @@ pub fn charge<S: Store>(store: &mut S, a: &TakeArgs) -> Result<TakeDecision> {
     let (limits, amount, now) = (a.limits, a.cost, a.now_ms);
     let d = change_bucket(store, a.key, move |row| bucket::charge(row, &limits, amount, now))?;
     if bucket::debt_too_deep(&d) {
-        return Err(Error::out_of_range("the bucket's debt would pass 1000000000000000 tokens; nothing was charged"));
+        return Err(Error::out_of_range(msg::DEBT_TOO_DEEP.render(&[&(crate::units::MAX_TOKENS as i64)])));
     }
     Ok(d)
 }
@@ -43,10 +44,7 @@ pub fn charge_budget<S: Store>(store: &mut S, a: &RefundBudgetArgs) -> Result<Bu
     let (period, amount, now) = (a.period, a.amount, a.now_ms);
     let d = change_budget(store, a.key, period, move |row| budget::charge(row, period, amount, now))?;
     if d.too_much {
-        return Err(Error::out_of_range(format!(
-            "the period's use would pass {} units; nothing was charged",
-            budget::MAX_USED / 1_000_000
-        )));
+        return Err(Error::out_of_range(msg::USE_TOO_HIGH.render(&[&(budget::MAX_USED / 1_000_000)])));
     }
     Ok(d)
 }
@@ -98,7 +96,7 @@ pub fn reset<S: Store>(store: &mut S, key: &str) -> Result<i64> {
 }
 
 pub(super) fn damaged(kind: EntryKind) -> Error {
-    Error::storage(format!("a stored {} row is damaged; rl_reset its key", kind.as_str()))
+    Error::storage(msg::DAMAGED.render(&[&kind.as_str()]))
 }
 
 /// The entries of a window row (none without a row).
@@ -155,7 +153,7 @@ pub(super) fn change_entries<S: Store, R>(
                 return Ok(answer);
             }
         }
-        Err(Error::storage(format!("the row kept changing under {MAX_ATTEMPTS} attempts; try again")))
+        Err(Error::storage(msg::ROW_KEPT_CHANGING.render(&[&MAX_ATTEMPTS])))
     })
 }
 

@@ -1,0 +1,115 @@
+//! The error texts both editions give, written once. Each is a template whose `{}` are
+//! filled in order: the library with [`Message::render`], the SQL edition with PostgreSQL's
+//! `format()`, whose format string the edition's generator writes where its SQL names
+//! `@MSG_<NAME>@` ([`Message::sql_literal`]). A limit of the core is an argument like any
+//! other (the edition passes its `@MAX_...@` constant), so this module depends on nothing.
+//! The messages of policy definitions and of rl_take_all's items are not here yet: both
+//! editions still write those out (tests/test_conformance.py compares them).
+
+/// One error text, by the name the edition's SQL uses for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message {
+    pub name: &'static str,
+    pub template: &'static str,
+}
+
+impl Message {
+    /// The text with each `{}` replaced by the next of `args`, in order.
+    pub fn render(&self, args: &[&dyn std::fmt::Display]) -> String {
+        let mut out = String::with_capacity(self.template.len() + 16);
+        let mut parts = self.template.split("{}");
+        out.push_str(parts.next().unwrap_or_default());
+        for (i, part) in parts.enumerate() {
+            match args.get(i) {
+                Some(a) => out.push_str(&a.to_string()),
+                None => out.push_str("{}"),
+            }
+            out.push_str(part);
+        }
+        out
+    }
+
+    /// The number of arguments it takes.
+    pub fn arity(&self) -> usize {
+        self.template.matches("{}").count()
+    }
+
+    /// The template as a quoted SQL literal for `format()`: `%s` for each `{}`, a literal `%`
+    /// doubled, quotes doubled.
+    pub fn sql_literal(&self) -> String {
+        let text = self.template.replace('%', "%%").replace("{}", "%s").replace('\'', "''");
+        format!("'{text}'")
+    }
+}
+
+macro_rules! messages {
+    ($($(#[$doc:meta])* $name:ident = $template:literal;)*) => {
+        $($(#[$doc])* pub const $name: Message = Message { name: stringify!($name), template: $template };)*
+        /// Every message, for the edition's generator and its tests.
+        pub const ALL: &[Message] = &[$($name,)*];
+    };
+}
+
+messages! {
+    /// (argument, what was given)
+    NOT_POSITIVE = "{} must be a finite number greater than 0, got {}";
+    /// (argument, what was given): a peek's cost, which may be 0.
+    NOT_AT_LEAST_ZERO = "{} must be a finite number of at least 0, got {}";
+    /// (argument, the most, what was given)
+    AT_MOST = "{} must be at most {}, got {}";
+    /// (argument, what was given): an amount kept in millionths.
+    BELOW_A_MILLIONTH = "{} must be at least 0.000001, got {}";
+    /// (argument, the most seconds, what was given)
+    DURATION_TOO_LONG = "{} must be at most {} (one year), got {}";
+    /// (argument, what was given)
+    NOT_TEXT = "{} must be text, got {}";
+    /// (argument)
+    EMPTY = "{} must not be empty";
+    /// (argument, the most bytes, the bytes given)
+    NAME_TOO_LONG = "{} must be at most {} bytes, got {} bytes";
+    POLICY_KEY = "key must not start with U+0001, which marks the keys of policies";
+    /// (the latest now_ms, what was given)
+    NOW_MS_RANGE = "now_ms must be an integer number of epoch milliseconds from 0 to {}, got {}";
+    /// (what was given)
+    MAX_ROWS = "max_rows must be a positive integer, got {}";
+    /// (what was given)
+    PERIOD = "period must be 'day' or 'month', got {}";
+    /// (argument, the most bytes, the bytes given)
+    JSON_TOO_LARGE = "{} must be at most {} bytes of JSON, got {} bytes";
+    /// (argument, the largest, what was given)
+    INTEGER_RANGE = "{} must be an integer from 1 to {}, got {}";
+    /// (the largest, what was given)
+    FRACTION_RANGE = "fraction must be a number from 0 to {}, got {}";
+    /// (what was given)
+    FREE_STRIKES = "free_strikes must be an integer from 0 to 1000000, got {}";
+    LIMITS_NOT_AN_ARRAY = "limits must be a JSON array of limit objects";
+    /// (the attempts)
+    ROW_KEPT_CHANGING = "the row kept changing under {} attempts; try again";
+    /// (the most tokens)
+    DEBT_TOO_DEEP = "the bucket's debt would pass {} tokens; nothing was charged";
+    /// (the most units)
+    USE_TOO_HIGH = "the period's use would pass {} units; nothing was charged";
+    /// (the kind of row)
+    DAMAGED = "a stored {} row is damaged; rl_reset its key";
+    READ_ONLY = "cannot change rate-limit state in a read-only database or transaction";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_in_order_and_quotes_for_sql() {
+        assert_eq!(AT_MOST.render(&[&"burst", &5, &"'x'"]), "burst must be at most 5, got 'x'");
+        assert_eq!(PERIOD.sql_literal(), "'period must be ''day'' or ''month'', got %s'");
+        assert_eq!(Message { name: "P", template: "100 % of {}" }.sql_literal(), "'100 %% of %s'");
+        assert_eq!(NAME_TOO_LONG.arity(), 3);
+    }
+
+    #[test]
+    fn names_are_unique() {
+        for (i, m) in ALL.iter().enumerate() {
+            assert!(ALL[i + 1..].iter().all(|o| o.name != m.name && o.template != m.template), "{}", m.name);
+        }
+    }
+}
