@@ -409,7 +409,7 @@ impl<'a> TakeAllArgs<'a> {
         let now_ms = call.now_ms(clock)?;
         let list = json.as_array().ok_or_else(|| Error::invalid(msg::LIMITS_NOT_AN_ARRAY.template))?;
         if list.is_empty() || list.len() > MAX_ITEMS {
-            return Err(Error::invalid(format!("limits must hold 1 to {MAX_ITEMS} items, got {}", list.len())));
+            return Err(Error::invalid(msg::ITEM_COUNT.render(&[&"limits", &MAX_ITEMS, &list.len()])));
         }
         let mut limits = list
             .iter()

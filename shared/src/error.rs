@@ -52,7 +52,7 @@ impl Error {
     }
 
     pub fn unknown_policy(name: &str) -> Self {
-        Error::new(ErrorKind::UnknownPolicy, format!("there is no policy named '{name}'"))
+        Error::new(ErrorKind::UnknownPolicy, crate::messages::NO_POLICY.render(&[&name]))
     }
 
     pub fn out_of_range(message: impl Into<String>) -> Self {

@@ -71,16 +71,16 @@ impl Kind {
 
 /// `v` as a limit object that holds no field but its kind's and `extra`'s.
 pub fn object<'v>(v: &'v Value, extra: &Extra) -> Result<&'v Map<String, Value>> {
-    let o = v.as_object().ok_or_else(|| Error::invalid("must be a JSON object"))?;
+    let o = v.as_object().ok_or_else(|| Error::invalid(crate::messages::NOT_AN_OBJECT.template))?;
     let allowed = |kind: Kind| extra.before.iter().chain(kind.fields()).chain(extra.after).copied();
     if let Some(unknown) = o.keys().find(|k| !allowed(Kind::of(o)).any(|a| a == k.as_str())) {
         let list = |kind: Kind| allowed(kind).collect::<Vec<_>>().join(", ");
-        return Err(Error::invalid(format!(
-            "unknown field \"{unknown}\" (a bucket has {}; a budget {}; a window {})",
-            list(Kind::Bucket),
-            list(Kind::Budget),
-            list(Kind::Window)
-        )));
+        return Err(Error::invalid(crate::messages::UNKNOWN_LIMIT_FIELD.render(&[
+            &format!("\"{unknown}\""),
+            &list(Kind::Bucket),
+            &list(Kind::Budget),
+            &list(Kind::Window),
+        ])));
     }
     Ok(o)
 }

@@ -3,8 +3,9 @@
 //! `format()`, whose format string the edition's generator writes where its SQL names
 //! `@MSG_<NAME>@` ([`Message::sql_literal`]). A limit of the core is an argument like any
 //! other (the edition passes its `@MAX_...@` constant), so this module depends on nothing.
-//! The messages of policy definitions and of rl_take_all's items are not here yet: both
-//! editions still write those out (tests/test_conformance.py compares them).
+//! Still written in both places: rl_key's, rl_headers' and rl_check's own phrases (the
+//! edition's checks of those interleave other work); tests/test_conformance.py and the
+//! differential run compare them.
 
 /// One error text, by the name the edition's SQL uses for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,9 +90,31 @@ messages! {
     DEBT_TOO_DEEP = "the bucket's debt would pass {} tokens; nothing was charged";
     /// (the most units)
     USE_TOO_HIGH = "the period's use would pass {} units; nothing was charged";
+    /// (the most entries)
+    WINDOW_TOO_FULL = "the window would hold more than {} entries (one per millisecond with admissions); nothing was recorded: use a larger cost per call or a bucket for this limit";
     /// (the kind of row)
     DAMAGED = "a stored {} row is damaged; rl_reset its key";
     READ_ONLY = "cannot change rate-limit state in a read-only database or transaction";
+    /// (the policy's name)
+    NO_POLICY = "there is no policy named '{}'";
+    /// A limit of rl_take_all or of a policy definition that is no object.
+    NOT_AN_OBJECT = "must be a JSON object";
+    /// (the field, quoted as JSON; the fields of a bucket, of a budget, of a window)
+    UNKNOWN_LIMIT_FIELD = "unknown field {} (a bucket has {}; a budget {}; a window {})";
+    /// (the list: `limits` or `definition.limits`; the most; how many were given)
+    ITEM_COUNT = "{} must hold 1 to {} items, got {}";
+    DEFINITION_NOT_AN_OBJECT = "definition must be a JSON object with limits, and optionally tiers and shadow";
+    /// (the field, quoted as JSON)
+    DEFINITION_UNKNOWN_FIELD = "definition: unknown field {} (a policy has limits, tiers, shadow)";
+    DEFINITION_LIMITS_NOT_AN_ARRAY = "definition.limits must be a JSON array of limit objects";
+    TIERS_NOT_AN_OBJECT = "definition.tiers must be a JSON object of tier names to multipliers";
+    TIER_NAME_EMPTY = "definition.tiers: a tier name must not be empty";
+    /// (the tier, its multiplier, the limit's place from 1, the most tokens, the largest amount)
+    MULTIPLIER_OUT_OF_RANGE = "definition.tiers.{}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay above 0 and at most {}, a quota or window limit from 0.000001 to {})";
+    /// (what was given, as JSON)
+    SHADOW = "definition.shadow must be true or false, got {}";
+    /// (the tier given, the policy's tiers by name)
+    UNKNOWN_TIER = "tier '{}' is not one of this policy's tiers ({})";
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use crate::budget::BudgetRefund;
 use crate::error::{Error, Result};
 use crate::json::Json;
 use crate::limit_json::{self, LimitShape};
+use crate::messages as msg;
 use crate::penalty::Block;
 use crate::take_all::{BucketItem, BudgetItem, Limit, TakeAllAnswer, WindowItem};
 use crate::units::{MAX_AMOUNT, MAX_TOKENS, MICROS_PER_UNIT};
@@ -91,18 +92,16 @@ impl Policy {
     /// Parses and validates a whole definition; the error names the field.
     pub fn parse(text: &str) -> Result<Policy> {
         let value = args::json_value("definition", text)?;
-        let o = value.as_object().ok_or_else(|| {
-            invalid("definition must be a JSON object with limits, and optionally tiers and shadow".into())
-        })?;
+        let o = value.as_object().ok_or_else(|| invalid(msg::DEFINITION_NOT_AN_OBJECT.template.into()))?;
         if let Some(extra) = o.keys().find(|k| !["limits", "tiers", "shadow"].contains(&k.as_str())) {
-            return Err(invalid(format!("definition: unknown field \"{extra}\" (a policy has limits, tiers, shadow)")));
+            return Err(invalid(msg::DEFINITION_UNKNOWN_FIELD.render(&[&format!("\"{extra}\"")])));
         }
         let list = o
             .get("limits")
             .and_then(Value::as_array)
-            .ok_or_else(|| invalid("definition.limits must be a JSON array of limit objects".into()))?;
+            .ok_or_else(|| invalid(msg::DEFINITION_LIMITS_NOT_AN_ARRAY.template.into()))?;
         if list.is_empty() || list.len() > MAX_LIMITS {
-            return Err(invalid(format!("definition.limits must hold 1 to {MAX_LIMITS} items, got {}", list.len())));
+            return Err(invalid(msg::ITEM_COUNT.render(&[&"definition.limits", &MAX_LIMITS, &list.len()])));
         }
         let limits = list
             .iter()
@@ -116,30 +115,28 @@ impl Policy {
                 .map(|(name, m)| {
                     let at = format!("definition.tiers.{name}");
                     if name.is_empty() {
-                        return Err(invalid("definition.tiers: a tier name must not be empty".into()));
+                        return Err(invalid(msg::TIER_NAME_EMPTY.template.into()));
                     }
                     args::positive_number(&at, &json_arg(m)).map(|m| (name.clone(), m))
                 })
                 .collect::<Result<BTreeMap<_, _>>>()?,
-            Some(_) => {
-                return Err(invalid("definition.tiers must be a JSON object of tier names to multipliers".into()))
-            }
+            Some(_) => return Err(invalid(msg::TIERS_NOT_AN_OBJECT.template.into())),
         };
         for (name, m) in &tiers {
             if let Some(i) = limits.iter().position(|l| !l.scales_by(*m)) {
-                return Err(invalid(
-                    format!(
-                        "definition.tiers.{name}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay above 0 and at most 1000000000000000, a quota or window limit from 0.000001 to 1000000000)",
-                        crate::json::number_text(*m),
-                        i + 1
-                    ),
-                ));
+                return Err(invalid(msg::MULTIPLIER_OUT_OF_RANGE.render(&[
+                    name,
+                    &crate::json::number_text(*m),
+                    &(i + 1),
+                    &(MAX_TOKENS as i64),
+                    &(MAX_AMOUNT as i64),
+                ])));
             }
         }
         let shadow = match o.get("shadow") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
-            Some(other) => return Err(invalid(format!("definition.shadow must be true or false, got {other}"))),
+            Some(other) => return Err(invalid(msg::SHADOW.render(&[other]))),
         };
         Ok(Policy { limits, tiers, shadow })
     }
@@ -178,7 +175,7 @@ impl Policy {
             None => Ok(1.0),
             Some(t) => self.tiers.get(t).copied().ok_or_else(|| {
                 let known: Vec<&str> = self.tiers.keys().map(String::as_str).collect();
-                invalid(format!("tier '{t}' is not one of this policy's tiers ({})", known.join(", ")))
+                invalid(msg::UNKNOWN_TIER.render(&[&t, &known.join(", ")]))
             }),
         }
     }

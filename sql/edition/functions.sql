@@ -280,7 +280,7 @@ BEGIN
         PERFORM ratelimit.rl__invalid(fn, @MSG_LIMITS_NOT_AN_ARRAY@);
     END IF;
     IF jsonb_array_length(limits) NOT BETWEEN 1 AND 64 THEN
-        PERFORM ratelimit.rl__invalid(fn, format('limits must hold 1 to 64 items, got %s', jsonb_array_length(limits)));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_ITEM_COUNT@, 'limits', 64, jsonb_array_length(limits)));
     END IF;
     FOR i IN 1..jsonb_array_length(limits) LOOP
         item := ratelimit.rl__limit_item(fn || ': item ' || i, limits -> (i - 1));

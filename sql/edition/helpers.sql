@@ -745,8 +745,7 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__window_too_full(fn text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = '54000', MESSAGE = fn || ': the window would hold more than @MAX_WINDOW_ENTRIES@ entries '
-        || '(one per millisecond with admissions); nothing was recorded: use a larger cost per call or a bucket for this limit';
+    RAISE EXCEPTION USING ERRCODE = '54000', MESSAGE = fn || ': ' || format(@MSG_WINDOW_TOO_FULL@, @MAX_WINDOW_ENTRIES@);
 END
 $$;
 
@@ -1250,15 +1249,15 @@ DECLARE
     allowed text[];
     extra text;
 BEGIN
-    IF jsonb_typeof(v) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, 'must be a JSON object'); END IF;
+    IF jsonb_typeof(v) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
     kind := CASE WHEN v ? 'period' THEN 1 WHEN v ? 'window_seconds' THEN 2 ELSE 0 END;
     allowed := CASE kind WHEN 1 THEN ARRAY['key', 'period', 'quota', 'cost']
                          WHEN 2 THEN ARRAY['key', 'limit', 'window_seconds', 'cost']
                          ELSE ARRAY['key', 'burst', 'refill_per_minute', 'cost'] END;
     SELECT k INTO extra FROM jsonb_each(v) WITH ORDINALITY AS e(k, x, n) WHERE NOT k = ANY (allowed) ORDER BY n LIMIT 1;
     IF extra IS NOT NULL THEN
-        PERFORM ratelimit.rl__invalid(prefix, format('unknown field %s (a bucket has key, burst, refill_per_minute, cost; '
-            || 'a budget key, period, quota, cost; a window key, limit, window_seconds, cost)', to_jsonb(extra)::text));
+        PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
+            'key, burst, refill_per_minute, cost', 'key, period, quota, cost', 'key, limit, window_seconds, cost'));
     END IF;
     key := ratelimit.rl__json_key(prefix, v -> 'key');
     IF kind = 2 THEN
@@ -1477,34 +1476,33 @@ DECLARE
     tier_texts text[] := '{}';
 BEGIN
     IF jsonb_typeof(definition) IS DISTINCT FROM 'object' THEN
-        PERFORM ratelimit.rl__invalid(fn, 'definition must be a JSON object with limits, and optionally tiers and shadow');
+        PERFORM ratelimit.rl__invalid(fn, @MSG_DEFINITION_NOT_AN_OBJECT@);
     END IF;
     SELECT k INTO extra FROM jsonb_object_keys(definition) WITH ORDINALITY AS e(k, n)
     WHERE k NOT IN ('limits', 'tiers', 'shadow') ORDER BY n LIMIT 1;
     IF extra IS NOT NULL THEN
-        PERFORM ratelimit.rl__invalid(fn, format('definition: unknown field %s (a policy has limits, tiers, shadow)',
-                                                 to_jsonb(extra)::text));
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_DEFINITION_UNKNOWN_FIELD@, to_jsonb(extra)::text));
     END IF;
     IF jsonb_typeof(definition -> 'limits') IS DISTINCT FROM 'array' THEN
-        PERFORM ratelimit.rl__invalid(fn, 'definition.limits must be a JSON array of limit objects');
+        PERFORM ratelimit.rl__invalid(fn, @MSG_DEFINITION_LIMITS_NOT_AN_ARRAY@);
     END IF;
     IF jsonb_array_length(definition -> 'limits') NOT BETWEEN 1 AND 16 THEN
-        PERFORM ratelimit.rl__invalid(fn, format('definition.limits must hold 1 to 16 items, got %s',
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_ITEM_COUNT@, 'definition.limits', 16,
                                                  jsonb_array_length(definition -> 'limits')));
     END IF;
     limits := '[]';
     FOR i IN 1..jsonb_array_length(definition -> 'limits') LOOP
         item := definition -> 'limits' -> (i - 1);
         prefix := fn || ': definition.limits item ' || i;
-        IF jsonb_typeof(item) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, 'must be a JSON object'); END IF;
+        IF jsonb_typeof(item) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
         kind := CASE WHEN item ? 'period' THEN 1 WHEN item ? 'window_seconds' THEN 2 ELSE 0 END;
         allowed := CASE kind WHEN 1 THEN ARRAY['period', 'quota'] WHEN 2 THEN ARRAY['limit', 'window_seconds']
                              ELSE ARRAY['burst', 'refill_per_minute'] END;
         SELECT k INTO extra FROM jsonb_object_keys(item) WITH ORDINALITY AS e(k, n) WHERE NOT k = ANY (allowed)
         ORDER BY n LIMIT 1;
         IF extra IS NOT NULL THEN
-            PERFORM ratelimit.rl__invalid(prefix, format('unknown field %s (a bucket has burst, refill_per_minute; '
-                || 'a budget period, quota; a window limit, window_seconds)', to_jsonb(extra)::text));
+            PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
+                'burst, refill_per_minute', 'period, quota', 'limit, window_seconds'));
         END IF;
         IF kind = 1 THEN
             limits := limits || jsonb_build_object('kind', 1, 'period', ratelimit.rl__json_period(prefix, item -> 'period'),
@@ -1527,10 +1525,10 @@ BEGIN
     tiers := '{}';
     IF definition -> 'tiers' IS NOT NULL AND jsonb_typeof(definition -> 'tiers') <> 'null' THEN
         IF jsonb_typeof(definition -> 'tiers') <> 'object' THEN
-            PERFORM ratelimit.rl__invalid(fn, 'definition.tiers must be a JSON object of tier names to multipliers');
+            PERFORM ratelimit.rl__invalid(fn, @MSG_TIERS_NOT_AN_OBJECT@);
         END IF;
         FOR t IN SELECT e.key, e.value FROM jsonb_each(definition -> 'tiers') WITH ORDINALITY AS e(key, value, n) ORDER BY n LOOP
-            IF t.key = '' THEN PERFORM ratelimit.rl__invalid(fn, 'definition.tiers: a tier name must not be empty'); END IF;
+            IF t.key = '' THEN PERFORM ratelimit.rl__invalid(fn, @MSG_TIER_NAME_EMPTY@); END IF;
             tiers := tiers || jsonb_build_object(t.key, ratelimit.rl__json_positive(fn, 'definition.tiers.' || t.key, t.value));
         END LOOP;
         -- every multiplier keeps every limit valid (PolicyLimit::scales_by), in name order
@@ -1547,9 +1545,8 @@ BEGIN
                     scaled := ratelimit.rl__round(scaled);
                     CONTINUE WHEN scaled >= 1 AND scaled <= @MAX_TOKENS@;
                 END IF;
-                PERFORM ratelimit.rl__invalid(fn, format('definition.tiers.%s: a multiplier of %s takes limits item %s out of '
-                    || 'range (a bucket''s burst and refill must stay above 0 and at most @MAX_TOKENS@, a quota or window '
-                    || 'limit from 0.000001 to @MAX_AMOUNT@)', t.key, ratelimit.rl__number(m)::text, i));
+                PERFORM ratelimit.rl__invalid(fn, format(@MSG_MULTIPLIER_OUT_OF_RANGE@, t.key, ratelimit.rl__number(m)::text, i,
+                                                         @MAX_TOKENS@, @MAX_AMOUNT@));
             END LOOP;
             tier_texts := tier_texts || (to_jsonb(t.key)::text || ':' || ratelimit.rl__number(m)::text);
         END LOOP;
@@ -1557,7 +1554,7 @@ BEGIN
     shadow := false;
     IF definition -> 'shadow' IS NOT NULL AND jsonb_typeof(definition -> 'shadow') <> 'null' THEN
         IF jsonb_typeof(definition -> 'shadow') <> 'boolean' THEN
-            PERFORM ratelimit.rl__invalid(fn, 'definition.shadow must be true or false, got ' || (definition -> 'shadow')::text);
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_SHADOW@, (definition -> 'shadow')::text));
         END IF;
         shadow := (definition -> 'shadow')::boolean;
     END IF;
@@ -1590,13 +1587,13 @@ BEGIN
     SELECT t.definition INTO stored FROM ratelimit.rl_policy AS t WHERE t.name = policy;
     IF NOT FOUND THEN
         -- its own SQLSTATE (undefined_object), as the core's ErrorKind::UnknownPolicy
-        RAISE EXCEPTION USING ERRCODE = '42704', MESSAGE = format('%s: there is no policy named ''%s''', fn, policy);
+        RAISE EXCEPTION USING ERRCODE = '42704', MESSAGE = fn || ': ' || format(@MSG_NO_POLICY@, policy);
     END IF;
     p := ratelimit.rl__policy_parse(fn, stored::jsonb);
     shadow := p.shadow;
     IF tier IS NOT NULL THEN
         IF NOT p.tiers ? tier THEN
-            PERFORM ratelimit.rl__invalid(fn, format('tier ''%s'' is not one of this policy''s tiers (%s)', tier,
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_UNKNOWN_TIER@, tier,
                 (SELECT coalesce(string_agg(k, ', ' ORDER BY k COLLATE "C"), '') FROM jsonb_object_keys(p.tiers) AS k)));
         END IF;
         m := (p.tiers ->> tier)::float8;

@@ -113,14 +113,7 @@ pub(super) fn leases_of(row: Option<&EntriesRow>) -> Result<Leases> {
 pub(super) fn window_row(d: &WindowDecision, window_ms: i64) -> Result<Option<EntriesRow>> {
     let Some(entries) = &d.new_entries else { return Ok(None) };
     if entries.len() > window::MAX_ENTRIES {
-        return Err(Error::new(
-            ErrorKind::LimitExceeded,
-            format!(
-                "the window would hold more than {} entries (one per millisecond with admissions); \
-                 nothing was recorded: use a larger cost per call or a bucket for this limit",
-                window::MAX_ENTRIES
-            ),
-        ));
+        return Err(Error::new(ErrorKind::LimitExceeded, msg::WINDOW_TOO_FULL.render(&[&window::MAX_ENTRIES])));
     }
     Ok(Some(EntriesRow { entries: window::encode(entries), empty_at: window::empty_at(entries, window_ms) }))
 }
