@@ -89,10 +89,12 @@ fn exact(o: &Map<String, Value>) -> Result<()> {
         if let Some(Value::Number(n)) = o.get(field) {
             let value = crate::args::number_f64(n);
             if value.is_nan() || value.abs() > MAX_WAIT_MS as f64 {
-                return Err(Error::out_of_range(format!(
-                    "result: {field} must be at most {MAX_WAIT_MS} in magnitude, got {}",
-                    crate::args::Arg::Real(value).describe()
-                )));
+                let got = crate::args::Arg::Real(value).describe();
+                return Err(Error::out_of_range(crate::messages::RESULT_TOO_LARGE.render(&[
+                    &field,
+                    &MAX_WAIT_MS,
+                    &got,
+                ])));
             }
         }
     }
@@ -156,9 +158,7 @@ fn shown(v: f64) -> String {
 }
 
 fn not_a_result() -> Error {
-    Error::invalid(
-        "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all",
-    )
+    Error::invalid(crate::messages::NOT_A_RESULT.template)
 }
 
 /// `rl_headers(result)`: a JSON object of header names to values, as text.

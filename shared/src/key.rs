@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 /// `rl_key(part, ...)`: each part as text (numbers in decimal), JSON-encoded.
 pub fn encode_key(parts: &[Arg]) -> Result<String> {
     if parts.is_empty() {
-        return Err(Error::invalid("expected at least 1 part, got 0"));
+        return Err(Error::invalid(crate::messages::NO_PARTS.template));
     }
     let texts = parts
         .iter()
@@ -16,7 +16,7 @@ pub fn encode_key(parts: &[Arg]) -> Result<String> {
             Arg::Text(t) => Ok(t.to_owned()),
             Arg::Integer(n) => Ok(n.to_string()),
             Arg::Real(r) => Ok(r.to_string()),
-            Arg::Null => Err(Error::invalid(format!("part {} must not be NULL", i + 1))),
+            Arg::Null => Err(Error::invalid(crate::messages::NULL_PART.render(&[&(i + 1)]))),
             Arg::Blob(_) => {
                 Err(Error::invalid(format!("part {} must be text or a number, got {}", i + 1, part.describe())))
             }

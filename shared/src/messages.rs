@@ -3,9 +3,9 @@
 //! `format()`, whose format string the edition's generator writes where its SQL names
 //! `@MSG_<NAME>@` ([`Message::sql_literal`]). A limit of the core is an argument like any
 //! other (the edition passes its `@MAX_...@` constant), so this module depends on nothing.
-//! Still written in both places: rl_key's, rl_headers' and rl_check's own phrases (the
-//! edition's checks of those interleave other work); tests/test_conformance.py and the
-//! differential run compare them.
+//! Library-only texts (SQLite's blobs, the native clock setting, the memory store) stay
+//! where they are raised; tests/test_conformance.py and the differential run compare the
+//! rest of what the editions answer.
 
 /// One error text, by the name the edition's SQL uses for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +92,12 @@ messages! {
     USE_TOO_HIGH = "the period's use would pass {} units; nothing was charged";
     /// (the most entries)
     WINDOW_TOO_FULL = "the window would hold more than {} entries (one per millisecond with admissions); nothing was recorded: use a larger cost per call or a bucket for this limit";
+    NO_PARTS = "expected at least 1 part, got 0";
+    /// (the part's place from 1)
+    NULL_PART = "part {} must not be NULL";
+    NOT_A_RESULT = "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all";
+    /// (the field, the largest magnitude, what was given)
+    RESULT_TOO_LARGE = "result: {} must be at most {} in magnitude, got {}";
     /// (the kind of row)
     DAMAGED = "a stored {} row is damaged; rl_reset its key";
     READ_ONLY = "cannot change rate-limit state in a read-only database or transaction";

@@ -139,13 +139,13 @@ END
 -- function: rl_key
 BEGIN
     IF parts IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'rl_key: part 1 must not be NULL';
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'rl_key: ' || format(@MSG_NULL_PART@, 1);
     ELSIF cardinality(parts) = 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'rl_key: expected at least 1 part, got 0';
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'rl_key: ' || @MSG_NO_PARTS@;
     END IF;
     FOR i IN 1..cardinality(parts) LOOP
         IF parts[array_lower(parts, 1) + i - 1] IS NULL THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('rl_key: part %s must not be NULL', i);
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'rl_key: ' || format(@MSG_NULL_PART@, i);
         END IF;
     END LOOP;
     RETURN array_to_json(parts)::text;
@@ -457,8 +457,7 @@ END
 -- function: rl_headers
 DECLARE
     fn CONSTANT text := 'rl_headers';
-    bad CONSTANT text := 'result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, '
-        || 'rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all';
+    bad CONSTANT text := @MSG_NOT_A_RESULT@;
     o jsonb := result;
     v double precision;
     limits jsonb[] := '{}';
@@ -480,9 +479,8 @@ BEGIN
             CONTINUE WHEN jsonb_typeof(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]) IS DISTINCT FROM 'number';
             v := ratelimit.rl__json_double(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]);
             IF abs(v) > @MAX_WAIT_MS@ THEN
-                RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format(
-                    'rl_headers: result: %s must be at most @MAX_WAIT_MS@ in magnitude, got %s',
-                    (ARRAY['limit', 'remaining', 'in_flight'])[f], ratelimit.rl__describe(v));
+                RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = 'rl_headers: ' || format(@MSG_RESULT_TOO_LARGE@,
+                    (ARRAY['limit', 'remaining', 'in_flight'])[f], @MAX_WAIT_MS@, ratelimit.rl__describe(v));
             END IF;
         END LOOP;
     END LOOP;
