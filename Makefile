@@ -51,5 +51,5 @@ bench: ## the benchmark harness (about 45 minutes; RL_BENCH_ONLY=targets|memory|
 soak: ## 1,000,000 keys on both engines, then swept while another connection takes (about 5 minutes)
 	bash scripts/soak.sh
 
-chaos: ## clients under killed backends, restarts and a stopped pgbouncer (10 minutes; RL_CHAOS_SECONDS)
+chaos: ## clients under killed backends, restarts, a stopped pgbouncer, the memory store and the web packages (about 20 minutes; RL_CHAOS_SECONDS)
 	bash scripts/chaos.sh
