@@ -32,14 +32,19 @@ def spend_everything(call):
     call("rl_check", "login", "ann", 47, "pro", NOW)  # 47 of 10 x 5
 
 
+def near(engine, *args):
+    """rl_budgets_near's answer as a dict (SQLite answers text)."""
+    answer = engine.call("rl_budgets_near", *args)
+    return json.loads(answer) if isinstance(answer, str) else answer
+
+
 def keys_and_shares(answer):
     return [(b["key"], b["period"], b["used"] / b["quota"]) for b in answer["budgets"]]
 
 
 def test_budgets_near_lists_the_current_periods_most_used_first(engine):
     spend_everything(engine.call)
-    answer = engine.call("rl_budgets_near", 0.7, 100, NOW)
-    answer = json.loads(answer) if isinstance(answer, str) else answer
+    answer = near(engine, 0.7, 100, NOW)
     assert answer["fraction"] == 0.7
     listed = keys_and_shares(answer)
     assert [(k, p) for k, p, _ in listed][0] == ("d", "day")
@@ -47,19 +52,15 @@ def test_budgets_near_lists_the_current_periods_most_used_first(engine):
     assert [(k, p, s) for k, p, s in listed[2:]] == [("a", "day", 0.9), ("b", "day", 0.8), ("g", "day", 0.75)]
     assert answer["budgets"][0] == {"key": "d", "period": "day", "used": 4, "quota": 2, "resets_at": DAY_END}
     assert answer["budgets"][1]["quota"] == 50 and answer["budgets"][1]["used"] == 47
-    every = engine.call("rl_budgets_near", 0, 100, NOW)
-    every = json.loads(every) if isinstance(every, str) else every
+    every = near(engine, 0, 100, NOW)
     assert len(every["budgets"]) == 7 and every["budgets"][-1]["key"] == "b" and every["budgets"][-1]["period"] == "month"
-    two = engine.call("rl_budgets_near", 0, 2, NOW)
-    two = json.loads(two) if isinstance(two, str) else two
+    two = near(engine, 0, 2, NOW)
     assert [b["key"] for b in two["budgets"]] == [b["key"] for b in every["budgets"][:2]]
     # the next day lists the month's budget alone; an unknown quota gains one with a spend
-    tomorrow = engine.call("rl_budgets_near", 0, 100, (DAY_END + 1) * 1000)
-    tomorrow = json.loads(tomorrow) if isinstance(tomorrow, str) else tomorrow
+    tomorrow = near(engine, 0, 100, (DAY_END + 1) * 1000)
     assert [(b["key"], b["period"]) for b in tomorrow["budgets"]] == [("b", "month")]
     engine.call("rl_spend", "f", "day", 7.000001, 0.000001, NOW)
-    past = engine.call("rl_budgets_near", 1, 100, NOW)  # f: 7.000001 of 7.000001
-    past = json.loads(past) if isinstance(past, str) else past
+    past = near(engine, 1, 100, NOW)  # f: 7.000001 of 7.000001
     assert [b["key"] for b in past["budgets"]] == ["d", "f"]
 
 

@@ -508,6 +508,10 @@ STEPS = [
     ("rl_top_refused", ("p", 65), ("error", "rl_top_refused: n must be an integer from 1 to 64, got 65")),
     ("rl_top_refused", ("p", None), ("error", "rl_top_refused: n must be an integer from 1 to 64, got NULL")),
     ("rl_top_refused", ("",), ("error", "rl_top_refused: policy must not be empty")),
+    # rl_budgets_near: fraction from 0 to 1000000, n from 1 to 10000
+    ("rl_budgets_near", (-1,), ("error", "rl_budgets_near: fraction must be a number from 0 to 1000000, got -1")),
+    ("rl_budgets_near", (0.5, 0), ("error", "rl_budgets_near: n must be an integer from 1 to 10000, got 0")),
+    ("rl_budgets_near", (0.5, None), ("error", "rl_budgets_near: n must be an integer from 1 to 10000, got NULL")),
     ("rl_check", ("x", "ann"), ("error", "rl_check: there is no policy named 'x'", "42704")),
     ("rl_policy_set", ("x", '{"limits": []}'), ("error", "rl_policy_set: definition.limits must hold 1 to 16 items, got 0")),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 0, "refill_per_minute": 5}]}'),
