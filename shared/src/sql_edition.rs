@@ -32,6 +32,8 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("REFUSED_POLICIES", crate::refused::POLICIES.to_string()),
         ("REFUSED_SUBJECT_BYTES", crate::refused::SUBJECT_BYTES.to_string()),
         ("MAX_NEAR", crate::budget::MAX_NEAR.to_string()),
+        ("MAX_ITEMS", crate::take_all::MAX_ITEMS.to_string()),
+        ("MAX_LIMITS", crate::policy::MAX_LIMITS.to_string()),
         ("MAX_USED_UNITS", (crate::budget::MAX_USED / units::MICROS_PER_UNIT).to_string()),
         ("MAX_NEAR_FRACTION", (crate::budget::MAX_NEAR_FRACTION as i64).to_string()),
     ]

@@ -279,8 +279,8 @@ BEGIN
     IF jsonb_typeof(limits) <> 'array' THEN
         PERFORM ratelimit.rl__invalid(fn, @MSG_LIMITS_NOT_AN_ARRAY@);
     END IF;
-    IF jsonb_array_length(limits) NOT BETWEEN 1 AND 64 THEN
-        PERFORM ratelimit.rl__invalid(fn, format(@MSG_ITEM_COUNT@, 'limits', 64, jsonb_array_length(limits)));
+    IF jsonb_array_length(limits) NOT BETWEEN 1 AND @MAX_ITEMS@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_ITEM_COUNT@, 'limits', @MAX_ITEMS@, jsonb_array_length(limits)));
     END IF;
     FOR i IN 1..jsonb_array_length(limits) LOOP
         item := ratelimit.rl__limit_item(fn || ': item ' || i, limits -> (i - 1));

@@ -1486,8 +1486,8 @@ BEGIN
     IF jsonb_typeof(definition -> 'limits') IS DISTINCT FROM 'array' THEN
         PERFORM ratelimit.rl__invalid(fn, @MSG_DEFINITION_LIMITS_NOT_AN_ARRAY@);
     END IF;
-    IF jsonb_array_length(definition -> 'limits') NOT BETWEEN 1 AND 16 THEN
-        PERFORM ratelimit.rl__invalid(fn, format(@MSG_ITEM_COUNT@, 'definition.limits', 16,
+    IF jsonb_array_length(definition -> 'limits') NOT BETWEEN 1 AND @MAX_LIMITS@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_ITEM_COUNT@, 'definition.limits', @MAX_LIMITS@,
                                                  jsonb_array_length(definition -> 'limits')));
     END IF;
     limits := '[]';
