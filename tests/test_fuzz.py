@@ -3,9 +3,9 @@ must return a valid answer obeying the contract or raise a clear error; never cr
 host process, never return NULL, never write a row from a failed call.
 
 RL_FUZZ_CALLS sets the tuples per engine (default 100000). The functions that take no argument
-(rl_self_test, rl_version, rl_memory_stats, rl_policy_stats, rl_stats_reset) have no tuple
-to vary: each is called once after the barrage instead of thousands of times in it (rl_self_test
-alone, at 25 to 50 ms a call, once took more than half of a run)."""
+(NO_ARGUMENTS, read from the function table) have no tuple to vary: each is called once after
+the barrage instead of thousands of times in it (rl_self_test alone, at 25 to 50 ms a call,
+once took more than half of a run)."""
 import json
 import math
 import os
