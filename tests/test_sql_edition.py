@@ -35,6 +35,76 @@ def test_the_edition_answers_as_the_native_extension(pg_sql_engine, pg_db):
         assert ours[i] == native[i], f"{STEPS[i][0]}{STEPS[i][1]}: sql {ours[i]} native {native[i]}"
 
 
+NOW = 1796000000000
+# (level, refilled_at, burst, refill_per_minute, cost) of a row, and the take on it at NOW
+TAKES_ON_ROWS = [
+    (5, NOW - 1000, 10, 6, 1),                  # rl_take's one statement
+    (14, NOW - 1090, 35, 800, 2),               # its first estimate of full_at 1 ms past the edge
+    (1e15, NOW - 5, 1e15, 1, 1e-9),             # a take the level's precision cannot show: full now
+    (3, NOW + 5000, 10, 6, 1),                  # refilled_at ahead of the clock
+    (float("nan"), NOW - 5, 10, 6, 1),          # rows the statement leaves to the general path
+    (2e16, NOW, 10, 6, 1),
+    (5, NOW, 10, 1e-300, 1),
+    (0.5, NOW, 10, 6, 1),                       # refused
+]
+
+
+def test_rl_take_writes_and_answers_as_the_native_extension_on_every_kind_of_row(pg_sql_db, pg_db):
+    """rl_take's hot path (one UPDATE whose SQL helpers PostgreSQL inlines), its correction
+    when float rounding puts the first estimate of full_at off the edge, and the general
+    path it leaves other rows to: from the same row, the same answer and the same row
+    written as the native extension's."""
+    native, ours = pg_db[0], pg_sql_db[0]
+    with native.cursor() as cur:
+        cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+    for i, (level, refilled_at, burst, rate, cost) in enumerate(TAKES_ON_ROWS):
+        seen = []
+        for conn in (native, ours):
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO ratelimit.rl_bucket VALUES (%s, %s, %s, 0)", (f"row{i}", level, refilled_at))
+                cur.execute("SELECT rl_take(%s, %s, %s, %s, %s)", (f"row{i}", burst, rate, cost, NOW))
+                answer = cur.fetchone()[0]
+                cur.execute("SELECT level::text, refilled_at, full_at FROM ratelimit.rl_bucket WHERE key = %s", (f"row{i}",))
+                seen.append((answer, cur.fetchone()))
+        assert seen[0] == seen[1], TAKES_ON_ROWS[i]
+
+
+def test_rl_takes_first_estimate_is_taken_only_where_it_is_the_exact_wait(pg_sql_db):
+    """Over 50,000 drawn rows and takes, wide and narrow: the level the hot path writes is
+    rl__level_at's less the cost, and where rl__full_at_is_edge accepts its full_at, that is
+    now + rl__wait_for's (the counterpart of bucket::wait_for, which the differential run
+    checks against the native library)."""
+    conn, _ = pg_sql_db
+    with conn.cursor() as cur:
+        cur.execute("SELECT setseed(0.39)")
+        cur.execute("""
+            WITH drawn AS (
+                SELECT (ARRAY[random() * 10, random() * 1e15, -random() * 1e15, round(random() * 100)])[1 + (random() * 3)::int] AS level,
+                       %(now)s + (random() * 200000 - 100000)::bigint AS refilled_at,
+                       (ARRAY[1 + round(random() * 1000), random() * 1e15, 1e15, random() * 5 + 0.001])[1 + (random() * 3)::int] AS burst,
+                       (ARRAY[random() * 60, random() * 1e-6, 1e15, 1 + round(random() * 10000) / 10])[1 + (random() * 3)::int] AS rate,
+                       (ARRAY[1, random() * 3, 1e-9, 0.5])[1 + (random() * 3)::int] AS cost,
+                       %(now)s::bigint AS now
+                FROM generate_series(1, 50000)
+            ), taken AS (
+                SELECT *, ratelimit.rl__taken_level(level, refilled_at, burst, rate, cost, now) AS new_level,
+                       greatest(refilled_at, now) AS new_refilled_at,
+                       ratelimit.rl__taken_full_at(level, refilled_at, burst, rate, cost, now) AS estimate
+                FROM drawn WHERE cost <= ratelimit.rl__level_at(true, level, refilled_at, burst, rate, now)
+            ), judged AS (
+                SELECT *, ratelimit.rl__full_at_is_edge(new_level, new_refilled_at, estimate, burst, rate, now) AS edge,
+                       now + ratelimit.rl__wait_for(true, new_level, new_refilled_at, burst, rate, now, burst) AS exact
+                FROM taken
+            )
+            SELECT count(*), count(*) FILTER (WHERE edge), count(*) FILTER (WHERE edge AND estimate <> exact),
+                   count(*) FILTER (WHERE new_level IS DISTINCT FROM
+                                    ratelimit.rl__level_at(true, level, refilled_at, burst, rate, now) - cost)
+            FROM judged""", {"now": NOW})
+        takes, accepted, wrong, levels = cur.fetchone()
+    assert takes > 20000 and accepted > takes / 3, (takes, accepted)
+    assert (wrong, levels) == (0, 0)
+
+
 def test_every_function_and_view_has_a_comment_and_the_native_privileges(pg_sql_db):
     conn, _ = pg_sql_db
     with conn.cursor() as cur:

@@ -11,7 +11,34 @@
 DECLARE
     fn CONSTANT text := 'rl_take';
     @ARGUMENTS@
+    writable CONSTANT boolean := ratelimit.rl__writable(fn);
+    refill CONSTANT double precision := ratelimit.rl__refill_seconds(b, r);
+    answer jsonb;
 BEGIN
+    -- A row that admits, in one statement: PL/pgSQL sets up each statement, expression and
+    -- function it runs once per transaction, which costs more than their arithmetic. Its
+    -- SQL helpers are inlined; a level they do not cover is left to the general path.
+    UPDATE ratelimit.rl_bucket AS t
+    SET level = ratelimit.rl__taken_level(t.level, t.refilled_at, b, r, c, now),
+        refilled_at = greatest(t.refilled_at, now),
+        full_at = ratelimit.rl__taken_full_at(t.level, t.refilled_at, b, r, c, now)
+    WHERE t.key = k AND abs(t.level) < 1e16 AND r >= 1e-280
+      AND c <= ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now)
+    RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(t.level, t.refilled_at, t.full_at, b, r, now)
+                   THEN ratelimit.rl__take_answer(true, floor(t.level)::bigint, b, 0, t.full_at - now, false, refill) END
+    INTO answer;
+    IF answer IS NOT NULL THEN
+        RETURN answer;
+    ELSIF FOUND THEN
+        -- taken, but float rounding put the estimate off the edge: the exact wait, on the
+        -- row this call holds
+        UPDATE ratelimit.rl_bucket AS t
+        SET full_at = now + ratelimit.rl__wait_for(true, t.level, t.refilled_at, b, r, now, b)
+        WHERE t.key = k
+        RETURNING ratelimit.rl__take_answer(true, floor(t.level)::bigint, b, 0, t.full_at - now, false, refill) INTO answer;
+        RETURN answer;
+    END IF;
+    -- No row, a refusal, or a row changed since: the path of every bucket change.
     RETURN ratelimit.rl__bucket_change(fn, 'take', k, b, r, c, now);
 END
 

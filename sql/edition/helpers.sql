@@ -332,27 +332,56 @@ BEGIN
 END
 $$;
 
+-- The level a take of cost leaves in a row whose level is finite (rl_take's hot path:
+-- rl__level_at(true, ...) - cost without the check for a stored NaN or infinity).
+CREATE OR REPLACE FUNCTION ratelimit.rl__taken_level(level double precision, refilled_at bigint, burst double precision,
+                                                     rate double precision, cost double precision, now bigint)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(level + greatest(now - refilled_at, 0)::float8 * rate / 60000::float8, burst) - cost
+$$;
+
+-- The full_at a take of cost leaves as bucket::wait_for first estimates it (rl_take's hot
+-- path, for |level| below 1e16 and rate at least 1e-280, where it is finite): the new
+-- refilled_at, greatest(refilled_at, now), plus ceil((burst - new level) * 60000 / rate)
+-- ms, capped. rl__full_at_is_edge says whether that is the exact wait.
+CREATE OR REPLACE FUNCTION ratelimit.rl__taken_full_at(level double precision, refilled_at bigint,
+                                                       burst double precision, rate double precision,
+                                                       cost double precision, now bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(refilled_at, now) + least(ceil((burst - ratelimit.rl__taken_level(level, refilled_at, burst, rate,
+        cost, now)) * 60000::float8 / rate), @MAX_WAIT_MS@::float8)::bigint
+$$;
+
+-- Whether a row written at now (refilled_at not before it) holds full_at = now +
+-- rl__wait_for(true, level, refilled_at, burst, rate, now, burst): bucket::wait_for's test
+-- of its estimate, which mostly is the edge itself. Below the burst, waiting d = full_at -
+-- refilled_at ms must fill the bucket and d - 1 not, within the cap.
+CREATE OR REPLACE FUNCTION ratelimit.rl__full_at_is_edge(level double precision, refilled_at bigint, full_at bigint,
+                                                         burst double precision, rate double precision, now bigint)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT level < burst AND (refilled_at - now)::float8 + (full_at - refilled_at)::float8 < @MAX_WAIT_MS@::float8
+        AND level + (full_at - refilled_at)::float8 * rate / 60000::float8 >= burst
+        AND level + (full_at - refilled_at - 1)::float8 * rate / 60000::float8 < burst
+$$;
+
 -- Seconds an empty bucket takes to fill, capped as every wait is (BucketLimits::refill_seconds).
 CREATE OR REPLACE FUNCTION ratelimit.rl__refill_seconds(burst double precision, rate double precision)
 RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
     SELECT least(ratelimit.rl__div(burst * 60::float8, rate), 9007199254740::float8)
 $$;
 
--- A bucket answer in rl_take's shape (TakeDecision's JSON).
+-- A bucket answer in rl_take's shape (TakeDecision's JSON); refill is
+-- rl__refill_seconds(burst, rate). A SQL function PostgreSQL inlines, so each argument is
+-- a variable, a column or one operator: a costlier one would keep rl__number and
+-- rl__ceil_seconds, which use theirs more than once, from being inlined.
 CREATE OR REPLACE FUNCTION ratelimit.rl__take_answer(admitted boolean, remaining bigint, burst double precision,
                                                      retry_ms bigint, reset_ms bigint, exceeds boolean,
-                                                     rate double precision)
-RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    -- a variable, not an argument expression: PostgreSQL inlines a SQL helper whose
-    -- argument is used more than once only when that argument is cheap
-    refill double precision := ratelimit.rl__refill_seconds(burst, rate);
-BEGIN
-    RETURN jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number(burst),
+                                                     refill double precision)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number(burst),
         'retry_after_ms', retry_ms, 'retry_after_seconds', ratelimit.rl__ceil_seconds(retry_ms),
         'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms), 'exceeds_limit', exceeds,
-        'refill_seconds', ratelimit.rl__number(refill));
-END
+        'refill_seconds', ratelimit.rl__number(refill))
 $$;
 
 -- What rl_take decides on a row (bucket::take), as its answer; the row to store is the
@@ -367,7 +396,9 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     max_wait CONSTANT bigint := @MAX_WAIT_MS@;
     cur double precision := ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, now);
+    refill CONSTANT double precision := ratelimit.rl__refill_seconds(burst, rate);
     retry bigint;
+    reset bigint;
     full_ms double precision;
 BEGIN
     IF cost <= cur THEN
@@ -375,7 +406,7 @@ BEGIN
         new_refilled_at := CASE WHEN has_row THEN greatest(refilled_at, now) ELSE now END;
         new_level := cur - cost;
         new_full_at := now + ratelimit.rl__wait_for(true, new_level, new_refilled_at, burst, rate, now, burst);
-        answer := ratelimit.rl__take_answer(true, floor(new_level)::bigint, burst, 0, new_full_at - now, false, rate);
+        answer := ratelimit.rl__take_answer(true, floor(new_level)::bigint, burst, 0, new_full_at - now, false, refill);
         RETURN;
     END IF;
     admitted := false;
@@ -385,24 +416,27 @@ BEGIN
     ELSE
         retry := ratelimit.rl__wait_for(has_row, level, refilled_at, burst, rate, now, cost);
     END IF;
-    answer := ratelimit.rl__take_answer(false, floor(cur)::bigint, burst, retry,
-        ratelimit.rl__wait_for(has_row, level, refilled_at, burst, rate, now, burst), cost > burst, rate);
+    reset := ratelimit.rl__wait_for(has_row, level, refilled_at, burst, rate, now, burst);
+    answer := ratelimit.rl__take_answer(false, floor(cur)::bigint, burst, retry, reset, cost > burst, refill);
 END
 $$;
 
--- True, or fails (25006) in a read-only transaction or on a standby (Error::read_only).
--- IMMUTABLE although it reads a setting: see the error functions above (it is called with
--- the function's name, a variable).
-CREATE OR REPLACE FUNCTION ratelimit.rl__writable(fn text) RETURNS boolean
+-- Fails (25006) in a read-only transaction or on a standby (Error::read_only). IMMUTABLE
+-- as the error functions above are (it is called with the function's name, a variable).
+CREATE OR REPLACE FUNCTION ratelimit.rl__read_only(fn text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF current_setting('transaction_read_only') = 'on' THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = fn || ': ' || @MSG_READ_ONLY@;
-    END IF;
-    RETURN true;
+    RAISE EXCEPTION USING ERRCODE = '25006', MESSAGE = fn || ': ' || @MSG_READ_ONLY@;
 END
 $$;
+
+-- True, or fails as rl__read_only: a SQL function PostgreSQL inlines into its caller's
+-- expression, which saves a PL/pgSQL call per change.
+CREATE OR REPLACE FUNCTION ratelimit.rl__writable(fn text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT current_setting('transaction_read_only') <> 'on' OR ratelimit.rl__read_only(fn)
+$$;
+
 -- The one path of every bucket change (protocol::change_row over bucket::take, charge and
 -- refund): a guarded UPDATE whose condition is the decision itself, so PostgreSQL
 -- re-decides on the newest row version under concurrent takes; without a row, decide on
@@ -419,6 +453,7 @@ DECLARE
     row_refilled_at bigint;
     d record;
     cur double precision;
+    refill CONSTANT double precision := ratelimit.rl__refill_seconds(b, r);
 BEGIN
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     FOR attempt IN 1..@MAX_ATTEMPTS@ LOOP
@@ -450,7 +485,7 @@ BEGIN
                     'limit', ratelimit.rl__number(b), 'reset_after_seconds', ratelimit.rl__ceil_seconds(
                     ratelimit.rl__wait_for(true, new_level, row_refilled_at, b, r, now, b)));
             END IF;
-            RETURN ratelimit.rl__take_answer(true, floor(new_level)::bigint, b, 0, new_full_at - now, false, r);
+            RETURN ratelimit.rl__take_answer(true, floor(new_level)::bigint, b, 0, new_full_at - now, false, refill);
         END IF;
         -- Nothing written: no row, or a row the decision leaves alone.
         SELECT t.level, t.refilled_at INTO row_level, row_refilled_at FROM ratelimit.rl_bucket AS t WHERE t.key = k;
@@ -483,7 +518,7 @@ BEGIN
         INSERT INTO ratelimit.rl_bucket (key, level, refilled_at, full_at) VALUES (k, new_level, now, new_full_at)
         ON CONFLICT (key) DO NOTHING;
         IF FOUND THEN
-            RETURN ratelimit.rl__take_answer(true, floor(new_level)::bigint, b, 0, new_full_at - now, false, r);
+            RETURN ratelimit.rl__take_answer(true, floor(new_level)::bigint, b, 0, new_full_at - now, false, refill);
         END IF;
         -- another call inserted the row first: decide on that row
     END LOOP;
