@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import (CARGO_VERSION, FUNCTIONS, INSTALL, PgEngine, admin, install_sql_edition, pg_connect, pg_database, pg_tle_preloaded,
+from conftest import (CARGO_VERSION, EDITION, FUNCTIONS, INSTALL, PgEngine, admin, install_sql_edition, pg_connect, pg_database, pg_tle_preloaded,
                       run_plain_script, sql_edition_script)
 from test_conformance import STEPS, run
 
@@ -49,6 +49,7 @@ TAKES_ON_ROWS = [
 ]
 
 
+@pytest.mark.skipif(EDITION == "sql", reason="compares the SQL edition with the native extension (pg_db is the edition here)")
 def test_rl_take_writes_and_answers_as_the_native_extension_on_every_kind_of_row(pg_sql_db, pg_db):
     """rl_take's hot path (one UPDATE whose SQL helpers PostgreSQL inlines), its correction
     when float rounding puts the first estimate of full_at off the edge, and the general
@@ -67,6 +68,60 @@ def test_rl_take_writes_and_answers_as_the_native_extension_on_every_kind_of_row
                 cur.execute("SELECT level::text, refilled_at, full_at FROM ratelimit.rl_bucket WHERE key = %s", (f"row{i}",))
                 seen.append((answer, cur.fetchone()))
         assert seen[0] == seen[1], TAKES_ON_ROWS[i]
+
+
+POLICIES = {"one": '{"limits": [{"burst": 35, "refill_per_minute": 800}]}',
+            "tiered": '{"limits": [{"burst": 35, "refill_per_minute": 800}], "tiers": {"pro": 2}}',
+            "shadowed": '{"limits": [{"burst": 35, "refill_per_minute": 800}], "shadow": true}',
+            "two": '{"limits": [{"burst": 35, "refill_per_minute": 800}, {"period": "day", "quota": 10}]}'}
+# (policy, subject, cost, tier, the bucket row's level and refilled_at or None, blocked until)
+CHECKS = [
+    ("one", "bob", 1, None, (5, NOW - 1000), None),         # rl_check's one statement
+    ("one", "alice", 2, None, (14, NOW - 1090), None),      # its first estimate of full_at off the edge
+    ("one", "carol", 1, None, None, None),                  # no row yet: the general path from here on
+    ("one", "dave", 1, None, (5, NOW - 1000), NOW - 9000),  # a block that has ended
+    ("one", "erin", 1, None, (5, NOW - 1000), NOW + 9000),  # blocked
+    ("one", "frank", 1, None, (0.5, NOW), None),            # refused
+    ("tiered", "grace", 1, None, (5, NOW - 1000), None),    # tiers, none asked for
+    ("tiered", "heidi", 1, "pro", (5, NOW - 1000), None),
+    ("shadowed", "ivan", 1, None, (0.5, NOW), None),
+    ("two", "judy", 1, None, (5, NOW - 1000), None),
+]
+
+
+@pytest.mark.skipif(EDITION == "sql", reason="compares the SQL edition with the native extension (pg_db is the edition here)")
+def test_rl_check_writes_and_answers_as_the_native_extension_on_every_kind_of_call(pg_sql_db, pg_db):
+    """rl_check's hot path (a policy of one bucket, no tier, a subject never blocked, a row
+    that admits: one UPDATE, as rl_take's) and the general path it leaves the other calls
+    to: the same answers and the same bucket rows as the native extension's, and the
+    session's counts of the edition."""
+    native, ours = pg_db[0], pg_sql_db[0]
+    with native.cursor() as cur:
+        cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+    for conn in (native, ours):
+        with conn.cursor() as cur:
+            for name, definition in POLICIES.items():
+                cur.execute("SELECT rl_policy_set(%s, %s)", (name, definition))
+    admitted = {}
+    for policy, subject, cost, tier, row, blocked_until in CHECKS:
+        key = f"\x01{len(policy)}:{policy}:0:{subject}"
+        seen = []
+        for conn in (native, ours):
+            with conn.cursor() as cur:
+                if row:
+                    cur.execute("INSERT INTO ratelimit.rl_bucket VALUES (%s, %s, %s, 0)", (key, *row))
+                if blocked_until:
+                    cur.execute("SELECT rl_block(%s, 10, %s)", (subject, blocked_until - 10000))
+                cur.execute("SELECT rl_check(%s, %s, %s, %s, %s)", (policy, subject, cost, tier, NOW))
+                answer = cur.fetchone()[0]
+                cur.execute("SELECT level::text, refilled_at, full_at FROM ratelimit.rl_bucket WHERE key = %s", (key,))
+                seen.append((answer, cur.fetchone()))
+        assert seen[0] == seen[1], (policy, subject)
+        admitted[policy] = admitted.get(policy, 0) + (seen[1][0]["admitted"] is True)
+    with ours.cursor() as cur:
+        cur.execute("SELECT rl_policy_stats() -> 'policies'")
+        counts = cur.fetchone()[0]
+    assert {p: c["admitted"] for p, c in counts.items()} == admitted
 
 
 def test_rl_takes_first_estimate_is_taken_only_where_it_is_the_exact_wait(pg_sql_db):

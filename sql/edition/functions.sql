@@ -366,7 +366,47 @@ DECLARE
     blocked boolean;
     d jsonb;
     refused boolean;
+    answer jsonb;
+    one_burst double precision;
+    one_rate double precision;
+    refill double precision;
+    counted boolean;
 BEGIN
+    IF t IS NULL AND current_setting('transaction_read_only') <> 'on' THEN
+        -- A policy of one bucket, no tier, a subject never blocked nor penalized, and a row
+        -- that admits: rl_take's one statement (there), on the policy's limit and key.
+        UPDATE ratelimit.rl_bucket AS b
+        SET level = ratelimit.rl__taken_level(b.level, b.refilled_at, l.burst, l.rate, c, now),
+            refilled_at = greatest(b.refilled_at, now),
+            full_at = ratelimit.rl__taken_full_at(b.level, b.refilled_at, l.burst, l.rate, c, now)
+        FROM (SELECT j.burst, j.rate, ratelimit.rl__refill_seconds(j.burst, j.rate) AS refill
+              FROM (SELECT (def.v -> 'limits' -> 0 ->> 'burst')::float8 AS burst,
+                           (def.v -> 'limits' -> 0 ->> 'refill_per_minute')::float8 AS rate
+                    FROM (SELECT r.definition::jsonb AS v FROM ratelimit.rl_policy AS r WHERE r.name = p OFFSET 0) AS def
+                    WHERE jsonb_array_length(def.v -> 'limits') = 1 AND def.v -> 'limits' -> 0 ? 'burst'
+                      AND def.v -> 'shadow' = 'false' OFFSET 0) AS j OFFSET 0) AS l
+        WHERE b.key = ratelimit.rl__policy_key(p, s, 0) AND abs(b.level) < 1e16 AND l.rate >= 1e-280
+          AND c <= ratelimit.rl__level_at(true, b.level, b.refilled_at, l.burst, l.rate, now)
+          AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block')
+        RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(b.level, b.refilled_at, b.full_at, l.burst, l.rate, now)
+                       THEN ratelimit.rl__take_answer(true, floor(b.level)::bigint, l.burst, 0, b.full_at - now, false, l.refill) END,
+                  l.burst, l.rate, l.refill
+        INTO answer, one_burst, one_rate, refill;
+        IF FOUND THEN
+            IF answer IS NULL THEN
+                -- the estimate off the edge, as in rl_take
+                UPDATE ratelimit.rl_bucket AS b
+                SET full_at = now + ratelimit.rl__wait_for(true, b.level, b.refilled_at, one_burst, one_rate, now, one_burst)
+                WHERE b.key = ratelimit.rl__policy_key(p, s, 0)
+                RETURNING ratelimit.rl__take_answer(true, floor(b.level)::bigint, one_burst, 0, b.full_at - now, false, refill)
+                INTO answer;
+            END IF;
+            counted := ratelimit.rl__count(p, 'admitted');
+            RETURN jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0,
+                'items', jsonb_build_array(answer), 'policy', p, 'tier', t, 'shadow', false, 'would_refuse', false,
+                'blocked', false);
+        END IF;
+    END IF;
     pi := ratelimit.rl__policy_items(fn, p, s, t, c);
     SELECT r.entries INTO entries FROM ratelimit.rl_entries AS r WHERE r.key = s AND r.kind = 'block';
     st := ratelimit.rl__strikes_decode(fn, entries);

@@ -1651,21 +1651,28 @@ BEGIN
 END
 $$;
 
+-- The session's counts (the text of pg_ratelimit_sql.counts) with one more outcome of
+-- rl_check for policy; a shadow policy's refusal also admits (stats::PolicyCounts::add).
+-- STABLE, not IMMUTABLE: it is inlined with the setting read in its argument.
+CREATE OR REPLACE FUNCTION ratelimit.rl__counted(counts text, policy text, outcome text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_set(coalesce(nullif(counts, ''), '{}')::jsonb, ARRAY[policy],
+        coalesce(coalesce(nullif(counts, ''), '{}')::jsonb -> policy,
+                 '{"admitted": 0, "refused": 0, "would_refuse": 0, "refused_blocked": 0}'::jsonb)
+        || jsonb_build_object(outcome, coalesce((coalesce(nullif(counts, ''), '{}')::jsonb -> policy ->> outcome)::bigint, 0) + 1)
+        || CASE WHEN outcome = 'would_refuse'
+                THEN jsonb_build_object('admitted', coalesce((coalesce(nullif(counts, ''), '{}')::jsonb -> policy ->> 'admitted')::bigint, 0) + 1)
+                ELSE '{}'::jsonb END)::text
+$$;
+
 -- Counts an outcome of rl_check for this session (stats::CounterSink): the edition has no
--- shared memory, so the counts live in the session setting pg_ratelimit_sql.counts.
-CREATE OR REPLACE FUNCTION ratelimit.rl__count(policy text, outcome text) RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    counts jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.counts', true), ''), '{}')::jsonb;
-    zero CONSTANT jsonb := '{"admitted": 0, "refused": 0, "would_refuse": 0, "refused_blocked": 0}';
-BEGIN
-    counts := jsonb_set(counts, ARRAY[policy], coalesce(counts -> policy, zero), true);
-    counts := jsonb_set(counts, ARRAY[policy, outcome], to_jsonb((counts -> policy ->> outcome)::bigint + 1));
-    IF outcome = 'would_refuse' THEN  -- a shadow policy's refusal admits (stats::PolicyCounts::add)
-        counts := jsonb_set(counts, ARRAY[policy, 'admitted'], to_jsonb((counts -> policy ->> 'admitted')::bigint + 1));
-    END IF;
-    PERFORM set_config('pg_ratelimit_sql.counts', counts::text, false);
-END
+-- shared memory, so the counts live in the session setting pg_ratelimit_sql.counts. True;
+-- a SQL function PostgreSQL inlines into the caller's expression.
+CREATE OR REPLACE FUNCTION ratelimit.rl__count(policy text, outcome text) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT set_config('pg_ratelimit_sql.counts',
+                      ratelimit.rl__counted(current_setting('pg_ratelimit_sql.counts', true), policy, outcome), false)
+           IS NOT NULL
 $$;
 
 -- Notes that rl_check refused subject under policy, for this session (refused::RefusedSlots::record):
