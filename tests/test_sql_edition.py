@@ -26,6 +26,7 @@ def test_the_edition_follows_the_contract(pg_sql_engine):
     run(pg_sql_engine)
 
 
+@pytest.mark.skipif(EDITION == "sql", reason="compares the SQL edition with the native extension (pg_db is the edition here)")
 def test_the_edition_answers_as_the_native_extension(pg_sql_engine, pg_db):
     ours = run(pg_sql_engine)
     native = run(PgEngine(pg_db[0]))
@@ -42,9 +43,9 @@ TAKES_ON_ROWS = [
     (14, NOW - 1090, 35, 800, 2),               # its first estimate of full_at 1 ms past the edge
     (1e15, NOW - 5, 1e15, 1, 1e-9),             # a take the level's precision cannot show: full now
     (3, NOW + 5000, 10, 6, 1),                  # refilled_at ahead of the clock
+    (5, NOW, 10, 1e-300, 1),                    # a rate near the smallest double: the wait at its cap
     (float("nan"), NOW - 5, 10, 6, 1),          # rows the statement leaves to the general path
     (2e16, NOW, 10, 6, 1),
-    (5, NOW, 10, 1e-300, 1),
     (0.5, NOW, 10, 6, 1),                       # refused
 ]
 
@@ -125,20 +126,24 @@ def test_rl_check_writes_and_answers_as_the_native_extension_on_every_kind_of_ca
 
 
 def test_rl_takes_first_estimate_is_taken_only_where_it_is_the_exact_wait(pg_sql_db):
-    """Over 50,000 drawn rows and takes, wide and narrow: the level the hot path writes is
-    rl__level_at's less the cost, and where rl__full_at_is_edge accepts its full_at, that is
-    now + rl__wait_for's (the counterpart of bucket::wait_for, which the differential run
-    checks against the native library)."""
+    """Over 50,000 drawn rows and takes, wide and narrow (down to rates and bursts near the
+    smallest doubles): the level the hot path writes is rl__level_at's less the cost, and
+    where rl__full_at_is_edge accepts its full_at, that is now + rl__wait_for's (the
+    counterpart of bucket::wait_for, which the differential run checks against the native
+    library)."""
     conn, _ = pg_sql_db
     with conn.cursor() as cur:
         cur.execute("SELECT setseed(0.39)")
         cur.execute("""
             WITH drawn AS (
-                SELECT (ARRAY[random() * 10, random() * 1e15, -random() * 1e15, round(random() * 100)])[1 + (random() * 3)::int] AS level,
+                SELECT (ARRAY[random() * 10, random() * 1e15, -random() * 1e15, round(random() * 100), random() * 1e-300,
+                              0])[1 + (random() * 5)::int] AS level,
                        %(now)s + (random() * 200000 - 100000)::bigint AS refilled_at,
-                       (ARRAY[1 + round(random() * 1000), random() * 1e15, 1e15, random() * 5 + 0.001])[1 + (random() * 3)::int] AS burst,
-                       (ARRAY[random() * 60, random() * 1e-6, 1e15, 1 + round(random() * 10000) / 10])[1 + (random() * 3)::int] AS rate,
-                       (ARRAY[1, random() * 3, 1e-9, 0.5])[1 + (random() * 3)::int] AS cost,
+                       (ARRAY[1 + round(random() * 1000), random() * 1e15, 1e15, random() * 5 + 0.001, random() * 1e-295,
+                              1e-300])[1 + (random() * 5)::int] AS burst,
+                       (ARRAY[random() * 60, random() * 1e-6, 1e15, 1 + round(random() * 10000) / 10, random() * 1e-290,
+                              1e-300])[1 + (random() * 5)::int] AS rate,
+                       (ARRAY[1, random() * 3, 1e-9, 0.5, 1e-301, random() * 1e-296])[1 + (random() * 5)::int] AS cost,
                        %(now)s::bigint AS now
                 FROM generate_series(1, 50000)
             ), taken AS (
@@ -156,7 +161,7 @@ def test_rl_takes_first_estimate_is_taken_only_where_it_is_the_exact_wait(pg_sql
                                     ratelimit.rl__level_at(true, level, refilled_at, burst, rate, now) - cost)
             FROM judged""", {"now": NOW})
         takes, accepted, wrong, levels = cur.fetchone()
-    assert takes > 20000 and accepted > takes / 3, (takes, accepted)
+    assert takes > 20000 and accepted > takes / 4, (takes, accepted)
     assert (wrong, levels) == (0, 0)
 
 

@@ -341,15 +341,16 @@ RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The full_at a take of cost leaves as bucket::wait_for first estimates it (rl_take's hot
--- path, for |level| below 1e16 and rate at least 1e-280, where it is finite): the new
--- refilled_at, greatest(refilled_at, now), plus ceil((burst - new level) * 60000 / rate)
--- ms, capped. rl__full_at_is_edge says whether that is the exact wait.
+-- path, for |level| below 1e16): the new refilled_at, greatest(refilled_at, now), plus
+-- ceil((burst - new level) * 60000 / rate) ms, capped. rl__full_at_is_edge says whether
+-- that is the exact wait. A rate below 1e-280 divides as 1e-280, which keeps the quotient
+-- finite; rl__full_at_is_edge tests with the rate itself, so it accepts only the edge.
 CREATE OR REPLACE FUNCTION ratelimit.rl__taken_full_at(level double precision, refilled_at bigint,
                                                        burst double precision, rate double precision,
                                                        cost double precision, now bigint)
 RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
     SELECT greatest(refilled_at, now) + least(ceil((burst - ratelimit.rl__taken_level(level, refilled_at, burst, rate,
-        cost, now)) * 60000::float8 / rate), @MAX_WAIT_MS@::float8)::bigint
+        cost, now)) * 60000::float8 / greatest(rate, 1e-280::float8)), @MAX_WAIT_MS@::float8)::bigint
 $$;
 
 -- Whether a row written at now (refilled_at not before it) holds full_at = now +
