@@ -30,13 +30,8 @@ BEGIN
     IF answer IS NOT NULL THEN
         RETURN answer;
     ELSIF FOUND THEN
-        -- taken, but float rounding put the estimate off the edge: the exact wait, on the
-        -- row this call holds
-        UPDATE ratelimit.rl_bucket AS t
-        SET full_at = now + ratelimit.rl__wait_for(true, t.level, t.refilled_at, b, r, now, b)
-        WHERE t.key = k
-        RETURNING ratelimit.rl__take_answer(true, floor(t.level)::bigint, b, 0, t.full_at - now, false, refill) INTO answer;
-        RETURN answer;
+        -- taken, but float rounding put the estimate off the edge
+        RETURN ratelimit.rl__taken_exact(k, b, r, now, refill);
     END IF;
     -- No row, a refusal, or a row changed since: the path of every bucket change.
     RETURN ratelimit.rl__bucket_change(fn, 'take', k, b, r, c, now);
@@ -372,7 +367,7 @@ DECLARE
     refill double precision;
     counted boolean;
 BEGIN
-    IF t IS NULL AND current_setting('transaction_read_only') <> 'on' THEN
+    IF t IS NULL AND ratelimit.rl__read_write() THEN
         -- A policy of one bucket, no tier, a subject never blocked nor penalized, and a row
         -- that admits: rl_take's one statement (there), on the policy's limit and key.
         UPDATE ratelimit.rl_bucket AS b
@@ -395,11 +390,7 @@ BEGIN
         IF FOUND THEN
             IF answer IS NULL THEN
                 -- the estimate off the edge, as in rl_take
-                UPDATE ratelimit.rl_bucket AS b
-                SET full_at = now + ratelimit.rl__wait_for(true, b.level, b.refilled_at, one_burst, one_rate, now, one_burst)
-                WHERE b.key = ratelimit.rl__policy_key(p, s, 0)
-                RETURNING ratelimit.rl__take_answer(true, floor(b.level)::bigint, one_burst, 0, b.full_at - now, false, refill)
-                INTO answer;
+                answer := ratelimit.rl__taken_exact(ratelimit.rl__policy_key(p, s, 0), one_burst, one_rate, now, refill);
             END IF;
             counted := ratelimit.rl__count(p, 'admitted');
             RETURN jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0,

@@ -385,6 +385,24 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'refill_seconds', ratelimit.rl__number(refill))
 $$;
 
+-- The answer of a take whose one statement (rl_take's, rl_check's) wrote a full_at that
+-- rl__full_at_is_edge did not accept: the row this call holds gets rl__wait_for's exact
+-- wait. refill is rl__refill_seconds(burst, rate).
+CREATE OR REPLACE FUNCTION ratelimit.rl__taken_exact(k text, burst double precision, rate double precision,
+                                                     now bigint, refill double precision)
+RETURNS jsonb LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    answer jsonb;
+BEGIN
+    UPDATE ratelimit.rl_bucket AS t
+    SET full_at = now + ratelimit.rl__wait_for(true, t.level, t.refilled_at, burst, rate, now, burst)
+    WHERE t.key = k
+    RETURNING ratelimit.rl__take_answer(true, floor(t.level)::bigint, burst, 0, t.full_at - now, false, refill)
+    INTO answer;
+    RETURN answer;
+END
+$$;
+
 -- What rl_take decides on a row (bucket::take), as its answer; the row to store is the
 -- answer's level when admitted (bucket::taken).
 CREATE OR REPLACE FUNCTION ratelimit.rl__take_decision(has_row boolean, level double precision, refilled_at bigint,
@@ -431,11 +449,17 @@ BEGIN
 END
 $$;
 
+-- Whether this transaction may write (not read-only, not on a standby).
+CREATE OR REPLACE FUNCTION ratelimit.rl__read_write() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT current_setting('transaction_read_only') <> 'on'
+$$;
+
 -- True, or fails as rl__read_only: a SQL function PostgreSQL inlines into its caller's
 -- expression, which saves a PL/pgSQL call per change.
 CREATE OR REPLACE FUNCTION ratelimit.rl__writable(fn text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT current_setting('transaction_read_only') <> 'on' OR ratelimit.rl__read_only(fn)
+    SELECT ratelimit.rl__read_write() OR ratelimit.rl__read_only(fn)
 $$;
 
 -- The one path of every bucket change (protocol::change_row over bucket::take, charge and
@@ -454,7 +478,7 @@ DECLARE
     row_refilled_at bigint;
     d record;
     cur double precision;
-    refill CONSTANT double precision := ratelimit.rl__refill_seconds(b, r);
+    refill double precision;  -- a take's or a charge's answer only: set just before it
 BEGIN
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     FOR attempt IN 1..@MAX_ATTEMPTS@ LOOP
@@ -486,6 +510,7 @@ BEGIN
                     'limit', ratelimit.rl__number(b), 'reset_after_seconds', ratelimit.rl__ceil_seconds(
                     ratelimit.rl__wait_for(true, new_level, row_refilled_at, b, r, now, b)));
             END IF;
+            refill := ratelimit.rl__refill_seconds(b, r);
             RETURN ratelimit.rl__take_answer(true, floor(new_level)::bigint, b, 0, new_full_at - now, false, refill);
         END IF;
         -- Nothing written: no row, or a row the decision leaves alone.
@@ -519,6 +544,7 @@ BEGIN
         INSERT INTO ratelimit.rl_bucket (key, level, refilled_at, full_at) VALUES (k, new_level, now, new_full_at)
         ON CONFLICT (key) DO NOTHING;
         IF FOUND THEN
+            refill := ratelimit.rl__refill_seconds(b, r);
             RETURN ratelimit.rl__take_answer(true, floor(new_level)::bigint, b, 0, new_full_at - now, false, refill);
         END IF;
         -- another call inserted the row first: decide on that row
