@@ -20,6 +20,7 @@ import tempfile
 import time
 
 import call_profile  # noqa: E402  (bench/call_profile.py)
+import instructions  # noqa: E402  (bench/instructions.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -306,10 +307,9 @@ def install_sql_edition(db):
                    check=True, capture_output=True)
 
 
-def edition_section():
-    """The SQL edition (managed PostgreSQL) beside the native table store: the same calls on
-    the same rows in two databases of one cluster, 8 clients, synchronous_commit on and off."""
-    print("SQL edition: setup", file=sys.stderr)
+def edition_setup():
+    """The native extension in DB and the SQL edition in SQL_DB, each with the one-bucket
+    policy and a full bucket row for every key, theirs and the policy's."""
     setup_postgres(KEYS)
     install_sql_edition(SQL_DB)
     for db in (DB, SQL_DB):
@@ -319,6 +319,13 @@ def edition_section():
         psql(f"INSERT INTO ratelimit.rl_bucket SELECT {POLICY_KEY_SQL.format(mark='chr')}, 1000000000, 0, 0 "
              f"FROM generate_series(1, {KEYS}) g", db=db)
         psql("VACUUM ANALYZE", db=db)
+
+
+def edition_section():
+    """The SQL edition (managed PostgreSQL) beside the native table store: the same calls on
+    the same rows in two databases of one cluster, 8 clients, synchronous_commit on and off."""
+    print("SQL edition: setup", file=sys.stderr)
+    edition_setup()
     scripts = {"rl_spend": PG_SCRIPTS["rl_spend"], **KIND_SCRIPTS}
     matrix = {}
     for sync in (True, False):
@@ -326,6 +333,28 @@ def edition_section():
             for edition, db in (("native", DB), ("sql", SQL_DB)):
                 matrix[(edition, name, sync)] = (lambda s=scripts[name], d=db, y=sync: pgbench(s, 8, KEYS, y, db=d))
     return run_matrix(matrix)
+
+
+def instructions_section():
+    """Instructions per call of the edition's targets, native and SQL edition, counted by
+    callgrind on a copy of the cluster (bench/instructions.py): rows as edition_section's."""
+    print("instructions: setup", file=sys.stderr)
+    edition_setup()
+    psql("CHECKPOINT")
+    pg_bin = os.environ.get("RL_PG_BIN", "/usr/lib/postgresql/15/bin")
+    data = os.path.join(os.environ["RL_PG_DIR"], "data")
+
+    def as_postgres(*cmd):
+        subprocess.run((["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []) + list(cmd),
+                       check=True, stdout=subprocess.DEVNULL)
+
+    cells = {(edition, name): (db, KIND_SCRIPTS[name]) for name in ("rl_take", "rl_check (one bucket)")
+             for edition, db in (("native", DB), ("sql", SQL_DB))}
+    print(f"instructions: {len(cells)} cells under callgrind", file=sys.stderr)
+    return instructions.measure(
+        pg_bin, data, lambda: as_postgres(os.path.join(pg_bin, "pg_ctl"), "-D", data, "-w", "stop", "-m", "fast"),
+        lambda: subprocess.run(["bash", os.path.join(ROOT, "scripts", "pg_cluster.sh"), "start"], check=True,
+                               stdout=subprocess.DEVNULL), cells, KEYS)
 
 
 REFUSED_SUBJECTS = 256
@@ -594,6 +623,9 @@ def main():
         return
     if os.environ.get("RL_BENCH_ONLY") == "edition":
         report.write_edition(edition_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "instructions":
+        report.write_instructions(instructions_section())
         return
     if os.environ.get("RL_BENCH_ONLY") == "targets":
         report.write_targets(*targets_section())

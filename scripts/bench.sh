@@ -6,7 +6,8 @@
 #   RL_BENCH_SECONDS (3), RL_BENCH_REPS (3), RL_BENCH_SCALES (1000000,10000000) tune it;
 #   RL_BENCH_ONLY=memory runs only the memory store section (a few minutes); hotkey one key
 #   beside many, per store, 8 and 32 clients, synchronous_commit on and off (a few minutes);
-#   edition the SQL edition beside the native table store; near rl_budgets_near over a
+#   edition the SQL edition beside the native table store; instructions the same two
+#   databases' rl_take and rl_check counted by callgrind (a few minutes); near rl_budgets_near over a
 #   million budget rows on each engine (a minute);
 #   RL_BENCH_ONLY=targets only the speed targets, every ratio from one interleaved run and
 #   a profile of each system (about 12 minutes; shared_buffers holds all of its tables).

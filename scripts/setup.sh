@@ -31,8 +31,9 @@ if [ "$want_pg" = 1 ]; then
   for p in ruby ruby-rack ruby-pg ruby-sqlite3 ruby-rails puma; do need_pkg "$p"; done
 fi
 if [ "$want_bench" = 1 ]; then
-  # linux-perf: the targets section profiles each system (bench/call_profile.py)
-  for p in redis-server redis-tools python3-matplotlib linux-perf; do need_pkg "$p"; done
+  # linux-perf: the targets section profiles each system (bench/call_profile.py);
+  # valgrind: the instructions section counts a call's instructions (bench/instructions.py)
+  for p in redis-server redis-tools python3-matplotlib linux-perf valgrind; do need_pkg "$p"; done
 fi
 # npm packs the Node package and its test builds better-sqlite3 (Debian's Node when the
 # machine has none of its own).
