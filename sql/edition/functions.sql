@@ -23,9 +23,9 @@ BEGIN
         refilled_at = greatest(t.refilled_at, now),
         full_at = ratelimit.rl__taken_full_at(t.level, t.refilled_at, b, r, c, now)
     WHERE t.key = k AND abs(t.level) < 1e16
-      AND c <= ratelimit.rl__level_at(true, t.level, t.refilled_at, b, r, now)
+      AND c <= ratelimit.rl__refilled_level(t.level, t.refilled_at, b, r, now)
     RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(t.level, t.refilled_at, t.full_at, b, r, now)
-                   THEN ratelimit.rl__take_answer(true, floor(t.level)::bigint, b, 0, t.full_at - now, false, refill) END
+                   THEN ratelimit.rl__taken_answer(floor(t.level)::bigint, b, t.full_at - now, refill) END
     INTO answer;
     IF answer IS NOT NULL THEN
         RETURN answer;
@@ -381,10 +381,10 @@ BEGIN
                     WHERE jsonb_array_length(def.v -> 'limits') = 1 AND def.v -> 'limits' -> 0 ? 'burst'
                       AND def.v -> 'shadow' = 'false' OFFSET 0) AS j OFFSET 0) AS l
         WHERE b.key = ratelimit.rl__policy_key(p, s, 0) AND abs(b.level) < 1e16
-          AND c <= ratelimit.rl__level_at(true, b.level, b.refilled_at, l.burst, l.rate, now)
+          AND c <= ratelimit.rl__refilled_level(b.level, b.refilled_at, l.burst, l.rate, now)
           AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block')
         RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(b.level, b.refilled_at, b.full_at, l.burst, l.rate, now)
-                       THEN ratelimit.rl__take_answer(true, floor(b.level)::bigint, l.burst, 0, b.full_at - now, false, l.refill) END,
+                       THEN ratelimit.rl__taken_answer(floor(b.level)::bigint, l.burst, b.full_at - now, l.refill) END,
                   l.burst, l.rate, l.refill
         INTO answer, one_burst, one_rate, refill;
         IF FOUND THEN

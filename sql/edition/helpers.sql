@@ -51,12 +51,19 @@ LANGUAGE sql IMMUTABLE SET extra_float_digits = 1 AS $$
 $$;
 
 -- A double as the core writes it in an answer (json::number_form): whole numbers below
--- 9e15 as integers, others in their shortest exact form, non-finite ones as null.
+-- 9e15 as integers, others in their shortest exact form, non-finite ones (and NULL) as
+-- NULL, which jsonb_build_object writes as null. As a value of jsonb_build_object it costs
+-- less than rl__number's jsonb, which that function would take apart again.
+CREATE OR REPLACE FUNCTION ratelimit.rl__number_value(v double precision) RETURNS numeric
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v = trunc(v) AND abs(v) < 9e15 THEN v::bigint::numeric
+                WHEN abs(v) < 'Infinity'::float8 THEN ratelimit.rl__shortest(v) END
+$$;
+
+-- rl__number_value as a JSON value: null where it is NULL.
 CREATE OR REPLACE FUNCTION ratelimit.rl__number(v double precision) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN v IS NULL OR v IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN 'null'::jsonb
-                WHEN v = trunc(v) AND abs(v) < 9e15 THEN to_jsonb(v::bigint)
-                ELSE to_jsonb(ratelimit.rl__shortest(v)) END
+    SELECT coalesce(to_jsonb(ratelimit.rl__number_value(v)), 'null'::jsonb)
 $$;
 
 
@@ -332,12 +339,20 @@ BEGIN
 END
 $$;
 
--- The level a take of cost leaves in a row whose level is finite (rl_take's hot path:
--- rl__level_at(true, ...) - cost without the check for a stored NaN or infinity).
+-- The level of a row whose level is finite at now: rl__level_at(true, ...) without the
+-- check for a stored NaN or infinity (the hot paths, which leave those rows to the general
+-- one).
+CREATE OR REPLACE FUNCTION ratelimit.rl__refilled_level(level double precision, refilled_at bigint,
+                                                        burst double precision, rate double precision, now bigint)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(level + greatest(now - refilled_at, 0)::float8 * rate / 60000::float8, burst)
+$$;
+
+-- The level a take of cost leaves in a row whose level is finite.
 CREATE OR REPLACE FUNCTION ratelimit.rl__taken_level(level double precision, refilled_at bigint, burst double precision,
                                                      rate double precision, cost double precision, now bigint)
 RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
-    SELECT least(level + greatest(now - refilled_at, 0)::float8 * rate / 60000::float8, burst) - cost
+    SELECT ratelimit.rl__refilled_level(level, refilled_at, burst, rate, now) - cost
 $$;
 
 -- The full_at a take of cost leaves as bucket::wait_for first estimates it (rl_take's hot
@@ -373,16 +388,28 @@ $$;
 
 -- A bucket answer in rl_take's shape (TakeDecision's JSON); refill is
 -- rl__refill_seconds(burst, rate). A SQL function PostgreSQL inlines, so each argument is
--- a variable, a column or one operator: a costlier one would keep rl__number and
+-- a variable, a column or one operator: a costlier one would keep rl__number_value and
 -- rl__ceil_seconds, which use theirs more than once, from being inlined.
 CREATE OR REPLACE FUNCTION ratelimit.rl__take_answer(admitted boolean, remaining bigint, burst double precision,
                                                      retry_ms bigint, reset_ms bigint, exceeds boolean,
                                                      refill double precision)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number(burst),
+    SELECT jsonb_build_object('admitted', admitted, 'remaining', remaining, 'limit', ratelimit.rl__number_value(burst),
         'retry_after_ms', retry_ms, 'retry_after_seconds', ratelimit.rl__ceil_seconds(retry_ms),
         'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms), 'exceeds_limit', exceeds,
-        'refill_seconds', ratelimit.rl__number(refill))
+        'refill_seconds', ratelimit.rl__number_value(refill))
+$$;
+
+-- rl__take_answer of a take admitted (retry 0, within the limit), from its constant part
+-- and the four values that vary: a quarter of the jsonb_build_object arguments, whose types
+-- PostgreSQL looks up on every call (the hot paths' answer).
+CREATE OR REPLACE FUNCTION ratelimit.rl__taken_answer(remaining bigint, burst double precision, reset_ms bigint,
+                                                      refill double precision)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT '{"admitted": true, "retry_after_ms": 0, "retry_after_seconds": 0, "exceeds_limit": false}'::jsonb
+        || jsonb_build_object('remaining', remaining, 'limit', ratelimit.rl__number_value(burst),
+                              'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms),
+                              'refill_seconds', ratelimit.rl__number_value(refill))
 $$;
 
 -- The answer of a take whose one statement (rl_take's, rl_check's) wrote a full_at that
@@ -397,8 +424,7 @@ BEGIN
     UPDATE ratelimit.rl_bucket AS t
     SET full_at = now + ratelimit.rl__wait_for(true, t.level, t.refilled_at, burst, rate, now, burst)
     WHERE t.key = k
-    RETURNING ratelimit.rl__take_answer(true, floor(t.level)::bigint, burst, 0, t.full_at - now, false, refill)
-    INTO answer;
+    RETURNING ratelimit.rl__taken_answer(floor(t.level)::bigint, burst, t.full_at - now, refill) INTO answer;
     RETURN answer;
 END
 $$;
