@@ -45,7 +45,7 @@ rls: ## ratelimit-rls on SQLite with the example configuration (gRPC 127.0.0.1:8
 reference: ## rewrite docs/reference.md from the function table (a test fails while it is stale)
 	RL_BLESS=1 cargo test -q -p ratelimit_core --test generated
 
-bench: ## the benchmark harness (about 45 minutes; RL_BENCH_ONLY=targets|memory|kinds|edition for one section)
+bench: ## the benchmark harness (about 45 minutes; RL_BENCH_ONLY=targets|memory|kinds|edition|instructions for one section)
 	bash scripts/bench.sh
 
 soak: ## 1,000,000 keys on both engines, then swept while another connection takes (about 5 minutes)

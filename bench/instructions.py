@@ -6,9 +6,9 @@ instructions repeat to within a few hundred per call.
 How: the databases the section set up are copied while the cluster is stopped, and a
 single-user backend (`postgres --single`) on the copy runs n1, then n2 calls of one
 statement, each its own transaction, under callgrind. Their difference over n2 - n1 is one
-call's instructions, start-up and first-call caching cancelled; `SELECT 1` counted the same
-way is subtracted, which leaves what the function itself costs, parsing and planning of
-the calling statement apart. No client and no network: the kernel's part of a call
+call's instructions, start-up and first-call caching cancelled. The statement is prepared
+once and executed with a key each time, as pgbench -M prepared runs it; `SELECT $1` counted
+the same way is subtracted, which leaves what the function itself costs. No client and no network: the kernel's part of a call
 (sockets, WAL writes, the walwriter's wake-ups) is not counted, so this is the database's
 own work, the part an edition can change.
 
@@ -54,16 +54,18 @@ def _count(bin_dir, pristine, db, statements, work):
 
 
 def per_call(bin_dir, data, db, statement, work, keys):
-    """Instructions of one call of statement (':k' replaced by a key drawn from 1..keys)."""
+    """Instructions of one call of statement, a pgbench line whose key is 'k' || :k: prepared
+    once, as pgbench -M prepared does, then executed with keys drawn from 1..keys."""
     rng = random.Random(1)
-    calls = [statement.replace(":k", str(rng.randint(1, keys))) for _ in range(N2)]
+    prepare = "PREPARE rl_call(text) AS " + statement.replace("'k' || :k", "$1")
+    calls = [prepare] + [f"EXECUTE rl_call('k{rng.randint(1, keys)}');" for _ in range(N2)]
     return (_count(bin_dir, data, db, calls, work)
-            - _count(bin_dir, data, db, calls[:N1], work)) / (N2 - N1)
+            - _count(bin_dir, data, db, calls[:N1 + 1], work)) / (N2 - N1)
 
 
 def measure(bin_dir, cluster_data, stop, start, cells, keys):
     """cells: {name: (db, statement)}. Stops the cluster, copies its data folder, starts it
-    again and counts on the copy; returns {name: instructions per call}, SELECT 1 taken off."""
+    again and counts on the copy; returns {name: instructions per call}, SELECT $1's taken off."""
     if not shutil.which("valgrind"):
         raise SystemExit("bench: the instructions section needs valgrind (scripts/setup.sh --bench installs it)")
     work = tempfile.mkdtemp(prefix="rl_instructions.")
@@ -82,7 +84,7 @@ def measure(bin_dir, cluster_data, stop, start, cells, keys):
         result = {}
         for name, (db, statement) in cells.items():
             if db not in base:
-                base[db] = per_call(bin_dir, data, db, "SELECT 1;", work, keys)
+                base[db] = per_call(bin_dir, data, db, "SELECT 'k' || :k;", work, keys)
             result[name] = per_call(bin_dir, data, db, statement, work, keys) - base[db]
         return result
     finally:

@@ -228,9 +228,9 @@ def write_instructions(cells):
     lines = ["# Instructions per call: the native extension and the SQL edition", "",
              "One run (`RL_BENCH_ONLY=instructions bash scripts/bench.sh`): valgrind's callgrind counts the "
              "instructions a single-user backend of PostgreSQL 15 spends on "
-             f"{reps} (keys drawn from 100,000 whose rows exist, every call admitted, each call its own "
-             "transaction), on a copy of the cluster the edition section sets up; `SELECT 1` counted the same way "
-             "is taken off. No client and no kernel: the database's own work, which repeats to within a few "
+             f"{reps} (prepared once, as pgbench -M prepared; keys drawn from 100,000 whose rows exist, every call "
+             "admitted, each call its own transaction), on a copy of the cluster the edition section sets up; "
+             "`SELECT $1` counted the same way is taken off. No client and no kernel: the database's own work, which repeats to within a few "
              "hundred instructions where calls/s on this machine move by 10 % (bench/instructions.py).", "",
              "| function | native instructions/call | SQL edition instructions/call | native / edition |",
              "|---|---|---|---|"]
