@@ -9,32 +9,47 @@
 
 -- function: rl_take
 DECLARE
-    fn CONSTANT text := 'rl_take';
-    @ARGUMENTS@
-    writable CONSTANT boolean := ratelimit.rl__writable(fn);
-    refill CONSTANT double precision := ratelimit.rl__refill_seconds(b, r);
+    -- The hot path tests the arguments with the rules' own predicates, which cannot fail,
+    -- and leaves a call they reject to the checked path below, which raises in the core's
+    -- order. (An argument check that can raise costs more to set up, in every transaction,
+    -- than the rest of the call's expressions together: its error branch is a PL/pgSQL call.)
+    now CONSTANT bigint := ratelimit.rl__now_or_null(now_ms);
+    good CONSTANT boolean := ratelimit.rl__key_ok(key) AND ratelimit.rl__tokens_ok(burst)
+        AND ratelimit.rl__tokens_ok(refill_per_minute) AND ratelimit.rl__tokens_ok(cost) AND now IS NOT NULL
+        AND ratelimit.rl__read_write();
+    refill CONSTANT double precision := CASE WHEN good THEN ratelimit.rl__refill_seconds(burst, refill_per_minute) END;
     answer jsonb;
 BEGIN
-    -- A row that admits, in one statement: PL/pgSQL sets up each statement, expression and
-    -- function it runs once per transaction, which costs more than their arithmetic. Its
-    -- SQL helpers are inlined; a level they do not cover is left to the general path.
-    UPDATE ratelimit.rl_bucket AS t
-    SET level = ratelimit.rl__taken_level(t.level, t.refilled_at, b, r, c, now),
-        refilled_at = greatest(t.refilled_at, now),
-        full_at = ratelimit.rl__taken_full_at(t.level, t.refilled_at, b, r, c, now)
-    WHERE t.key = k AND abs(t.level) < 1e16
-      AND c <= ratelimit.rl__refilled_level(t.level, t.refilled_at, b, r, now)
-    RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(t.level, t.refilled_at, t.full_at, b, r, now)
-                   THEN ratelimit.rl__taken_answer(floor(t.level)::bigint, b, t.full_at - now, refill) END
-    INTO answer;
-    IF answer IS NOT NULL THEN
-        RETURN answer;
-    ELSIF FOUND THEN
-        -- taken, but float rounding put the estimate off the edge
-        RETURN ratelimit.rl__taken_exact(k, b, r, now, refill);
+    IF good THEN
+        -- A row that admits, in one statement: PL/pgSQL sets up each statement, expression
+        -- and function it runs once per transaction, which costs more than their
+        -- arithmetic. Its SQL helpers are inlined; a level they do not cover is left to
+        -- the general path.
+        UPDATE ratelimit.rl_bucket AS t
+        SET level = ratelimit.rl__taken_level(t.level, t.refilled_at, burst, refill_per_minute, cost, now),
+            refilled_at = greatest(t.refilled_at, now),
+            full_at = ratelimit.rl__taken_full_at(t.level, t.refilled_at, burst, refill_per_minute, cost, now)
+        WHERE t.key = rl_take.key AND abs(t.level) < 1e16
+          AND cost <= ratelimit.rl__refilled_level(t.level, t.refilled_at, burst, refill_per_minute, now)
+        RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(t.level, t.refilled_at, t.full_at, burst, refill_per_minute, now)
+                       THEN ratelimit.rl__taken_answer(floor(t.level)::bigint, burst, t.full_at - now, refill) END
+        INTO answer;
+        IF answer IS NOT NULL THEN
+            RETURN answer;
+        ELSIF FOUND THEN
+            -- taken, but float rounding put the estimate off the edge
+            RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now, refill);
+        END IF;
     END IF;
-    -- No row, a refusal, or a row changed since: the path of every bucket change.
-    RETURN ratelimit.rl__bucket_change(fn, 'take', k, b, r, c, now);
+    -- No row, a refusal, a row changed since, or an argument to refuse: the checked path
+    -- of every bucket change.
+    DECLARE
+        fn CONSTANT text := 'rl_take';
+        @ARGUMENTS@
+        writable CONSTANT boolean := ratelimit.rl__writable(fn);
+    BEGIN
+        RETURN ratelimit.rl__bucket_change(fn, 'take', k, b, r, c, now);
+    END;
 END
 
 -- function: rl_peek

@@ -117,10 +117,15 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN v <> '' AND octet_length(v) <= @MAX_KEY_BYTES@ THEN v ELSE ratelimit.rl__name_error(fn, what, v) END
 $$;
 
+-- Whether rl__key passes key (false or NULL where it raises).
+CREATE OR REPLACE FUNCTION ratelimit.rl__key_ok(key text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT key <> '' AND octet_length(key) <= @MAX_KEY_BYTES@ AND left(key, 1) <> chr(1)
+$$;
+
 CREATE OR REPLACE FUNCTION ratelimit.rl__key(fn text, key text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN key <> '' AND octet_length(key) <= @MAX_KEY_BYTES@ AND left(key, 1) <> chr(1) THEN key
-                ELSE ratelimit.rl__name_error(fn, 'key', key) END
+    SELECT CASE WHEN ratelimit.rl__key_ok(key) THEN key ELSE ratelimit.rl__name_error(fn, 'key', key) END
 $$;
 
 -- A JSON argument (args::json_size): NULL is "<what> must be <wanted>, got NULL", and it
@@ -167,10 +172,16 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE ratelimit.rl__number_error(fn, what, v, 'Infinity', false) END
 $$;
 
+-- Whether rl__tokens passes v (false or NULL where it raises).
+CREATE OR REPLACE FUNCTION ratelimit.rl__tokens_ok(v double precision) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT v > 0 AND v <= @MAX_TOKENS@::float8
+$$;
+
 -- A bucket's burst, refill_per_minute or cost (args::token_number): at most 1e15.
 CREATE OR REPLACE FUNCTION ratelimit.rl__tokens(fn text, what text, v double precision) RETURNS double precision
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v > 0 AND v <= @MAX_TOKENS@::float8 THEN v
+    SELECT CASE WHEN ratelimit.rl__tokens_ok(v) THEN v
                 ELSE ratelimit.rl__number_error(fn, what, v, '@MAX_TOKENS@', false) END
 $$;
 
@@ -231,18 +242,31 @@ $$;
 -- An explicit now_ms (args::now_ms), which this edition honours for the owner of its
 -- functions and members of rl_admin only: a setting cannot be guarded without a library,
 -- so pg_ratelimit.allow_explicit_clock has no say here.
+-- Whether now_ms is an integer number of epoch milliseconds in range (args::now_ms).
+CREATE OR REPLACE FUNCTION ratelimit.rl__now_ms_ok(now_ms double precision) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT now_ms = trunc(now_ms) AND abs(now_ms) < 9e15 AND now_ms >= 0 AND now_ms <= @MAX_NOW_MS@
+$$;
+
+-- Whether the calling role may give an explicit now_ms: the owner and rl_admin's members
+-- (rl_admin may not exist: an installing role without CREATEROLE administers alone).
+CREATE OR REPLACE FUNCTION ratelimit.rl__may_set_clock() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    caller CONSTANT name := ratelimit.rl__caller();
+BEGIN
+    RETURN caller = current_user OR (EXISTS (SELECT FROM pg_roles WHERE rolname = 'rl_admin')
+                                     AND pg_has_role(caller, 'rl_admin', 'MEMBER'));
+END
+$$;
+
 CREATE OR REPLACE FUNCTION ratelimit.rl__explicit_now(fn text, now_ms double precision) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    caller name;
 BEGIN
-    IF NOT (now_ms = trunc(now_ms) AND abs(now_ms) < 9e15 AND now_ms >= 0 AND now_ms <= 253402300799999) THEN
+    IF NOT ratelimit.rl__now_ms_ok(now_ms) THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOW_MS_RANGE@, @MAX_NOW_MS@, ratelimit.rl__describe(now_ms)));
     END IF;
-    caller := ratelimit.rl__caller();
-    -- (rl_admin may not exist: an installing role without CREATEROLE administers alone)
-    IF NOT (caller = current_user OR (EXISTS (SELECT FROM pg_roles WHERE rolname = 'rl_admin')
-                                       AND pg_has_role(caller, 'rl_admin', 'MEMBER'))) THEN
+    IF NOT ratelimit.rl__may_set_clock() THEN
         RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = fn
             || ': an explicit now_ms is allowed only for the owner of pg_ratelimit_sql and members of rl_admin';
     END IF;
@@ -250,12 +274,24 @@ BEGIN
 END
 $$;
 
--- The clock reading of a call: the real time (clock_timestamp), or an explicit now_ms.
+-- The real time in epoch milliseconds (clock_timestamp), capped as every time is.
+CREATE OR REPLACE FUNCTION ratelimit.rl__clock_ms() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, @MAX_NOW_MS@)
+$$;
+
+-- The clock reading of a call: the real time, or an explicit now_ms.
 CREATE OR REPLACE FUNCTION ratelimit.rl__now(fn text, now_ms double precision) RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
-    SELECT CASE WHEN now_ms IS NULL
-                THEN least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, @MAX_NOW_MS@)
-                ELSE ratelimit.rl__explicit_now(fn, now_ms) END
+    SELECT CASE WHEN now_ms IS NULL THEN ratelimit.rl__clock_ms() ELSE ratelimit.rl__explicit_now(fn, now_ms) END
+$$;
+
+-- rl__now where it would not raise, else NULL (a hot path's clock: a call it leaves to the
+-- checked path gets rl__now's error there, after the arguments before it).
+CREATE OR REPLACE FUNCTION ratelimit.rl__now_or_null(now_ms double precision) RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN now_ms IS NULL THEN ratelimit.rl__clock_ms()
+                WHEN ratelimit.rl__now_ms_ok(now_ms) AND ratelimit.rl__may_set_clock() THEN now_ms::bigint END
 $$;
 
 -- The first day of the UTC month containing d.
