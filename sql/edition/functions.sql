@@ -11,8 +11,8 @@
 DECLARE
     -- The hot path tests the arguments with the rules' own predicates, which cannot fail,
     -- and leaves a call they reject to the checked path below, which raises in the core's
-    -- order. (An argument check that can raise costs more to set up, in every transaction,
-    -- than the rest of the call's expressions together: its error branch is a PL/pgSQL call.)
+    -- order. (A check that can raise has an error branch calling PL/pgSQL, which PL/pgSQL
+    -- sets up in every transaction though the branch never runs.)
     now CONSTANT bigint := ratelimit.rl__now_or_null(now_ms);
     good CONSTANT boolean := ratelimit.rl__key_ok(key) AND ratelimit.rl__tokens_ok(burst)
         AND ratelimit.rl__tokens_ok(refill_per_minute) AND ratelimit.rl__tokens_ok(cost) AND now IS NOT NULL
@@ -24,7 +24,7 @@ BEGIN
         -- A row that admits, in one statement: PL/pgSQL sets up each statement, expression
         -- and function it runs once per transaction, which costs more than their
         -- arithmetic. Its SQL helpers are inlined; a level they do not cover is left to
-        -- the general path.
+        -- the checked path.
         UPDATE ratelimit.rl_bucket AS t
         SET level = ratelimit.rl__taken_level(t.level, t.refilled_at, burst, refill_per_minute, cost, now),
             refilled_at = greatest(t.refilled_at, now),
