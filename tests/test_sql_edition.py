@@ -47,18 +47,28 @@ TAKES_ON_ROWS = [
     (float("nan"), NOW - 5, 10, 6, 1),          # rows the statement leaves to the general path
     (2e16, NOW, 10, 6, 1),
     (0.5, NOW, 10, 6, 1),                       # refused
+    (5, NOW - 1000, 2.5, 7, 1),                 # a limit and refill seconds (21.428571428571427) not whole
+    (5, NOW - 1000, 123456789012345.5, 1e15, 1),  # a limit of 16 digits
+    (5, NOW - 1000, 1e15, 6e5, 1),              # a whole limit float8out writes as 1e+15
+    (5, NOW - 1000, 10, 3e-280, 1),             # the smallest rates the statement takes
 ]
 
 
 @pytest.mark.skipif(EDITION == "sql", reason="compares the SQL edition with the native extension (pg_db is the edition here)")
-def test_rl_take_writes_and_answers_as_the_native_extension_on_every_kind_of_row(pg_sql_db, pg_db):
+@pytest.mark.parametrize("extra_float_digits", [1, 0, 3])
+def test_rl_take_writes_and_answers_as_the_native_extension_on_every_kind_of_row(pg_sql_db, pg_db, extra_float_digits):
     """rl_take's hot path (one UPDATE whose SQL helpers PostgreSQL inlines), its correction
     when float rounding puts the first estimate of full_at off the edge, and the general
     path it leaves other rows to: from the same row, the same answer and the same row
-    written as the native extension's."""
+    written as the native extension's. Whatever extra_float_digits the caller set: the hot
+    path's answer writes its numbers as float8out does, which is the core's form only
+    above 0, so a caller who set 0 gets the general path."""
     native, ours = pg_db[0], pg_sql_db[0]
     with native.cursor() as cur:
         cur.execute("SET pg_ratelimit.allow_explicit_clock = on")
+    for conn in (native, ours):
+        with conn.cursor() as cur:
+            cur.execute("SET extra_float_digits = %s", (extra_float_digits,))
     for i, (level, refilled_at, burst, rate, cost) in enumerate(TAKES_ON_ROWS):
         seen = []
         for conn in (native, ours):
@@ -74,7 +84,8 @@ def test_rl_take_writes_and_answers_as_the_native_extension_on_every_kind_of_row
 POLICIES = {"one": '{"limits": [{"burst": 35, "refill_per_minute": 800}]}',
             "tiered": '{"limits": [{"burst": 35, "refill_per_minute": 800}], "tiers": {"pro": 2}}',
             "shadowed": '{"limits": [{"burst": 35, "refill_per_minute": 800}], "shadow": true}',
-            "two": '{"limits": [{"burst": 35, "refill_per_minute": 800}, {"period": "day", "quota": 10}]}'}
+            "two": '{"limits": [{"burst": 35, "refill_per_minute": 800}, {"period": "day", "quota": 10}]}',
+            "sevenths": '{"limits": [{"burst": 10, "refill_per_minute": 7}]}'}
 # (policy, subject, cost, tier, the bucket row's level and refilled_at or None, blocked until)
 CHECKS = [
     ("one", "bob", 1, None, (5, NOW - 1000), None),         # rl_check's one statement
@@ -87,6 +98,7 @@ CHECKS = [
     ("tiered", "heidi", 1, "pro", (5, NOW - 1000), None),
     ("shadowed", "ivan", 1, None, (0.5, NOW), None),
     ("two", "judy", 1, None, (5, NOW - 1000), None),
+    ("sevenths", "mallory", 1, None, (5, NOW - 1000), None),  # refill seconds 85.71428571428571, extra_float_digits 0
 ]
 
 
@@ -109,6 +121,8 @@ def test_rl_check_writes_and_answers_as_the_native_extension_on_every_kind_of_ca
         seen = []
         for conn in (native, ours):
             with conn.cursor() as cur:
+                # the hot path's answer writes refill seconds as float8out does, so it runs only above 0
+                cur.execute("SET extra_float_digits = %s", (0 if subject == "mallory" else 1,))
                 if row:
                     cur.execute("INSERT INTO ratelimit.rl_bucket VALUES (%s, %s, %s, 0)", (key, *row))
                 if blocked_until:

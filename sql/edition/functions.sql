@@ -12,15 +12,20 @@ DECLARE
     -- The hot path tests the arguments with the rules' own predicates, which cannot fail,
     -- and leaves a call they reject to the checked path below, which raises in the core's
     -- order. (A check that can raise has an error branch calling PL/pgSQL, which PL/pgSQL
-    -- sets up in every transaction though the branch never runs.)
-    now CONSTANT bigint := ratelimit.rl__now_or_null(now_ms);
-    good CONSTANT boolean := ratelimit.rl__key_ok(key) AND ratelimit.rl__tokens_ok(burst)
-        AND ratelimit.rl__tokens_ok(refill_per_minute) AND ratelimit.rl__tokens_ok(cost) AND now IS NOT NULL
-        AND ratelimit.rl__read_write();
-    refill CONSTANT double precision := CASE WHEN good THEN ratelimit.rl__refill_seconds(burst, refill_per_minute) END;
+    -- sets up in every transaction though the branch never runs; so does every function
+    -- of an expression, run or not, which is why the explicit clock has its own statement.)
+    now bigint := CASE WHEN now_ms IS NULL THEN ratelimit.rl__clock_ms() END;
+    refill double precision;
     answer jsonb;
 BEGIN
-    IF good THEN
+    IF now_ms IS NOT NULL THEN
+        now := ratelimit.rl__now_or_null(now_ms);
+    END IF;
+    refill := CASE WHEN ratelimit.rl__key_ok(key) AND ratelimit.rl__tokens_ok(burst)
+                        AND ratelimit.rl__hot_rate_ok(refill_per_minute) AND ratelimit.rl__tokens_ok(cost)
+                        AND now IS NOT NULL AND ratelimit.rl__hot_ok()
+                   THEN ratelimit.rl__hot_refill_seconds(burst, refill_per_minute) END;
+    IF refill IS NOT NULL THEN
         -- A row that admits, in one statement: PL/pgSQL sets up each statement, expression
         -- and function it runs once per transaction, which costs more than their
         -- arithmetic. Its SQL helpers are inlined; a level they do not cover is left to
@@ -382,7 +387,7 @@ DECLARE
     refill double precision;
     counted boolean;
 BEGIN
-    IF t IS NULL AND ratelimit.rl__read_write() THEN
+    IF t IS NULL AND ratelimit.rl__hot_ok() THEN
         -- A policy of one bucket, no tier, a subject never blocked nor penalized, and a row
         -- that admits: rl_take's one statement (there), on the policy's limit and key.
         UPDATE ratelimit.rl_bucket AS b

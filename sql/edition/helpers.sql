@@ -178,6 +178,13 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT v > 0 AND v <= @MAX_TOKENS@::float8
 $$;
 
+-- rl__tokens_ok for a rate whose refill seconds rl__hot_refill_seconds may work out: at
+-- least 1e-280 (a rate below it takes the checked path).
+CREATE OR REPLACE FUNCTION ratelimit.rl__hot_rate_ok(v double precision) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT v >= 1e-280::float8 AND v <= @MAX_TOKENS@::float8
+$$;
+
 -- A bucket's burst, refill_per_minute or cost (args::token_number): at most 1e15.
 CREATE OR REPLACE FUNCTION ratelimit.rl__tokens(fn text, what text, v double precision) RETURNS double precision
 LANGUAGE sql IMMUTABLE AS $$
@@ -407,11 +414,13 @@ $$;
 -- Whether a row written at now (refilled_at not before it) holds full_at = now +
 -- rl__wait_for(true, level, refilled_at, burst, rate, now, burst): bucket::wait_for's test
 -- of its estimate, which mostly is the edge itself. Below the burst, waiting d = full_at -
--- refilled_at ms must fill the bucket and d - 1 not, within the cap.
+-- refilled_at ms must fill the bucket and d - 1 not, within the cap. (The cap's test is
+-- wait_for's float sum (refilled_at - now) + d in integers: both terms are below 2^53, so
+-- the sum is exact up to 2^53 and at least 2^53, over the cap, above it.)
 CREATE OR REPLACE FUNCTION ratelimit.rl__full_at_is_edge(level double precision, refilled_at bigint, full_at bigint,
                                                          burst double precision, rate double precision, now bigint)
 RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
-    SELECT level < burst AND (refilled_at - now)::float8 + (full_at - refilled_at)::float8 < @MAX_WAIT_MS@::float8
+    SELECT level < burst AND full_at - now < @MAX_WAIT_MS@
         AND level + (full_at - refilled_at)::float8 * rate / 60000::float8 >= burst
         AND level + (full_at - refilled_at - 1)::float8 * rate / 60000::float8 < burst
 $$;
@@ -420,6 +429,13 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__refill_seconds(burst double precision, rate double precision)
 RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
     SELECT least(ratelimit.rl__div(burst * 60::float8, rate), 9007199254740::float8)
+$$;
+
+-- rl__refill_seconds where the quotient cannot overflow, so without rl__div's guard: burst
+-- at most @MAX_TOKENS@ and rate at least 1e-280 (rl_take's hot path, rl__hot_rate_ok).
+CREATE OR REPLACE FUNCTION ratelimit.rl__hot_refill_seconds(burst double precision, rate double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(burst * 60::float8 / rate, 9007199254740::float8)
 $$;
 
 -- A bucket answer in rl_take's shape (TakeDecision's JSON); refill is
@@ -438,14 +454,17 @@ $$;
 
 -- rl__take_answer of a take admitted (retry 0, within the limit), from its constant part
 -- and the four values that vary: a quarter of the jsonb_build_object arguments, whose types
--- PostgreSQL looks up on every call (the hot paths' answer).
+-- PostgreSQL looks up on every call (the hot paths' answer). Only where rl__hot_ok holds:
+-- burst and refill (finite) go to jsonb as doubles, which it writes as float8out does, and
+-- with extra_float_digits above 0 that is rl__number_value's form (an integer below 9e15
+-- has no shorter form; 1e+15 reads as the integer). reset_ms is not negative, since an
+-- admitted take leaves the bucket below its burst, so its seconds are a plain ceiling.
 CREATE OR REPLACE FUNCTION ratelimit.rl__taken_answer(remaining bigint, burst double precision, reset_ms bigint,
                                                       refill double precision)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT '{"admitted": true, "retry_after_ms": 0, "retry_after_seconds": 0, "exceeds_limit": false}'::jsonb
-        || jsonb_build_object('remaining', remaining, 'limit', ratelimit.rl__number_value(burst),
-                              'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms),
-                              'refill_seconds', ratelimit.rl__number_value(refill))
+        || jsonb_build_object('remaining', remaining, 'limit', burst, 'reset_after_seconds', (reset_ms + 999) / 1000,
+                              'refill_seconds', refill)
 $$;
 
 -- The answer of a take whose one statement (rl_take's, rl_check's) wrote a full_at that
@@ -515,6 +534,15 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__read_write() RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT current_setting('transaction_read_only') <> 'on'
+$$;
+
+-- Whether a hot path (rl_take's, rl_check's) may run: the transaction may write, and
+-- float8out writes a double in its shortest exact form, as rl__taken_answer needs
+-- (extra_float_digits above 0; its default is 1). A caller who set it lower gets the
+-- checked path, whose rl__number_value does not depend on it.
+CREATE OR REPLACE FUNCTION ratelimit.rl__hot_ok() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT ratelimit.rl__read_write() AND current_setting('extra_float_digits') IN ('1', '2', '3')
 $$;
 
 -- True, or fails as rl__read_only: a SQL function PostgreSQL inlines into its caller's
