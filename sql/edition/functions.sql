@@ -15,17 +15,13 @@ DECLARE
     -- sets up in every transaction though the branch never runs; so does every function
     -- of an expression, run or not, which is why the explicit clock has its own statement.)
     now bigint := CASE WHEN now_ms IS NULL THEN ratelimit.rl__clock_ms() END;
-    refill double precision;
     answer jsonb;
 BEGIN
     IF now_ms IS NOT NULL THEN
         now := ratelimit.rl__now_or_null(now_ms);
     END IF;
-    refill := CASE WHEN ratelimit.rl__key_ok(key) AND ratelimit.rl__tokens_ok(burst)
-                        AND ratelimit.rl__hot_rate_ok(refill_per_minute) AND ratelimit.rl__tokens_ok(cost)
-                        AND now IS NOT NULL AND ratelimit.rl__hot_ok()
-                   THEN ratelimit.rl__hot_refill_seconds(burst, refill_per_minute) END;
-    IF refill IS NOT NULL THEN
+    IF ratelimit.rl__key_ok(key) AND ratelimit.rl__tokens_ok(burst) AND ratelimit.rl__hot_rate_ok(refill_per_minute)
+       AND ratelimit.rl__tokens_ok(cost) AND now IS NOT NULL AND ratelimit.rl__hot_ok() THEN
         -- A row that admits, in one statement: PL/pgSQL sets up each statement, expression
         -- and function it runs once per transaction, which costs more than their
         -- arithmetic. Its SQL helpers are inlined; a level they do not cover is left to
@@ -37,13 +33,15 @@ BEGIN
         WHERE t.key = rl_take.key AND abs(t.level) < 1e16
           AND cost <= ratelimit.rl__refilled_level(t.level, t.refilled_at, burst, refill_per_minute, now)
         RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(t.level, t.refilled_at, t.full_at, burst, refill_per_minute, now)
-                       THEN ratelimit.rl__taken_answer(floor(t.level)::bigint, burst, t.full_at - now, refill) END
+                       THEN ratelimit.rl__taken_answer(t.level, burst, t.full_at - now,
+                                                       ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)) END
         INTO answer;
         IF answer IS NOT NULL THEN
             RETURN answer;
         ELSIF FOUND THEN
             -- taken, but float rounding put the estimate off the edge
-            RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now, refill);
+            RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now,
+                                             ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
         END IF;
     END IF;
     -- No row, a refusal, a row changed since, or an argument to refuse: the checked path
@@ -404,7 +402,7 @@ BEGIN
           AND c <= ratelimit.rl__refilled_level(b.level, b.refilled_at, l.burst, l.rate, now)
           AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block')
         RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(b.level, b.refilled_at, b.full_at, l.burst, l.rate, now)
-                       THEN ratelimit.rl__taken_answer(floor(b.level)::bigint, l.burst, b.full_at - now, l.refill) END,
+                       THEN ratelimit.rl__taken_answer(b.level, l.burst, b.full_at - now, l.refill) END,
                   l.burst, l.rate, l.refill
         INTO answer, one_burst, one_rate, refill;
         IF FOUND THEN

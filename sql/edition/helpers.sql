@@ -120,7 +120,7 @@ $$;
 -- Whether rl__key passes key (false or NULL where it raises).
 CREATE OR REPLACE FUNCTION ratelimit.rl__key_ok(key text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT key <> '' AND octet_length(key) <= @MAX_KEY_BYTES@ AND left(key, 1) <> chr(1)
+    SELECT key <> '' AND octet_length(key) <= @MAX_KEY_BYTES@ AND key NOT LIKE E'\x01%'
 $$;
 
 CREATE OR REPLACE FUNCTION ratelimit.rl__key(fn text, key text) RETURNS text
@@ -457,13 +457,15 @@ $$;
 -- PostgreSQL looks up on every call (the hot paths' answer). Only where rl__hot_ok holds:
 -- burst and refill (finite) go to jsonb as doubles, which it writes as float8out does, and
 -- with extra_float_digits above 0 that is rl__number_value's form (an integer below 9e15
--- has no shorter form; 1e+15 reads as the integer). reset_ms is not negative, since an
--- admitted take leaves the bucket below its burst, so its seconds are a plain ceiling.
-CREATE OR REPLACE FUNCTION ratelimit.rl__taken_answer(remaining bigint, burst double precision, reset_ms bigint,
+-- has no shorter form; 1e+15 reads as the integer). level is the row's new level, finite
+-- and not negative: 'remaining', its floor, is a whole double, which float8out writes as
+-- the integer it is. reset_ms is not negative (a take leaves full_at at now or later), so
+-- its seconds are a plain ceiling.
+CREATE OR REPLACE FUNCTION ratelimit.rl__taken_answer(level double precision, burst double precision, reset_ms bigint,
                                                       refill double precision)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT '{"admitted": true, "retry_after_ms": 0, "retry_after_seconds": 0, "exceeds_limit": false}'::jsonb
-        || jsonb_build_object('remaining', remaining, 'limit', burst, 'reset_after_seconds', (reset_ms + 999) / 1000,
+        || jsonb_build_object('remaining', floor(level), 'limit', burst, 'reset_after_seconds', (reset_ms + 999) / 1000,
                               'refill_seconds', refill)
 $$;
 
@@ -479,7 +481,7 @@ BEGIN
     UPDATE ratelimit.rl_bucket AS t
     SET full_at = now + ratelimit.rl__wait_for(true, t.level, t.refilled_at, burst, rate, now, burst)
     WHERE t.key = k
-    RETURNING ratelimit.rl__taken_answer(floor(t.level)::bigint, burst, t.full_at - now, refill) INTO answer;
+    RETURNING ratelimit.rl__taken_answer(t.level, burst, t.full_at - now, refill) INTO answer;
     RETURN answer;
 END
 $$;
