@@ -273,6 +273,7 @@ def kinds_section():
 
 
 SQL_DB = "rl_bench_sql"
+OWNED_DB, OWNER = "rl_bench_sql_owned", "rl_bench_owner"
 EDITION_FUNCTIONS = ["rl_take", "rl_spend", "rl_window", "rl_check (one bucket)"]
 
 
@@ -297,22 +298,30 @@ def hot_key_section():
     return run_matrix(matrix)
 
 
-def install_sql_edition(db):
-    """A fresh database with the SQL edition's plain script run in it."""
+def install_sql_edition(db, owner=None):
+    """A fresh database with the SQL edition's plain script run in it: by the superuser, or
+    by owner, a role that is none, owning the database (docs/managed-postgres.md's advice)."""
     psql(f"DROP DATABASE IF EXISTS {db}", db="postgres")
-    psql(f"CREATE DATABASE {db}", db="postgres")
+    if owner:
+        psql(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{owner}') THEN "
+             f"CREATE ROLE {owner}; END IF; END $$", db="postgres")
+    psql(f"CREATE DATABASE {db}" + (f" OWNER {owner}" if owner else ""), db="postgres")
     script = subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
                             capture_output=True, text=True).stdout.split()[0]
     subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", db, "-f", os.path.join(ROOT, script)],
-                   check=True, capture_output=True)
+                   check=True, capture_output=True,
+                   env=dict(os.environ, PGOPTIONS=f"-c role={owner}") if owner else None)
 
 
-def edition_setup():
+def edition_setup(owned=False):
     """The native extension in DB and the SQL edition in SQL_DB, each with the one-bucket
-    policy and a full bucket row for every key, theirs and the policy's."""
+    policy and a full bucket row for every key, theirs and the policy's; with owned, also
+    the edition installed by a role that is no superuser, in OWNED_DB."""
     setup_postgres(KEYS)
     install_sql_edition(SQL_DB)
-    for db in (DB, SQL_DB):
+    if owned:
+        install_sql_edition(OWNED_DB, OWNER)
+    for db in (DB, SQL_DB) + ((OWNED_DB,) if owned else ()):
         psql(f"SELECT rl_policy_set('one', '{ONE_BUCKET_POLICY}')", db=db)
         psql(f"INSERT INTO ratelimit.rl_bucket SELECT 'k' || g, 1000000000, 0, 0 FROM generate_series(1, {KEYS}) g "
              "ON CONFLICT DO NOTHING", db=db)
@@ -339,7 +348,7 @@ def instructions_section():
     """Instructions per call of the edition's targets, native and SQL edition, counted by
     callgrind on a copy of the cluster (bench/instructions.py): rows as edition_section's."""
     print("instructions: setup", file=sys.stderr)
-    edition_setup()
+    edition_setup(owned=True)
     psql("CHECKPOINT")
     pg_bin = os.environ.get("RL_PG_BIN", "/usr/lib/postgresql/15/bin")
     data = os.path.join(os.environ["RL_PG_DIR"], "data")
@@ -349,7 +358,7 @@ def instructions_section():
                        check=True, stdout=subprocess.DEVNULL)
 
     cells = {(edition, name): (db, KIND_SCRIPTS[name]) for name in ("rl_take", "rl_check (one bucket)")
-             for edition, db in (("native", DB), ("sql", SQL_DB))}
+             for edition, db in (("native", DB), ("sql", SQL_DB), ("sql owned", OWNED_DB))}
     print(f"instructions: {len(cells)} cells under callgrind", file=sys.stderr)
     return instructions.measure(
         pg_bin, data, lambda: as_postgres(os.path.join(pg_bin, "pg_ctl"), "-D", data, "-w", "stop", "-m", "fast"),
