@@ -72,13 +72,16 @@ pub fn arguments(f: &Function) -> String {
     out.join("\n")
 }
 
-/// A body with its `@ARGUMENTS@` line, if it has one, replaced by [`arguments`].
+/// A body with its `@ARGUMENTS@` line, if it has one, replaced by [`arguments`], each line
+/// indented as that line was (a nested block's are deeper than the body's).
 fn with_arguments(body: &str, f: &Function) -> String {
-    if body.contains("    @ARGUMENTS@") {
-        body.replace("    @ARGUMENTS@", &arguments(f))
-    } else {
-        body.to_string()
-    }
+    let Some(at) = body.find("@ARGUMENTS@") else {
+        return body.to_string();
+    };
+    let line_start = body[..at].rfind('\n').map_or(0, |i| i + 1);
+    let indent = &body[line_start..at];
+    let lines: Vec<String> = arguments(f).lines().map(|line| format!("{indent}{}", line.trim_start())).collect();
+    format!("{}{}{}", &body[..line_start], lines.join("\n"), &body[at + "@ARGUMENTS@".len()..])
 }
 
 /// `text` with every `@MSG_NAME@` of [`crate::messages`] replaced by its template as a

@@ -112,15 +112,21 @@ BEGIN
 END
 $$;
 
+-- Whether rl__name passes v (false or NULL where it raises).
+CREATE OR REPLACE FUNCTION ratelimit.rl__name_ok(v text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT v <> '' AND octet_length(v) <= @MAX_KEY_BYTES@
+$$;
+
 CREATE OR REPLACE FUNCTION ratelimit.rl__name(fn text, what text, v text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v <> '' AND octet_length(v) <= @MAX_KEY_BYTES@ THEN v ELSE ratelimit.rl__name_error(fn, what, v) END
+    SELECT CASE WHEN ratelimit.rl__name_ok(v) THEN v ELSE ratelimit.rl__name_error(fn, what, v) END
 $$;
 
 -- Whether rl__key passes key (false or NULL where it raises).
 CREATE OR REPLACE FUNCTION ratelimit.rl__key_ok(key text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT key <> '' AND octet_length(key) <= @MAX_KEY_BYTES@ AND key NOT LIKE E'\x01%'
+    SELECT ratelimit.rl__name_ok(key) AND key NOT LIKE E'\x01%'
 $$;
 
 CREATE OR REPLACE FUNCTION ratelimit.rl__key(fn text, key text) RETURNS text
