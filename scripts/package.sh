@@ -23,28 +23,46 @@
 #   bash scripts/package.sh --sqlite  the SQL edition files, the SQLite extension's wheel and npm
 #                                     package and the three web packages: cargo, python3-venv,
 #                                     npm and gem, no cargo-pgrx and no PostgreSQL
-#   bash scripts/package.sh --pg 16 17  the SQL edition files and those majors' .deb and tarball
-#                                     only (scripts/test.sh builds the majors after the first
-#                                     this way, beside the first one's tests)
+#   bash scripts/package.sh --pg 16 17  those majors' .deb and tarball only (scripts/test.sh
+#                                     builds the majors after the first this way, beside the
+#                                     first one's tests, which read the SQL edition's files)
 # The PostgreSQL builds use a target folder of their own (target/pg, or $RL_PG_TARGET_DIR):
 # a cargo run for them never waits on the lock of one for the core or SQLite, and back.
+#
+# Every file of dist/ (and each copy of the SQLite library in the packages' folders) is
+# written under a temporary name beside it and renamed into place, so a test or a job that
+# reads it while this runs sees the old file or the new one, never half of one. Each mode
+# writes only its own files: --pg and --rls leave the SQL edition's alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PG_TARGET_DIR=${RL_PG_TARGET_DIR:-target/pg}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 mkdir -p dist
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work"; rm -f dist/.publishing.* bindings/node/.publishing.* integrations/ruby/lib/ratelimit_web/native/.publishing.*' EXIT
+
+# A new name in the folder of $1, for a file to be renamed onto $1 once whole.
+staging() { mktemp "$(dirname "$1")/.publishing.XXXXXX"; }
+# Moves the finished file $1 onto $2 in one rename (same file system), readable by all.
+publish() { chmod 644 "$1"; mv -f "$1" "$2"; }
+# Copies $1 onto $2 the same way.
+publish_copy() { local t; t=$(staging "$2"); cp "$1" "$t"; publish "$t" "$2"; chmod "${3:-644}" "$2"; }
+# Moves every file of the folder $1 into dist/, each by one rename.
+publish_all() { local f t; for f in "$1"/*; do t=$(staging "dist/${f##*/}"); cp "$f" "$t"; publish "$t" "dist/${f##*/}"; done; }
 
 # The SQL edition: the script shared/src/sql_edition.rs writes, and pg_tle's registration
 # of its extension form (the body between dollar quotes no script of ours contains).
-cargo run --quiet -p ratelimit_core --example sql_edition -- plain > "dist/pg_ratelimit_sql-$version.sql"
+sql_edition() {
+local plain tle
+plain=$(staging "dist/pg_ratelimit_sql-$version.sql")
+cargo run --quiet -p ratelimit_core --example sql_edition -- plain > "$plain"
 # A server with no release of it registered gets this one; one with an earlier release gets
 # this version's script and an update path from each earlier one (the script is idempotent, so
 # it serves as the update too), then ALTER EXTENSION pg_ratelimit_sql UPDATE.
 extension_script=$(cargo run --quiet -p ratelimit_core --example sql_edition -- extension)
 q='$_pg_ratelimit_sql_$'
-cat > "dist/pg_ratelimit_sql-$version.pg_tle.sql" <<TLE
+tle=$(staging "dist/pg_ratelimit_sql-$version.pg_tle.sql")
+cat > "$tle" <<TLE
 -- pg_ratelimit $version, SQL edition, registered with pg_tle. Run as a member of pgtle_admin, then
 -- in each database that wants it: CREATE EXTENSION pg_ratelimit_sql (or, over an earlier
 -- release: ALTER EXTENSION pg_ratelimit_sql UPDATE).
@@ -69,6 +87,13 @@ $q)
 END
 \$rl_register\$;
 TLE
+publish "$plain" "dist/pg_ratelimit_sql-$version.sql"
+publish "$tle" "dist/pg_ratelimit_sql-$version.pg_tle.sql"
+}
+case "${1:-}" in
+  --pg|--rls) ;;
+  *) sql_edition ;;
+esac
 if [ "${1:-}" = "--sql" ]; then
   echo "dist/pg_ratelimit_sql-$version.sql dist/pg_ratelimit_sql-$version.pg_tle.sql"
   exit 0
@@ -129,7 +154,8 @@ Description: Envoy's rate limit service backed by pg_ratelimit
  Envoy Gateway with limits kept in PostgreSQL (pg_ratelimit or its SQL edition), all
  descriptors of a call charged or none, in envoyproxy/ratelimit's configuration format.
 CONTROL
-  dpkg-deb --build --root-owner-group "$root" "dist/${name}_${version}_amd64.deb" >/dev/null
+  dpkg-deb --build --root-owner-group "$root" "$work/${name}_${version}_amd64.deb" >/dev/null
+  publish_copy "$work/${name}_${version}_amd64.deb" "dist/${name}_${version}_amd64.deb"
   ls "dist/${name}_${version}_amd64.deb"
 }
 if [ "${1:-}" = "--rls" ]; then
@@ -141,24 +167,25 @@ sqlite_and_web_packages() {
   cargo build --quiet --release -p sqlite_ratelimit
   # the library beside the Node binding and inside the gem, where a checkout's projects (the
   # Next.js example, the tests) and the packages below find it without a path
-  cp target/release/libratelimit.so bindings/node/
+  publish_copy target/release/libratelimit.so bindings/node/libratelimit.so 755
   mkdir -p integrations/ruby/lib/ratelimit_web/native
-  cp target/release/libratelimit.so integrations/ruby/lib/ratelimit_web/native/
+  publish_copy target/release/libratelimit.so integrations/ruby/lib/ratelimit_web/native/libratelimit.so 755
   # Python: the library next to the package's __init__.py, built in a throwaway copy.
   cp -r bindings/python "$work/python"
   cp target/release/libratelimit.so "$work/python/sqlite_ratelimit/"
   /usr/bin/python3 -m venv "$work/venv"
   "$work/venv/bin/pip" install --quiet --disable-pip-version-check setuptools wheel
+  mkdir -p "$work/out"
   (cd "$work/python" && SQLITE_RATELIMIT_VERSION=$version "$work/venv/bin/pip" wheel --quiet --no-deps \
-    --no-build-isolation --wheel-dir "$OLDPWD/dist" .)
+    --no-build-isolation --wheel-dir "$work/out" .)
   "$work/venv/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-    --wheel-dir dist ./integrations/python
+    --wheel-dir "$work/out" ./integrations/python
   command -v npm >/dev/null || { echo "package.sh: npm is needed for the Node packages (apt-get install npm)" >&2; exit 1; }
   say "packing sqlite_ratelimit (pip), sqlite-ratelimit (npm), ratelimit-web (pip, npm, gem) into dist/"
   # Node: the library next to index.js; npm pack writes the tarball npm install takes.
   node_version=$(sed -n 's/.*"version": "\(.*\)".*/\1/p' bindings/node/package.json)
   [ "$node_version" = "$version" ] || { echo "package.sh: bindings/node says $node_version, Cargo.toml $version" >&2; exit 1; }
-  (cd bindings/node && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
+  (cd bindings/node && npm pack --silent --pack-destination "$work/out" >/dev/null)
   # the web package compiles its TypeScript when packed (better-sqlite3 builds against the local Node headers)
   if [ ! -d integrations/node/node_modules ]; then
     (cd integrations/node && { [ ! -d /usr/include/node ] || export npm_config_nodedir=/usr; } \
@@ -166,11 +193,12 @@ sqlite_and_web_packages() {
   else
     (cd integrations/node && npx tsc -p .)
   fi
-  (cd integrations/node && npm pack --silent --pack-destination "$OLDPWD/dist" >/dev/null)
+  (cd integrations/node && npm pack --silent --pack-destination "$work/out" >/dev/null)
   command -v gem >/dev/null || { echo "package.sh: gem is needed for the Ruby package (apt-get install ruby)" >&2; exit 1; }
   gem_version=$(sed -n 's/.*VERSION = "\(.*\)"/\1/p' integrations/ruby/lib/ratelimit_web/version.rb)
   [ "$gem_version" = "$version" ] || { echo "package.sh: integrations/ruby says $gem_version, Cargo.toml $version" >&2; exit 1; }
-  (cd integrations/ruby && gem build --silent ratelimit_web.gemspec -o "$OLDPWD/dist/ratelimit-web-$version.gem" >/dev/null)
+  (cd integrations/ruby && gem build --silent ratelimit_web.gemspec -o "$work/out/ratelimit-web-$version.gem" >/dev/null)
+  publish_all "$work/out"
 }
 majors=()
 if [ "${1:-}" = "--pg" ]; then
@@ -225,7 +253,8 @@ Description: rate limits and spending budgets inside PostgreSQL $v
  pg_ratelimit in each database; for the memory store add pg_ratelimit to
  shared_preload_libraries. Restart the server after an upgrade if it preloads it.
 CONTROL
-  dpkg-deb --build --root-owner-group "$deb_root" "dist/${name}_${version}_amd64.deb" >/dev/null
+  dpkg-deb --build --root-owner-group "$deb_root" "$work/${name}_${version}_amd64.deb" >/dev/null
+  publish_copy "$work/${name}_${version}_amd64.deb" "dist/${name}_${version}_amd64.deb"
 
   tree="$work/tar$v/pg_ratelimit-$version-pg$v"
   mkdir -p "$tree/lib" "$tree/share/extension"
@@ -239,6 +268,9 @@ with the server stopped if it preloads pg_ratelimit (never overwrite a library i
 then CREATE EXTENSION pg_ratelimit in each database (ALTER EXTENSION pg_ratelimit UPDATE
 after an upgrade; restart the server first if it preloads pg_ratelimit).
 INSTALL
-  tar -czf "dist/pg_ratelimit-$version-pg$v-linux-x86_64.tar.gz" -C "$work/tar$v" "pg_ratelimit-$version-pg$v"
+  tarball=dist/pg_ratelimit-$version-pg$v-linux-x86_64.tar.gz
+  staged=$(staging "$tarball")
+  tar -czf "$staged" -C "$work/tar$v" "pg_ratelimit-$version-pg$v"
+  publish "$staged" "$tarball"
 done
 ls dist

@@ -20,4 +20,6 @@ library="$tree$libdir/pg_ratelimit.so"
 [ -f "$library" ] || { echo "pg_install.sh: no $library: run bash scripts/package.sh (or pass --build)" >&2; exit 1; }
 # written beside and renamed over, so a reader never sees half a file
 install -m 755 "$library" "$libdir/.pg_ratelimit.so.new" && mv -f "$libdir/.pg_ratelimit.so.new" "$libdir/pg_ratelimit.so"
-install -m 644 "$tree$sharedir"/extension/pg_ratelimit* "$sharedir/extension/"
+for f in "$tree$sharedir"/extension/pg_ratelimit*; do
+  install -m 644 "$f" "$sharedir/extension/.${f##*/}.new" && mv -f "$sharedir/extension/.${f##*/}.new" "$sharedir/extension/${f##*/}"
+done

@@ -373,14 +373,18 @@ _SQL_EDITION_BUILT = []
 
 def sql_edition_script_path(form="sql"):
     """The SQL edition's install script as scripts/package.sh --sql writes it ('sql': for
-    psql -f; 'pg_tle.sql': pg_tle's registration), built once per test run."""
+    psql -f; 'pg_tle.sql': pg_tle's registration), built once per test run: by this process
+    on its first use, unless the test command built dist/ already (RL_DIST_BUILT=1)."""
     import subprocess
 
+    path = os.path.join(ROOT, "dist", f"pg_ratelimit_sql-{CARGO_VERSION}.{form}")
+    if os.environ.get("RL_DIST_BUILT") == "1" and os.path.exists(path):
+        _SQL_EDITION_BUILT.append(True)
     if not _SQL_EDITION_BUILT:
         subprocess.run(["bash", os.path.join(ROOT, "scripts", "package.sh"), "--sql"], check=True,
                        stdout=subprocess.DEVNULL)
         _SQL_EDITION_BUILT.append(True)
-    return os.path.join(ROOT, "dist", f"pg_ratelimit_sql-{CARGO_VERSION}.{form}")
+    return path
 
 
 def sql_edition_script(form="sql"):
