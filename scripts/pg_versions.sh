@@ -25,6 +25,11 @@ WEB_TEST_PACKAGES=("starlette==0.47.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycop
                    "django==5.2.*" "flask==3.1.*" "gunicorn==23.*"
                    # ratelimit-rls's tests: Envoy's protos generated for Python, and gRPC
                    "grpcio==1.85.*" "grpcio-health-checking==1.85.*" "xds-protos==1.85.*")
+# The SQLite-only suite as a SQLite user runs it: Debian's python3 (its sqlite3 loads
+# extensions) with pytest alone, no system packages, so no psycopg2 (test.sh runs it as an
+# unprivileged user).
+SQLITE_VENV=/opt/pg_ratelimit/sqlite-venv
+SQLITE_TEST_PACKAGES=("pytest==8.4.*")
 # Django 6 needs Python 3.12 or later, whose builds here (pyenv) cannot load SQLite
 # extensions: its tests run on PostgreSQL only, when such a Python is found.
 DJANGO6_VENV=/opt/pg_ratelimit/django6-venv

@@ -114,6 +114,13 @@ if [ "$want_pg" = 1 ]; then
     /usr/bin/python3 -m venv "$WEB_VENV"
     "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check "${WEB_TEST_PACKAGES[@]}"
   fi
+  if [ -x "$SQLITE_VENV/bin/python" ] && "$SQLITE_VENV/bin/python" -c 'import pytest' 2>/dev/null; then
+    log "the SQLite-only suite's packages already in $SQLITE_VENV"
+  else
+    log "pip install pytest alone into $SQLITE_VENV (the SQLite-only suite, without psycopg2)"
+    /usr/bin/python3 -m venv "$SQLITE_VENV"
+    "$SQLITE_VENV/bin/pip" install --quiet --disable-pip-version-check "${SQLITE_TEST_PACKAGES[@]}"
+  fi
   if [ -x "$DJANGO6_VENV/bin/python" ] && "$DJANGO6_VENV/bin/python" -c 'import django, gunicorn, uvicorn, httpx, psycopg_pool, pytest' 2>/dev/null; then
     log "Django 6 test packages already in $DJANGO6_VENV"
   elif py312=$(python312); then

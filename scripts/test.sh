@@ -99,7 +99,21 @@ step "build: the SQLite extension, its packages and the web packages; PostgreSQL
 cargo build --release -p sqlite_ratelimit
 bash scripts/package.sh --sqlite
 bash scripts/package.sh --pg "${PG_VERSIONS[0]}"
+# dist/ is built for this run: the suites read it and never build it again (nor does the
+# build lane below, whose jobs write only their own files, each renamed into place)
+export RL_DIST_BUILT=1
 "$WEB_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
+
+step "SQLite client tests as a SQLite user runs them: an unprivileged user, a Python with pytest alone (no psycopg2), no PostgreSQL"
+# in a copy of the checkout that user owns (CI's clone may sit in a folder only root reads)
+sqlite_only=$(mktemp -d /tmp/pg_ratelimit_sqlite_only.XXXXXX)
+git ls-files -co --exclude-standard -z | grep -zv '^integrations/node/node_modules/' | xargs -0 cp --parents -t "$sqlite_only"
+mkdir -p "$sqlite_only/target/release" && cp target/release/libratelimit.so "$sqlite_only/target/release/"
+chown -R nobody "$sqlite_only"
+(cd "$sqlite_only" && ! "$SQLITE_VENV/bin/python" -c 'import psycopg2' 2>/dev/null \
+  && runuser -u nobody -- env -i PATH=/usr/bin:/bin HOME=/tmp RL_SKIP_PACKAGES=1 RL_FUZZ_CALLS=5000 \
+       "$SQLITE_VENV/bin/python" -m pytest -p no:cacheprovider -q tests)
+rm -rf "$sqlite_only"
 
 # The build lane: the other majors (one compile each), pg_tle and Citus build in the
 # background, at the lowest priority, while the first major's suites run in the foreground

@@ -6,7 +6,6 @@ it. On SQLite, the native extension (both bucket stores) and, with INSTALL=sql, 
 import json
 import sqlite3
 
-import psycopg2
 import pytest
 
 from conftest import sqlite_connect
@@ -78,6 +77,8 @@ def test_budgets_near_names_a_bad_argument(engine, args, message):
 
 
 def test_postgres_budgets_near_is_for_rl_admin_only(pg_db, roles):  # noqa: F811
+    import psycopg2  # PostgreSQL only: a SQLite user has no psycopg2
+
     conn, _ = pg_db
     app, admin = roles
     with conn.cursor() as cur:

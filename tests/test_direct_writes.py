@@ -4,8 +4,9 @@ the same calls give the same answers, the same errors and the same rows with the
 on as with it off, and the guarded UPDATE is seen to run (the direct write fell back).
 On the table as the extension made it, the direct write is seen to run instead. Then
 amcheck finds the table and its key intact after many sessions wrote it both ways."""
-import psycopg2
 import pytest
+
+psycopg2 = pytest.importorskip("psycopg2")  # PostgreSQL only: a SQLite user has no psycopg2
 
 from conftest import EDITION, amcheck_state_tables, pg_available, pg_connect, pg_test_database, run_sessions
 
