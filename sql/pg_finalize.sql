@@ -20,6 +20,8 @@ COMMENT ON FUNCTION rl_reset(text) IS
   'forget every bucket and budget under key; returns the number of rows removed';
 COMMENT ON FUNCTION rl_take_all(jsonb, double precision) IS
   'take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb';
+COMMENT ON FUNCTION rl_refund_all(jsonb, double precision) IS
+  'give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
 COMMENT ON FUNCTION rl_window(text, double precision, double precision, double precision, double precision) IS
   'exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb';
 COMMENT ON FUNCTION rl_window_peek(text, double precision, double precision, double precision, double precision) IS
@@ -140,6 +142,7 @@ BEGIN
          'rl_refund(text, double precision, double precision, double precision, double precision)',
          'rl_refund_budget(text, text, double precision, double precision)',
          'rl_take_all(jsonb, double precision)',
+         'rl_refund_all(jsonb, double precision)',
          'rl_window(text, double precision, double precision, double precision, double precision)',
          'rl_window_peek(text, double precision, double precision, double precision, double precision)',
          'rl_acquire(text, bigint, double precision, double precision)',

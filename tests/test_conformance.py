@@ -387,6 +387,26 @@ STEPS = [
      {"admitted": False, "retry_after_ms": 60_000, "retry_after_seconds": 60,
       "items": [window(False, 0, 2, 60_000, 60, 60), take(True, 3, 5, 0, 2)]}),  # the bucket: as it is now
     ("rl_take", ("tw", 5, 60, 1, 0), take(True, 2, 5, 0, 3)),  # the refused call charged nothing
+    # rl_refund_all: the inverse of rl_take_all over the same items, each kind as its own
+    # refund (a bucket never above its burst, a budget never below 0, a window forgets its
+    # newest admissions), answered in the order given; twice gives back no more than once
+    ("rl_take_all", ('[{"key":"ra","period":"day","quota":10,"cost":3},{"key":"ra","limit":2,"window_seconds":60},'
+                     '{"key":"ra","burst":5,"refill_per_minute":60,"cost":2}]', 0),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
+      "items": [spend(True, 3, 10, ms(1970, 1, 2), 0), window(True, 1, 2, 0, 60, 60), take(True, 3, 5, 0, 2)]}),
+    *[("rl_refund_all", ('[{"key":"ra","period":"day","quota":10,"cost":3},{"key":"ra","limit":2,"window_seconds":60},'
+                         '{"key":"ra","burst":5,"refill_per_minute":60,"cost":2}]', 0),
+       {"items": [{"used": 0, "resets_at": 86400},
+                  {**window(True, 2, 2, 0, 0, 60), "exceeds_limit": False},
+                  {"remaining": 5, "limit": 5, "reset_after_seconds": 0}]})] * 2,
+    ("rl_take_all", ('[{"key":"ra","limit":2,"window_seconds":60},{"key":"ra","limit":2,"window_seconds":60,"cost":2}]', 0),
+     ("error", "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)")),
+    ("rl_refund_all", ('[{"key":"ra","limit":2,"window_seconds":60},{"key":"ra","limit":2,"window_seconds":60}]', 0),
+     ("error", "rl_refund_all: items 1 and 2 are the same limit (one key may appear once per kind and period)")),
+    ("rl_refund_all", ('[]', 0), ("error", "rl_refund_all: limits must hold 1 to 64 items, got 0")),
+    ("rl_refund_all", ('{"key":"ra"}', 0), ("error", "rl_refund_all: limits must be a JSON array of limit objects")),
+    ("rl_refund_all", ('[{"key":"ra","burst":0,"refill_per_minute":1}]', 0),
+     ("error", "rl_refund_all: item 1: burst must be a finite number greater than 0, got 0")),
     ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":0}]', 0),
      ("error", "rl_take_all: item 1: window_seconds must be a finite number greater than 0, got 0")),
     ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":1},{"key":"x","limit":2,"window_seconds":1}]', 0),

@@ -86,7 +86,7 @@ def random_call(rng, functions):
         args = [keys(rng) for _ in range(rng.randint(1, 4))]
     elif function == "rl_reset":
         args = [keys(rng)]
-    elif function == "rl_take_all":
+    elif function in ("rl_take_all", "rl_refund_all"):
         if rng.random() < 0.5:
             items = [rng.choice([
                 {"key": rng.choice(["a", "b", "c"]), "burst": rng.choice([1, 3, 2.5, 1e308]),
@@ -234,7 +234,7 @@ def check_answer(function, value):
     if function in ("rl_policy_set", "rl_policy_validate"):
         assert sorted(r) == ["limits", "shadow", "tiers"] and 1 <= len(r["limits"]) <= 16
         return
-    if function == "rl_refund_check":
+    if function in ("rl_refund_check", "rl_refund_all"):
         assert sorted(r) == sorted(RESULT_KEYS[function]) and isinstance(r["items"], list)
         for item in r["items"]:  # a refund never leaves more than the limit, nor a negative use
             assert item.get("remaining", 0) <= item.get("limit", math.inf) and item.get("used", 0) >= 0

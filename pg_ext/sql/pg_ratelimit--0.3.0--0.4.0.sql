@@ -10,6 +10,7 @@
 -- rl_top_refused(policy, n) and the view rl_refused: the subjects rl_check refuses most.
 -- rl_budgets_near(fraction, n, now_ms): the budgets near their quota, which a budget row
 -- now keeps (column quota: that of the last spend, 0 for the rows written before).
+-- rl_refund_all(limits, now_ms): the inverse of rl_take_all.
 
 -- complain if this script is run in psql rather than by ALTER EXTENSION
 \echo Use "ALTER EXTENSION pg_ratelimit UPDATE TO '0.4.0'" to load this file. \quit
@@ -19,7 +20,7 @@ DO $rl_existing$ BEGIN
     PERFORM pg_catalog.set_config('pg_ratelimit_install.existing_functions', coalesce((
         SELECT pg_catalog.string_agg(p.oid::text, ' ') FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
-          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
+          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
 END $rl_existing$;
 -- end generated
 
@@ -80,6 +81,12 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_budgets_near_wrapper';
 COMMENT ON FUNCTION rl_budgets_near(double precision, bigint, double precision) IS
   'the budgets of the current period that used at least fraction of their quota (the quota the last rl_spend, rl_take_all or rl_check gave), the largest share first, at most n (1 to 10000): key, period, used, quota, resets_at; a scan of every budget row (rl_admin only)';
+-- The inverse of rl_take_all: each limit of the list given its cost back, in one unit.
+CREATE FUNCTION "rl_refund_all"("limits" jsonb, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_refund_all_wrapper';
+COMMENT ON FUNCTION rl_refund_all(jsonb, double precision) IS
+  'give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
 
 -- generated: privileges (shared/src/privileges.rs; RL_BLESS=1 cargo test -p ratelimit_core --test generated)
 -- Privileges: exactly what the extension intends, whatever ALTER DEFAULT PRIVILEGES granted
@@ -137,6 +144,7 @@ BEGIN
          'rl_refund(text, double precision, double precision, double precision, double precision)',
          'rl_refund_budget(text, text, double precision, double precision)',
          'rl_take_all(jsonb, double precision)',
+         'rl_refund_all(jsonb, double precision)',
          'rl_window(text, double precision, double precision, double precision, double precision)',
          'rl_window_peek(text, double precision, double precision, double precision, double precision)',
          'rl_acquire(text, bigint, double precision, double precision)',

@@ -155,6 +155,12 @@ fn rl_take_all(limits: Option<JsonbArg>, now_ms: default!(Option<f64>, "NULL")) 
     run(&f::RL_TAKE_ALL, &[text(limits.as_deref()), real(now_ms)])
 }
 
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_refund_all(limits: Option<JsonbArg>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
+    let limits = json_text(&f::RL_REFUND_ALL, "limits", limits);
+    run(&f::RL_REFUND_ALL, &[text(limits.as_deref()), real(now_ms)])
+}
+
 #[pg_extern(immutable, parallel_safe)]
 fn rl_version() -> String {
     run(&f::RL_VERSION, &[])

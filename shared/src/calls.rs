@@ -99,6 +99,10 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
             let limits = call_args::limits_json(call)?;
             json(&protocol::take_all(store, &TakeAllArgs::parse(&limits, call, clock)?)?)
         }
+        StateCall::RefundAll => {
+            let limits = call_args::limits_json(call)?;
+            json(&protocol::refund_all(store, &TakeAllArgs::parse(&limits, call, clock)?)?)
+        }
         StateCall::Window => json(&protocol::window(store, &WindowArgs::parse(call, clock)?)?),
         StateCall::WindowPeek => json(&protocol::window_peek(store, &WindowArgs::parse(call, clock)?)?),
         StateCall::Acquire => json(&protocol::acquire(store, &AcquireArgs::parse(call, clock)?)?),

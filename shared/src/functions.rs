@@ -152,6 +152,7 @@ pub enum StateCall {
     RefundBudget,
     Reset,
     TakeAll,
+    RefundAll,
     Window,
     WindowPeek,
     Acquire,
@@ -183,6 +184,7 @@ impl StateCall {
                 | StateCall::Sweep
                 | StateCall::Reset
                 | StateCall::TakeAll
+                | StateCall::RefundAll
                 | StateCall::Check
                 | StateCall::RefundCheck
         )
@@ -409,6 +411,9 @@ mod table {
     pub const RL_TAKE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
         ..state("rl_take_all", StateCall::TakeAll, &[required("limits", Jsonb), NOW_MS],
         "take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb") };
+    pub const RL_REFUND_ALL: Function = Function { result_keys: &["items"],
+        ..state("rl_refund_all", StateCall::RefundAll, &[required("limits", Jsonb), NOW_MS],
+        "give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb") };
     pub const RL_WINDOW: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window", StateCall::Window, WINDOW_ARGS,
         "exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb") };
     pub const RL_WINDOW_PEEK: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window_peek", StateCall::WindowPeek, WINDOW_PEEK_ARGS,
@@ -527,6 +532,7 @@ pub const ALL: &[Function] = &[
     RL_REFUND_BUDGET,
     RL_RESET,
     RL_TAKE_ALL,
+    RL_REFUND_ALL,
     RL_WINDOW,
     RL_WINDOW_PEEK,
     RL_ACQUIRE,

@@ -46,6 +46,12 @@ pub struct RefundCheckDecision<'a> {
     pub items: Vec<LimitRefund>,
 }
 
+/// rl_refund_all's decision: each limit's state after its refund, in the order given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefundAllDecision {
+    pub items: Vec<LimitRefund>,
+}
+
 /// One limit's refund, answered as rl_refund, rl_refund_budget and rl_window_peek answer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LimitRefund {

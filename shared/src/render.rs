@@ -8,7 +8,7 @@ use crate::json::Json;
 use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
 use crate::penalty::{Block, BlockAnswer};
-use crate::policy::{CheckDecision, LimitRefund, RefundCheckDecision};
+use crate::policy::{CheckDecision, LimitRefund, RefundAllDecision, RefundCheckDecision};
 use crate::take_all::{LimitAnswer, TakeAllDecision};
 use crate::units::ceil_seconds;
 use crate::window::WindowDecision;
@@ -183,6 +183,12 @@ impl ToJson for RefundCheckDecision<'_> {
             .field("tier", optional_text(self.tier))
             .field("items", Json::Array(self.items.iter().map(ToJson::to_json).collect()))
             .finish()
+    }
+}
+
+impl ToJson for RefundAllDecision {
+    fn to_json(&self) -> Json {
+        JsonObject::new().field("items", Json::Array(self.items.iter().map(ToJson::to_json).collect())).finish()
     }
 }
 

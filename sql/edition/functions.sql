@@ -311,24 +311,23 @@ END
 DECLARE
     fn CONSTANT text := 'rl_take_all';
     now bigint;
-    items jsonb := '[]';
-    item record;
 BEGIN
     PERFORM ratelimit.rl__json_arg(fn, 'limits', limits, 'a JSON array');
     now := ratelimit.rl__now(fn, now_ms);
-    IF jsonb_typeof(limits) <> 'array' THEN
-        PERFORM ratelimit.rl__invalid(fn, @MSG_LIMITS_NOT_AN_ARRAY@);
-    END IF;
-    IF jsonb_array_length(limits) NOT BETWEEN 1 AND @MAX_ITEMS@ THEN
-        PERFORM ratelimit.rl__invalid(fn, format(@MSG_ITEM_COUNT@, 'limits', @MAX_ITEMS@, jsonb_array_length(limits)));
-    END IF;
-    FOR i IN 1..jsonb_array_length(limits) LOOP
-        item := ratelimit.rl__limit_item(fn || ': item ' || i, limits -> (i - 1));
-        items := items || jsonb_build_object('pos', i, 'kind', item.kind, 'key', item.key, 'period', item.period,
-            'burst', item.burst, 'rate', item.rate, 'cost', item.cost, 'quota', item.quota, 'micros', item.micros,
-            'window_ms', item.window_ms);
-    END LOOP;
-    RETURN ratelimit.rl__take_all(fn, ratelimit.rl__sorted_items(fn, items), now);
+    RETURN ratelimit.rl__take_all(fn, ratelimit.rl__limit_items(fn, limits), now);
+END
+
+-- function: rl_refund_all
+DECLARE
+    fn CONSTANT text := 'rl_refund_all';
+    now bigint;
+    items jsonb;
+BEGIN
+    PERFORM ratelimit.rl__json_arg(fn, 'limits', limits, 'a JSON array');
+    now := ratelimit.rl__now(fn, now_ms);
+    items := ratelimit.rl__limit_items(fn, limits);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
+    RETURN jsonb_build_object('items', ratelimit.rl__refund_items(fn, items, now));
 END
 
 -- function: rl_policy_set
@@ -449,23 +448,10 @@ DECLARE
     t text := CASE WHEN tier IS NOT NULL THEN ratelimit.rl__name(fn, 'tier', tier) END;
     now bigint := ratelimit.rl__now(fn, now_ms);
     pi record;
-    it jsonb;
-    answers jsonb := '[]';
 BEGIN
     pi := ratelimit.rl__policy_items(fn, p, s, t, c);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
-    FOR i IN 1..jsonb_array_length(pi.items) LOOP
-        it := pi.items -> (i - 1);
-        answers := answers || CASE (it ->> 'kind')::int
-            WHEN 0 THEN ratelimit.rl__bucket_change(fn, 'refund', it ->> 'key', (it ->> 'burst')::float8,
-                                                    (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)
-            WHEN 1 THEN ratelimit.rl__budget_change(fn, 'refund', it ->> 'key', it ->> 'period', NULL,
-                                                    (it ->> 'micros')::bigint, now)
-            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window', 'window_refund',
-                jsonb_build_object('limit', (it ->> 'quota')::bigint, 'window_ms', (it ->> 'window_ms')::bigint,
-                                   'cost', (it ->> 'micros')::bigint), now, '') END;
-    END LOOP;
-    RETURN jsonb_build_object('policy', p, 'tier', t, 'items', answers);
+    RETURN jsonb_build_object('policy', p, 'tier', t, 'items', ratelimit.rl__refund_items(fn, pi.items, now));
 END
 
 -- function: rl_policy_stats

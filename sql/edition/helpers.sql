@@ -1615,6 +1615,57 @@ BEGIN
 END
 $$;
 
+-- rl_take_all's limits (call_args::TakeAllArgs::parse): an array of 1 to @MAX_ITEMS@ limit
+-- objects, each read by rl__limit_item, as items {pos, kind, key, period, burst, rate, cost,
+-- quota, micros, window_ms} in the order their rows are locked (rl__sorted_items), no limit twice.
+CREATE OR REPLACE FUNCTION ratelimit.rl__limit_items(fn text, limits jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    items jsonb := '[]';
+    item record;
+BEGIN
+    IF jsonb_typeof(limits) <> 'array' THEN
+        PERFORM ratelimit.rl__invalid(fn, @MSG_LIMITS_NOT_AN_ARRAY@);
+    END IF;
+    IF jsonb_array_length(limits) NOT BETWEEN 1 AND @MAX_ITEMS@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_ITEM_COUNT@, 'limits', @MAX_ITEMS@, jsonb_array_length(limits)));
+    END IF;
+    FOR i IN 1..jsonb_array_length(limits) LOOP
+        item := ratelimit.rl__limit_item(fn || ': item ' || i, limits -> (i - 1));
+        items := items || jsonb_build_object('pos', i, 'kind', item.kind, 'key', item.key, 'period', item.period,
+            'burst', item.burst, 'rate', item.rate, 'cost', item.cost, 'quota', item.quota, 'micros', item.micros,
+            'window_ms', item.window_ms);
+    END LOOP;
+    RETURN ratelimit.rl__sorted_items(fn, items);
+END
+$$;
+
+-- Gives each item its cost back (protocol::take_all::refund_limits): a bucket as rl_refund,
+-- a budget as rl_refund_budget, a window by forgetting its newest admissions (answered as
+-- rl_window_peek). Rows are changed in the order rl__take_all holds them (budgets, windows,
+-- buckets, each by key); the answers are in the items' own order (pos).
+CREATE OR REPLACE FUNCTION ratelimit.rl__refund_items(fn text, items jsonb, now bigint) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    it jsonb;
+    answers jsonb := '{}';
+BEGIN
+    FOR it IN SELECT i FROM jsonb_array_elements(items) AS i
+              ORDER BY CASE (i ->> 'kind')::int WHEN 1 THEN 0 WHEN 2 THEN 1 ELSE 2 END,
+                       (i ->> 'key') COLLATE "C", i ->> 'period' LOOP
+        answers := answers || jsonb_build_object(it ->> 'pos', CASE (it ->> 'kind')::int
+            WHEN 0 THEN ratelimit.rl__bucket_change(fn, 'refund', it ->> 'key', (it ->> 'burst')::float8,
+                                                    (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)
+            WHEN 1 THEN ratelimit.rl__budget_change(fn, 'refund', it ->> 'key', it ->> 'period', NULL,
+                                                    (it ->> 'micros')::bigint, now)
+            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window', 'window_refund',
+                jsonb_build_object('limit', (it ->> 'quota')::bigint, 'window_ms', (it ->> 'window_ms')::bigint,
+                                   'cost', (it ->> 'micros')::bigint), now, '') END);
+    END LOOP;
+    RETURN (SELECT jsonb_agg(a.value ORDER BY a.key::int) FROM jsonb_each(answers) AS a);
+END
+$$;
+
 -- A policy definition parsed and validated whole (policy::Policy::parse): its limits as
 -- normalized items [{kind, burst, rate, period, quota, window_ms}] (quota: millionths of a
 -- budget's quota or a window's limit), tiers {name: multiplier}, shadow, and the canonical

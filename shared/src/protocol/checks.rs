@@ -1,7 +1,7 @@
 //! Policies (rl_policy_set, rl_check, rl_refund_check), strikes and blocks.
 
-use super::rows::{change_entries, damaged, window_entries, window_row};
-use super::take_all::read_rows;
+use super::rows::{change_entries, damaged};
+use super::take_all::{read_rows, refund_limits};
 use super::*;
 use crate::policy_cache;
 
@@ -79,42 +79,14 @@ pub(super) fn stored_policy<S: Store>(store: &mut S, name: &str) -> Result<Rc<Po
 }
 
 /// rl_refund_check: gives `cost` back to every limit of a policy for a subject, at the
-/// tier's scale (a handler failed after rl_check admitted it), all in one unit: buckets
-/// never above their burst, budgets never below 0, windows by forgetting the newest
-/// admissions that still count. Each item answers as rl_refund, rl_refund_budget and
-/// rl_window_peek do.
+/// tier's scale (a handler failed after rl_check admitted it), as rl_refund_all gives back
+/// explicit limits ([`super::take_all::refund_limits`]).
 pub fn refund_check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<RefundCheckDecision<'a>> {
     let policy = stored_policy(store, a.policy)?;
     let multiplier = policy.multiplier(a.tier)?;
     let keys = policy.keys(a.policy, a.subject);
     let limits = policy.items(&keys, multiplier, a.cost);
-    writable_for(store, &limits)?;
-    let now_ms = a.now_ms;
-    let items = in_one_unit(store, |store| {
-        let item = |store: &mut S, limit: &Limit| -> Result<LimitRefund> {
-            Ok(match limit {
-                Limit::Bucket(b) => LimitRefund::Bucket(refund(
-                    store,
-                    &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms },
-                )?),
-                Limit::Budget(b) => {
-                    let args = RefundBudgetArgs { key: b.key, period: b.period, amount: b.cost, now_ms };
-                    LimitRefund::Budget(refund_budget(store, &args)?)
-                }
-                Limit::Window(w) => LimitRefund::Window(change_entries(store, EntryKind::Window, w.key, |row| {
-                    let given_back = window::refund(&window_entries(row)?, w.cost);
-                    // a peek (cost 0) answers the window as the refund left it, and keeps
-                    // only the entries that still count
-                    let d = window::take(&given_back, &w.limits, 0, now_ms);
-                    // a window with no row and nothing left to count stays without one
-                    let unchanged = row.is_none() && d.new_entries.as_ref().is_none_or(|e| e.is_empty());
-                    let new = if unchanged { None } else { window_row(&d, w.limits.window_ms)? };
-                    Ok((d, new))
-                })?),
-            })
-        };
-        limits.iter().map(|l| item(store, l)).collect::<Result<Vec<LimitRefund>>>()
-    })?;
+    let items = refund_limits(store, &limits, a.now_ms)?;
     Ok(RefundCheckDecision { policy: a.policy, tier: a.tier, items })
 }
 

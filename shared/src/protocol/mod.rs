@@ -13,7 +13,7 @@ pub use rows::{
     acquire, budgets_near, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew,
     reset, spend, sweep, take, window, window_peek,
 };
-pub use take_all::take_all;
+pub use take_all::{refund_all, take_all};
 
 use std::rc::Rc;
 
@@ -28,7 +28,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::lease::{self, AcquireDecision, Leases, RenewDecision};
 use crate::limit_json::LimitShape;
 use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
-use crate::policy::{self, CheckDecision, LimitRefund, Policy, RefundCheckDecision};
+use crate::policy::{self, CheckDecision, LimitRefund, Policy, RefundAllDecision, RefundCheckDecision};
 use crate::stats::{self, Outcome};
 use crate::store::{BudgetAt, Changed, EntriesAt, EntriesRow, EntryKind, PolicyGuard, RowAt, Rows, Store, StoreResult};
 use crate::take_all::{self as all_or_none, ItemAnswer, ItemRow, Limit, TakeAllDecision};

@@ -1,7 +1,60 @@
 //! rl_take_all: several limits, all or nothing.
 
-use super::rows::{empty_row, window_entries, window_row};
+use super::rows::{change_entries, empty_row, window_entries, window_row};
 use super::*;
+
+/// rl_refund_all: the inverse of rl_take_all, each limit given its cost back in one unit.
+pub fn refund_all<S: Store>(store: &mut S, a: &TakeAllArgs) -> Result<RefundAllDecision> {
+    Ok(RefundAllDecision { items: refund_limits(store, &a.limits, a.now_ms)? })
+}
+
+/// Gives each limit its cost back, all in one unit: a bucket its tokens, never above its
+/// burst (rl_refund); a budget its amount, never below 0 (rl_refund_budget); a window, which
+/// cannot tell one admission from another, by forgetting its newest admissions that still
+/// count, up to the cost (then answered as rl_window_peek). Rows are changed in the order
+/// rl_take_all holds them (budgets, windows, buckets, each by key), so a refund and a take
+/// never wait for each other in a cycle; the answers keep the limits' own order.
+pub(super) fn refund_limits<S: Store>(store: &mut S, limits: &[Limit], now_ms: i64) -> Result<Vec<LimitRefund>> {
+    writable_for(store, limits)?;
+    let mut held_order: Vec<&Limit> = limits.iter().collect();
+    held_order.sort_by_key(|l| (hold_rank(l), l.row()));
+    let mut answers = in_one_unit(store, |store| {
+        held_order.iter().map(|l| Ok((l.position(), refund_limit(store, l, now_ms)?))).collect::<Result<Vec<_>>>()
+    })?;
+    answers.sort_by_key(|(position, _)| *position);
+    Ok(answers.into_iter().map(|(_, answer)| answer).collect())
+}
+
+/// Where a limit's row comes in the order rl_take_all holds rows.
+fn hold_rank(limit: &Limit) -> u8 {
+    match limit {
+        Limit::Budget(_) => 0,
+        Limit::Window(_) => 1,
+        Limit::Bucket(_) => 2,
+    }
+}
+
+fn refund_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<LimitRefund> {
+    Ok(match limit {
+        Limit::Bucket(b) => {
+            LimitRefund::Bucket(refund(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?)
+        }
+        Limit::Budget(b) => {
+            let args = RefundBudgetArgs { key: b.key, period: b.period, amount: b.cost, now_ms };
+            LimitRefund::Budget(refund_budget(store, &args)?)
+        }
+        Limit::Window(w) => LimitRefund::Window(change_entries(store, EntryKind::Window, w.key, |row| {
+            let given_back = window::refund(&window_entries(row)?, w.cost);
+            // a peek (cost 0) answers the window as the refund left it, and keeps only the
+            // entries that still count
+            let d = window::take(&given_back, &w.limits, 0, now_ms);
+            // a window with no row and nothing left to count stays without one
+            let unchanged = row.is_none() && d.new_entries.as_ref().is_none_or(|e| e.is_empty());
+            let new = if unchanged { None } else { window_row(&d, w.limits.window_ms)? };
+            Ok((d, new))
+        })?),
+    })
+}
 
 /// rl_take_all: every item is charged, or none. An unlocked read answers most refusals
 /// without writing; otherwise every budget row is held (in a fixed order, so concurrent
