@@ -49,7 +49,7 @@ export interface Limiter {
    * nothing) and the fallback decides. */
   readonly timeoutMs?: number;
   check(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer>;
-  /** Gives back what an admitted check took (rl_refund_check, or rl_refund and rl_refund_budget). */
+  /** Gives back what an admitted check took (rl_refund_check, or rl_refund_all for explicit limits). */
   refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void>;
   /** Whether the database holds `policy` (checked for every route at startup). */
   policyExists?(policy: string): Promise<boolean>;
@@ -117,33 +117,20 @@ class Statements {
   readonly check: string;
   readonly takeAll: string;
   readonly refundCheck: string;
-  constructor(private readonly param: (n: number) => string, jsonParam: string) {
-    const p = param;
+  constructor(p: (n: number) => string, jsonParam: string) {
     // MATERIALIZED: the limit is taken once, then its headers are read
     this.check = `WITH c(r) AS MATERIALIZED (SELECT rl_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)})) SELECT r, rl_headers(r) AS h FROM c`;
     this.takeAll = `WITH c(r) AS MATERIALIZED (SELECT rl_take_all(${jsonParam})) SELECT r, rl_headers(r) AS h FROM c`;
     this.refundCheck = `SELECT rl_refund_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)}) AS r`;
+    // the inverse of rl_take_all, over the same items
+    this.refundAll = `SELECT rl_refund_all(${jsonParam}) AS r`;
     this.validate = `SELECT rl_policy_validate(${jsonParam}) AS r`;
     // a jsonb parameter in second place: $2::jsonb on PostgreSQL, ? on SQLite
     this.policySet = `SELECT rl_policy_set(${p(1)}, ${p(2)}${jsonParam.endsWith("::jsonb") ? "::jsonb" : ""}) AS r`;
   }
   readonly validate: string;
   readonly policySet: string;
-
-  /** One statement giving every item its cost back (rl_refund, rl_refund_budget). */
-  refund(items: Item[]): [string, unknown[]] {
-    const calls: string[] = [];
-    const params: unknown[] = [];
-    const call = (fn: string, args: unknown[]) => {
-      const placeholders = args.map((arg) => this.param(params.push(arg)));
-      calls.push(`${fn}(${placeholders.join(", ")})`);
-    };
-    for (const item of items) {
-      if ("period" in item) call("rl_refund_budget", [item.key, item.period, item.cost]);
-      else call("rl_refund", [item.key, item.burst, item.refill_per_minute, item.cost]);
-    }
-    return ["SELECT " + calls.join(", "), params];
-  }
+  readonly refundAll: string;
 }
 
 abstract class SqlLimiter implements Limiter {
@@ -227,8 +214,7 @@ abstract class SqlLimiter implements Limiter {
       await this.run(this.statements.refundCheck, [route.policy, subject, cost, tier ?? null]);
       return;
     }
-    const [sql, params] = this.statements.refund(takeItems(route, subject, tier, cost));
-    await this.run(sql, params);
+    await this.run(this.statements.refundAll, [JSON.stringify(takeItems(route, subject, tier, cost))]);
   }
 }
 

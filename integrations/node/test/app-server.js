@@ -56,7 +56,7 @@ app.get("/slow", async (req, res) => {
   await sleep(Number(req.query.seconds ?? 0.5) * 1000);
   res.json({ ok: true });
 });
-app.all(["/fail", "/pfail", "/sms"], (req, res) => {
+app.all(["/fail", "/pfail", "/sms", "/refund/:order"], (req, res) => {
   ran(req.path);
   if (req.query.how === "503") return res.status(503).json({ ok: false });
   if (req.query.how === "ok") return res.json({ ok: true });
@@ -78,7 +78,8 @@ const handler = withRateLimit({ ...options, metrics: fetchMetrics, peer: peers.h
     return Response.json({ ok: true });
   }
   ran(url.pathname);
-  if (["/fail", "/pfail", "/sms"].includes(normalizePath(url.pathname))) {
+  const handlerPath = normalizePath(url.pathname);
+  if (["/fail", "/pfail", "/sms"].includes(handlerPath) || handlerPath.startsWith("/refund/")) {
     if (url.searchParams.get("how") === "503") return Response.json({ ok: false }, { status: 503 });
     if (url.searchParams.get("how") === "ok") return Response.json({ ok: true });
     throw new Error("the handler failed");

@@ -86,9 +86,9 @@ class _Statements:
         self.take_all = (f"WITH c(r) AS MATERIALIZED (SELECT rl_take_all({json_param})) "
                          "SELECT r, rl_headers(r) FROM c")
         self.refund_check = f"SELECT rl_refund_check({p}, {p}, {p}, {p})"
+        self.refund_all = f"SELECT rl_refund_all({json_param})"
         self.validate = f"SELECT rl_policy_validate({json_param})"
         self.policy_set = f"SELECT rl_policy_set({p}, {json_param})"
-        self.placeholder = p
 
     def for_check(self, route, subject: str, tier: Optional[str], cost: float) -> tuple:
         """Takes `cost` from the route's limits for `subject` (all or nothing); its row
@@ -99,10 +99,11 @@ class _Statements:
 
     def for_refund(self, route, subject: str, tier: Optional[str], cost: float) -> tuple:
         """Gives back what an admitted check took (a handler failed): rl_refund_check for a
-        policy, rl_refund and rl_refund_budget for explicit limits."""
+        policy, rl_refund_all (the inverse of rl_take_all, over the same items) for explicit
+        limits."""
         if route.policy is not None:
             return self.refund_check, [route.policy, subject, cost, tier]
-        return self.refund_items(take_items(route, subject, route.multiplier(tier), cost))
+        return self.refund_all, [json.dumps(take_items(route, subject, route.multiplier(tier), cost))]
 
     def for_probe(self, policy: str) -> tuple:
         """Whether `policy` exists: rl_refund_check for a subject of no one's finds nothing
@@ -116,18 +117,6 @@ class _Statements:
         """The engine's own validation of a route's explicit limits (as a policy
         definition: rl_policy_validate), which writes nothing."""
         return self.validate, [json.dumps(definition)]
-
-    def refund_items(self, items: list) -> tuple:
-        """One statement giving every item its cost back (rl_refund, rl_refund_budget)."""
-        p, calls, params = self.placeholder, [], []
-        for item in items:
-            if "period" in item:
-                calls.append(f"rl_refund_budget({p}, {p}, {p})")
-                params += [item["key"], item["period"], item["cost"]]
-            else:
-                calls.append(f"rl_refund({p}, {p}, {p}, {p})")
-                params += [item["key"], item["burst"], item["refill_per_minute"], item["cost"]]
-        return "SELECT " + ", ".join(calls), params
 
 
 def _decoded(value: Any) -> Any:

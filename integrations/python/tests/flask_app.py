@@ -41,7 +41,8 @@ def slow():
 @app.route("/fail")
 @app.route("/pfail")
 @app.route("/sms")
-def fail():
+@app.route("/refund/<order>")
+def fail(order=None):
     ran(normalize_path(request.path))
     if request.args.get("how") == "503":
         return jsonify(ok=False), 503

@@ -58,12 +58,12 @@ module TestApp
 
   def self.runs = RUNS_LOCK.synchronize { RUNS.dup }
 
-  # The handlers every test application serves: /fail, /pfail and /sms fail as asked (a run
+  # The handlers every test application serves: /fail, /pfail, /sms and /refund/* fail as asked (a run
   # counted first), /slow sleeps, the rest answer {ok, path}.
   def self.answer(path, params)
     ran(path) unless path == "/slow"
     case RatelimitWeb.normalize_path(path, formats: true)
-    when "/fail", "/pfail", "/sms"
+    when "/fail", "/pfail", "/sms", %r{\A/refund/}
       return [503, { "ok" => false }] if params["how"] == "503"
       return [200, { "ok" => true }] if params["how"] == "ok"
 

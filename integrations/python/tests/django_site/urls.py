@@ -12,6 +12,7 @@ urlpatterns = [
     path("fail", views.fail),
     path("pfail", views.fail),
     path("sms", views.fail),
+    path("refund/<str:order>", views.fail),
     path("decorated", views.decorated),
     path("decorated_async", views.decorated_async),
 ]

@@ -24,7 +24,7 @@ def slow(request):
     return JsonResponse({"ok": True})
 
 
-def fail(request):
+def fail(request, order=None):
     ran(normalize_path(request.path))
     if request.GET.get("how") == "503":
         return JsonResponse({"ok": False}, status=503)

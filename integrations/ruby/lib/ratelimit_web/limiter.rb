@@ -48,12 +48,12 @@ module RatelimitWeb
   # statement of each kind of call.
   class Statements
     def initialize(&placeholder)
-      @p = placeholder
-      p = ->(n) { @p.call(n) }
+      p = placeholder
       # MATERIALIZED: the limit is taken once, then its headers are read
       @check = "WITH c(r) AS MATERIALIZED (SELECT rl_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})) SELECT r, rl_headers(r) FROM c"
       @take_all = "WITH c(r) AS MATERIALIZED (SELECT rl_take_all(#{p[1]})) SELECT r, rl_headers(r) FROM c"
       @refund_check = "SELECT rl_refund_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})"
+      @refund_all = "SELECT rl_refund_all(#{p[1]})"
       @validate = "SELECT rl_policy_validate(#{p[1]})"
       @policy_set = "SELECT rl_policy_set(#{p[1]}, #{p[2]})"
     end
@@ -69,20 +69,12 @@ module RatelimitWeb
       [@take_all, [JSON.generate(items(route, subject, tier, cost))]]
     end
 
-    # Gives back what an admitted check took: rl_refund_check, or rl_refund and rl_refund_budget.
+    # Gives back what an admitted check took: rl_refund_check for a policy, rl_refund_all
+    # (the inverse of rl_take_all, the same items) for explicit limits.
     def for_refund(route, subject, tier, cost)
       return [@refund_check, [route.policy, subject, cost, tier]] if route.policy
 
-      calls, params = [], []
-      param = ->(value) { params << value; @p.call(params.size) }
-      items(route, subject, tier, cost).each do |item|
-        calls << if item.key?("period")
-                   "rl_refund_budget(#{param[item['key']]}, #{param[item['period']]}, #{param[item['cost']]})"
-                 else
-                   "rl_refund(#{param[item['key']]}, #{param[item['burst']]}, #{param[item['refill_per_minute']]}, #{param[item['cost']]})"
-                 end
-      end
-      ["SELECT #{calls.join(', ')}", params]
+      [@refund_all, [JSON.generate(items(route, subject, tier, cost))]]
     end
 
     # rl_refund_check for a subject of no one's finds nothing to give back: it changes
