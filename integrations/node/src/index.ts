@@ -11,5 +11,5 @@ export { DatabaseUnavailable, isMissingPolicy, limitKey, PostgresLimiter, Sqlite
 export type { Answer, Limit, Limiter, RefundOn, Route } from "./limiter";
 export { PrometheusMetrics, TopSubjects } from "./metrics";
 export type { Metrics, Outcome } from "./metrics";
-export { AdminView } from "./admin";
+export { AdminView, headerToken, MAX_BODY_BYTES } from "./admin";
 export type { AdminAnswer, AdminOptions, AdminRequest } from "./admin";

@@ -214,7 +214,19 @@ const admin = new AdminView({ database, extension, sampleSeconds: 0.5,
                               authorize: (r) => (r.headers.cookie || "").includes("ops=let-me-in") });
 const site = express();
 site.use("/ratelimit", admin.express);
-const server = site.listen(0, "127.0.0.1", () => console.log(server.address().port));
+// the Fetch API form too, on a port of its own (node:http to a Request and back)
+const http = require("http");
+const fetchServer = http.createServer(async (req, res) => {
+  const headers = new Headers();
+  for (const [name, value] of Object.entries(req.headers)) headers.set(name, [].concat(value).join(", "));
+  const body = ["GET", "HEAD"].includes(req.method) ? undefined : require("stream").Readable.toWeb(req);
+  const response = await admin.fetch(new Request(`http://${req.headers.host}${req.url}`,
+                                                 { method: req.method, headers, body, duplex: "half" }), "/ratelimit");
+  res.writeHead(response.status, Object.fromEntries(response.headers));
+  res.end(Buffer.from(await response.arrayBuffer()));
+});
+const server = site.listen(0, "127.0.0.1", () =>
+  fetchServer.listen(0, "127.0.0.1", () => console.log(server.address().port, fetchServer.address().port)));
 """
 
 
@@ -224,8 +236,9 @@ def serve_node(app):
     if not os.path.exists(os.path.join(package, "dist", "admin.js")):
         pytest.fail("integrations/node is not built (bash scripts/package.sh --sqlite builds it)")
     proc = subprocess.Popen(["node", "-e", NODE_SERVER, package, app.url, EXTENSION], stdout=subprocess.PIPE, text=True)
-    port = int(proc.stdout.readline())
-    return proc, f"http://127.0.0.1:{port}/ratelimit/"
+    express_port, fetch_port = proc.stdout.readline().split()
+    proc.fetch_url = f"http://127.0.0.1:{fetch_port}/ratelimit/"
+    return proc, f"http://127.0.0.1:{express_port}/ratelimit/"
 
 
 def serve_django(app):
@@ -374,3 +387,124 @@ def test_the_wsgi_and_django_forms_of_the_page(app):
     assert json.loads(answer.content) == {"subject": "ip:192.0.2.66", "unblocked": True}
     assert app.blocked() == []
     admin.close()
+
+
+# -- a hostile client: bodies are refused before they are read, bounded, and checked -----
+
+def serve_wsgi(admin):
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = make_server("127.0.0.1", 0, admin.wsgi, handler_class=Quiet)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_port}/"
+
+
+def raw_post(url, headers, body, then_wait=5.0):
+    """Sends a POST's head and the first part of its body, then reads the answer's status
+    line without sending the rest: (status, seconds until it came), or (None, ...) when no
+    answer came while the server waited for a body it had not been sent."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    path = "/" + url.split("//")[1].split("/", 1)[1] + "unblock"
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=then_wait) as sock:
+        sock.sendall(head.encode() + body)
+        try:
+            first = sock.recv(64)
+        except socket.timeout:
+            return None, time.monotonic() - started
+    line = first.split(b"\r\n", 1)[0].decode()
+    return (int(line.split()[1]) if line.startswith("HTTP/") else None), time.monotonic() - started
+
+
+@pytest.mark.parametrize("served_by", ["asgi", "wsgi", "django", "express", "fetch"])
+def test_bodies_are_refused_unread_bounded_and_checked(app, served_by):
+    """An unauthorised POST is answered 403 from its head alone; an authorised one that
+    declares more than MAX_BODY_BYTES is answered 413 unread, one that sends more is cut off
+    at the bound; a malformed body is a 400 that says why, never a 500."""
+    from ratelimit_web.admin import MAX_BODY_BYTES
+
+    admin = server = None
+    if served_by == "asgi":
+        admin = AdminView(app.url, extension=EXTENSION, authorize=authorized)
+        server, thread, url = serve_asgi(admin)
+    elif served_by == "wsgi":
+        admin = AdminView(app.url, extension=EXTENSION, authorize=authorized)
+        httpd, url = serve_wsgi(admin)
+    elif served_by == "django":
+        proc, url = serve_django(app)
+    else:
+        proc, url = serve_node(app)
+        url = proc.fetch_url if served_by == "fetch" else url
+    huge = {"Content-Length": str(48 * 1024 * 1024)}
+    try:
+        # 48 MB declared, 1 KB sent: the answer comes from the head
+        status, took = raw_post(url, huge, b"x" * 1024)
+        assert status == 403 and took < 3, (status, took)
+        status, took = raw_post(url, {**huge, "Cookie": TOKEN}, b"x" * 1024)
+        assert status == 413 and took < 3, (status, took)
+        with httpx.Client(timeout=10) as client:
+            ok = {"Cookie": TOKEN, "Content-Type": "application/json"}
+            # a body past the bound, without Content-Length (chunked), where the server takes one
+            if served_by in ("asgi", "express", "fetch"):
+                chunks = (b"[" + b" " * 1024 for _ in range(4096))  # 4 MB, sent in pieces
+                answer = client.post(url + "unblock", headers=ok, content=chunks)
+                assert answer.status_code == 413, answer.text
+            answer = client.post(url + "unblock", headers=ok, content=b'{"subject": "' + b"a" * MAX_BODY_BYTES + b'"}')
+            assert answer.status_code == 413
+            for body, why in ((b"{", "not JSON"), (b"[]", "JSON object"), (b'"ip:1"', "JSON object"),
+                              (b"\xff\xfe{}", "not UTF-8"), (b'{"subject": 5}', "non-empty string"),
+                              (b"", "JSON object"), (b'{"subject": ""}', "non-empty string")):
+                answer = client.post(url + "unblock", headers=ok, content=body)
+                assert answer.status_code == 400, (body, answer.status_code, answer.text)
+                assert why in answer.json()["error"], (body, answer.json())
+            answer = client.post(url + "unblock", headers=ok, content=b'{"subject": "user:mallory"}')
+            assert answer.json() == {"subject": "user:mallory", "unblocked": True}
+    finally:
+        if served_by == "asgi":
+            server.should_exit = True
+            thread.join(timeout=10)
+        elif served_by == "wsgi":
+            httpd.shutdown()
+        else:
+            proc.kill()
+            proc.wait()
+        if admin is not None:
+            admin.close()
+
+
+def test_the_blocks_list_is_capped_and_says_how_many_there_are(app):
+    for i in range(130):
+        app.run("SELECT rl_block(?, 3600)", f"ip:10.0.{i // 256}.{i % 256}")
+    admin = AdminView(app.url, extension=EXTENSION, authorize=lambda r: True)
+    try:
+        state = json.loads(admin.handle(_request("GET", "state"))[2])
+        assert len(state["blocks"]) == 100 and state["blocks_total"] == 132
+        assert [b["subject"] for b in state["blocks"]] == sorted(b["subject"] for b in state["blocks"])
+        few = AdminView(app.url, extension=EXTENSION, authorize=lambda r: True, blocks=5)
+        state = json.loads(few.handle(_request("GET", "state"))[2])
+        assert len(state["blocks"]) == 5 and state["blocks_total"] == 132
+        few.close()
+    finally:
+        admin.close()
+
+
+def test_header_token_fails_closed():
+    from ratelimit_web.admin import AdminRequest, header_token
+
+    for missing in (None, ""):
+        with pytest.raises(ValueError, match="missing or empty"):
+            header_token("x-ops-token", missing)
+    check = header_token("X-Ops-Token", "s3cret")
+    assert check(AdminRequest("GET", "", {"x-ops-token": "s3cret"})) is True
+    for given in ({}, {"x-ops-token": ""}, {"x-ops-token": "s3cre"}, {"x-ops-token": "s3cret "}):
+        assert check(AdminRequest("GET", "", given)) is False
+    # the module's documented example, as written: it names header_token and fails closed
+    import ratelimit_web.admin as module
+
+    assert 'authorize=header_token("x-ops-token", os.environ["RATELIMIT_OPS_TOKEN"])' in module.__doc__
