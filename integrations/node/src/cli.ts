@@ -64,8 +64,25 @@ function decoded(value: unknown): unknown {
 
 const truthy = (value: unknown) => value === true || value === 1;
 
-export async function main(argv: string[], out = (line: string) => console.log(line),
-                           err = (line: string) => console.error(line)): Promise<number> {
+// What a terminal must never be sent raw: controls (C0, DEL, C1, which move the cursor, clear
+// the screen, set the title or write the clipboard), format characters (bidirectional
+// overrides, zero-width ones), line and paragraph separators, and code points that are
+// unassigned, private or lone surrogates.
+const HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Co}\p{Cs}\p{Cn}]/gu;
+
+/** `text` safe to write to a terminal: every character a terminal would act on, or that
+ * hides or reorders what follows, written as its \uXXXX escape (JSON's own, so a JSON line
+ * stays JSON), the rest as it is. */
+export function visible(text: string): string {
+  return text.replace(HIDDEN, (ch) => [...Array(ch.length).keys()]
+    .map((i) => "\\u" + ch.charCodeAt(i).toString(16).padStart(4, "0")).join(""));
+}
+
+export async function main(argv: string[], write = (line: string) => console.log(line),
+                           writeErr = (line: string) => console.error(line)): Promise<number> {
+  // every line names subjects, keys or the engine's words: none reaches the terminal raw
+  const out = (line: string) => write(visible(line));
+  const err = (line: string) => writeErr(visible(line));
   let db = process.env.RATELIMIT_DATABASE;
   let seconds: number | null = null;
   const args: string[] = [];

@@ -21,7 +21,40 @@ import os
 import sqlite3
 import sys
 import time
+import unicodedata
 from typing import List, Optional
+
+# What a terminal must never be sent raw: controls (C0, DEL, C1, which move the cursor,
+# clear the screen, set the title or write the clipboard), format characters (bidirectional
+# overrides, zero-width ones), line and paragraph separators, and code points that are
+# unassigned, private or lone surrogates.
+_HIDDEN = frozenset(("Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"))
+# The widest a subject or key is shown in a table (the rest is cut, with an ellipsis).
+CELL_CHARS = 64
+
+
+def visible(text) -> str:
+    """`text` safe to write to a terminal: every character a terminal would act on, or
+    that hides or reorders what follows, written as its \\uXXXX escape (the same one JSON
+    uses), the rest as it is."""
+    out = []
+    for ch in str(text):
+        if unicodedata.category(ch) in _HIDDEN:
+            code = ord(ch)
+            if code > 0xFFFF:
+                code -= 0x10000
+                out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def cell(value, width: int = CELL_CHARS) -> str:
+    """A table cell: visible, and at most `width` characters."""
+    text = "" if value is None else visible(value)
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
 def is_postgres(db: str) -> bool:
@@ -64,7 +97,7 @@ SCOPES = {
 def table(title: str, header: List[str], rows: List[list], left: int = 1) -> List[str]:
     """A titled table in fixed columns, the first `left` left-aligned (names), the rest
     right-aligned (numbers)."""
-    cells = [header] + [["" if v is None else str(v) for v in row] for row in rows]
+    cells = [header] + [[cell(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["", title]
     for r in cells:
@@ -110,6 +143,8 @@ def top(db: "Database", n: int, interval: float, once: bool) -> None:
     if once:
         sys.stdout.write(top_screen(db, n))
         return
+    # (every subject and key on the screen went through `visible`: the only escapes written
+    # are this clear-screen and nothing else)
     try:
         while True:
             screen = top_screen(db, n)
@@ -143,6 +178,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     watch.add_argument("-n", type=int, default=10, help="subjects refused most to show (1 to 64, default 10)")
     watch.add_argument("--once", action="store_true", help="print the view once and exit")
     args = parser.parse_args(argv)
+    say = lambda text: print(visible(text))  # noqa: E731 - names and subjects, as the terminal shows them
     if not args.db:
         parser.error("give --db (or set RATELIMIT_DATABASE)")
     try:
@@ -156,19 +192,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(json.dumps({"name": name, "definition": definition}))
         elif args.command == "policy":
             dropped = db.value("SELECT rl_policy_drop(?)", (args.name,))
-            print(f"dropped {args.name}" if dropped else f"there was no policy named {args.name}")
+            say(f"dropped {args.name}" if dropped else f"there was no policy named {args.name}")
         elif args.command == "block":
             print(json.dumps(db.value("SELECT rl_block(?, ?)", (args.subject, args.seconds))))
         elif args.command == "top":
             top(db, args.n, args.interval, args.once)
         elif args.command == "unblock":
             lifted = db.value("SELECT rl_unblock(?)", (args.subject,))
-            print(f"unblocked {args.subject}" if lifted else f"{args.subject} was not blocked")
+            say(f"unblocked {args.subject}" if lifted else f"{args.subject} was not blocked")
         else:
             for subject, strikes, until in db.rows("SELECT subject, strikes, blocked_until_ms FROM rl_blocks ORDER BY subject"):
                 print(json.dumps({"subject": subject, "strikes": strikes, "blocked_until_ms": until}))
     except Exception as e:  # noqa: BLE001 - the engine's words, as it says them
-        print(f"ratelimit-web: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)
+        print(visible(f"ratelimit-web: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"),
+              file=sys.stderr)
         return 1
     return 0
 

@@ -46,7 +46,29 @@ module RatelimitWeb
       def truthy?(value) = [true, 1, "t", "true"].include?(value)
     end
 
+    # What a terminal must never be sent raw: controls (C0, DEL, C1, which move the cursor,
+    # clear the screen, set the title or write the clipboard), format characters
+    # (bidirectional overrides, zero-width ones), line and paragraph separators, and code
+    # points that are unassigned or private.
+    HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Co}\p{Cn}]/
+
+    # `text` safe to write to a terminal: every character a terminal would act on, or that
+    # hides or reorders what follows, written as its \uXXXX escape (JSON's own, so a JSON
+    # line stays JSON); bytes that are not UTF-8 as U+FFFD.
+    def self.visible(text)
+      text.to_s.dup.force_encoding(Encoding::UTF_8).scrub.gsub(HIDDEN) do |ch|
+        ch.encode(Encoding::UTF_16BE).unpack("n*").map { |u| format("\\u%04x", u) }.join
+      end
+    end
+
+    # An output stream that writes every line through `visible`.
+    class Visible
+      def initialize(io) = @io = io
+      def puts(line) = @io.puts(CLI.visible(line))
+    end
+
     def self.run(argv, out: $stdout, err: $stderr)
+      out, err = Visible.new(out), Visible.new(err)
       db, seconds = ENV.fetch("RATELIMIT_DATABASE", nil), nil
       args = OptionParser.new do |o|
         o.on("--db DB") { |v| db = v }
