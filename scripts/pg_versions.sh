@@ -24,7 +24,9 @@ WEB_TEST_PACKAGES=("starlette==0.47.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycop
                    "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*" "prometheus-client==0.22.*"
                    "django==5.2.*" "flask==3.1.*" "gunicorn==23.*"
                    # ratelimit-rls's tests: Envoy's protos generated for Python, and gRPC
-                   "grpcio==1.85.*" "grpcio-health-checking==1.85.*" "xds-protos==1.85.*")
+                   "grpcio==1.85.*" "grpcio-health-checking==1.85.*" "xds-protos==1.85.*"
+                   # the reference's tests ported as data (rls/tests/reference/cases.yaml)
+                   "pyyaml==6.*")
 # The SQLite-only suite as a SQLite user runs it: Debian's python3 (its sqlite3 loads
 # extensions) with pytest alone, no system packages, so no psycopg2 (test.sh runs it as an
 # unprivileged user).

@@ -136,13 +136,13 @@ def db(request, tmp_path):
 
 
 class Server:
-    def __init__(self, db, config_dir):
+    def __init__(self, db, config_dir, env=None, args=()):
         self.grpc_port, self.http_port = free_port(), free_port()
         self.log = open(os.path.join(config_dir, "..", "server.log"), "wb")
         self.proc = subprocess.Popen(
             [BINARY, "--config", str(config_dir), "--database", db.url, "--grpc", f"127.0.0.1:{self.grpc_port}",
-             "--http", f"127.0.0.1:{self.http_port}", "--reload-seconds", "0.2", "--pool", "8"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+             "--http", f"127.0.0.1:{self.http_port}", "--reload-seconds", "0.2", "--pool", "8", *args],
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
         self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
         health = health_pb2_grpc.HealthStub(self.channel)
