@@ -22,6 +22,8 @@ COMMENT ON FUNCTION rl_take_all(jsonb, double precision) IS
   'take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb';
 COMMENT ON FUNCTION rl_refund_all(jsonb, double precision) IS
   'give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
+COMMENT ON FUNCTION rl_charge_all(jsonb, double precision) IS
+  'charge each limit of an rl_take_all list its cost whatever it holds (a cost known after the work), in one unit: buckets into debt, budgets past their quota, windows past their limit; returns jsonb (remaining below 0 where a limit went past)';
 COMMENT ON FUNCTION rl_window(text, double precision, double precision, double precision, double precision) IS
   'exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb';
 COMMENT ON FUNCTION rl_window_peek(text, double precision, double precision, double precision, double precision) IS
@@ -48,6 +50,10 @@ COMMENT ON FUNCTION rl_check(text, text, double precision, text, double precisio
   'apply every limit of a policy to subject, all or nothing, scaled by the tier''s multiplier; returns jsonb';
 COMMENT ON FUNCTION rl_refund_check(text, text, double precision, text, double precision) IS
   'give cost back to every limit of a policy for subject, scaled by the tier (after an admitted rl_check whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
+COMMENT ON FUNCTION rl_charge_check(text, text, double precision, text, double precision) IS
+  'charge amount to every limit of a policy for subject, scaled by the tier, whatever they hold (a cost known after the work): buckets into debt, budgets past their quota, windows past their limit; returns jsonb';
+COMMENT ON FUNCTION rl_peek_check(text, text, double precision, text, double precision) IS
+  'what rl_check with the same arguments would return, charging and counting nothing (cost 0 reads what is left)';
 COMMENT ON FUNCTION rl_penalize(text, bigint, double precision, double precision, double precision, double precision) IS
   'record a strike against subject; past free_strikes it is blocked for min(base_seconds * 2^(strikes - free_strikes), max_seconds); strikes are forgotten window_seconds after the last, never sooner than an earlier strike''s window said; returns jsonb';
 COMMENT ON FUNCTION rl_block(text, double precision, double precision) IS
@@ -143,6 +149,7 @@ BEGIN
          'rl_refund_budget(text, text, double precision, double precision)',
          'rl_take_all(jsonb, double precision)',
          'rl_refund_all(jsonb, double precision)',
+         'rl_charge_all(jsonb, double precision)',
          'rl_window(text, double precision, double precision, double precision, double precision)',
          'rl_window_peek(text, double precision, double precision, double precision, double precision)',
          'rl_acquire(text, bigint, double precision, double precision)',
@@ -154,6 +161,8 @@ BEGIN
          'rl_policy_validate(jsonb)',
          'rl_check(text, text, double precision, text, double precision)',
          'rl_refund_check(text, text, double precision, text, double precision)',
+         'rl_charge_check(text, text, double precision, text, double precision)',
+         'rl_peek_check(text, text, double precision, text, double precision)',
          'rl_penalize(text, bigint, double precision, double precision, double precision, double precision)',
          'rl_block(text, double precision, double precision)',
          'rl_headers(jsonb)',

@@ -37,7 +37,8 @@ def valid_call(rng):
     cost = rng.choice([1, 1, 2, 0.5, 2.5, 7])
     function = rng.choice(["rl_take", "rl_take", "rl_peek", "rl_refund", "rl_charge", "rl_spend", "rl_spend", "rl_budget",
                            "rl_refund_budget", "rl_charge_budget", "rl_window", "rl_window", "rl_window_peek",
-                           "rl_acquire", "rl_release", "rl_renew", "rl_in_flight", "rl_take_all", "rl_refund_all", "rl_check", "rl_check",
+                           "rl_acquire", "rl_release", "rl_renew", "rl_in_flight", "rl_take_all", "rl_refund_all", "rl_charge_all", "rl_check", "rl_check",
+                           "rl_charge_check", "rl_peek_check",
                            "rl_refund_check", "rl_policy_set", "rl_penalize", "rl_block", "rl_unblock", "rl_sweep",
                            "rl_headers", "rl_reset", "rl_policy_drop", "rl_budgets_near"])
     burst, rate = rng.choice([(5, 30), (3, 6), (10, 0.5)])
@@ -58,7 +59,13 @@ def valid_call(rng):
                           '{"key": "%s", "period": "day", "quota": 10, "cost": %s}, '
                           '{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}]'
                           % (key, cost, key, cost, key, burst, rate, cost)],
+        "rl_charge_all": ['[{"key": "%s", "period": "day", "quota": 10, "cost": %s}, '
+                          '{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
+                          '{"key": "%s", "limit": 4, "window_seconds": 90, "cost": %s}]'
+                          % (key, cost, key, burst, rate, cost, key, cost)],
         "rl_check": [policy, subject, cost, rng.choice([None, None, "pro"])],
+        "rl_charge_check": [policy, subject, cost, rng.choice([None, "pro"])],
+        "rl_peek_check": [policy, subject, rng.choice([0, cost]), rng.choice([None, "pro"])],
         "rl_refund_check": [policy, subject, cost, rng.choice([None, "pro"])],
         "rl_policy_set": [policy, rng.choice(DEFINITIONS)], "rl_policy_drop": [policy],
         "rl_penalize": [subject, rng.choice([0, 1, 3]), 60, 3600, rng.choice([1, 3600])],
@@ -84,6 +91,8 @@ def with_clock(function, args, clock, rng):
     args = list(args[:at])
     for p in params[len(args):at]:
         default = p["default"]
+        if default is None:  # a required argument left out: the call is refused as it is
+            return args
         args.append(None if default == "NULL" else float(default) if p["type"] == "double precision" else int(default))
     return args + [clock]
 

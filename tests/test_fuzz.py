@@ -86,7 +86,7 @@ def random_call(rng, functions):
         args = [keys(rng) for _ in range(rng.randint(1, 4))]
     elif function == "rl_reset":
         args = [keys(rng)]
-    elif function in ("rl_take_all", "rl_refund_all"):
+    elif function in ("rl_take_all", "rl_refund_all", "rl_charge_all"):
         if rng.random() < 0.5:
             items = [rng.choice([
                 {"key": rng.choice(["a", "b", "c"]), "burst": rng.choice([1, 3, 2.5, 1e308]),
@@ -143,7 +143,7 @@ def random_call(rng, functions):
                 args.append(rng.choice(CLOCKS))
     elif function == "rl_policy_drop":
         args = [rng.choice(POLICIES + [None, ""])]
-    elif function in ("rl_check", "rl_refund_check"):
+    elif function in ("rl_check", "rl_refund_check", "rl_charge_check", "rl_peek_check"):
         args = [rng.choice(POLICIES + [None]), keys(rng)]
         if rng.random() < 0.7:
             args += [rng.choice(NUMBERS), rng.choice([None, "pro", "x", "", 5])]
@@ -239,7 +239,13 @@ def check_answer(function, value):
         for item in r["items"]:  # a refund never leaves more than the limit, nor a negative use
             assert item.get("remaining", 0) <= item.get("limit", math.inf) and item.get("used", 0) >= 0
         return
-    if function == "rl_check":
+    if function in ("rl_charge_all", "rl_charge_check"):
+        # charged whatever each limit holds: admitted, remaining below 0 where it went past
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and r["admitted"] is True and r["retry_after_ms"] == 0
+        for item in r["items"]:
+            assert item["admitted"] is True and item["remaining"] <= item["limit"] and item.get("used", 0) >= 0
+        return
+    if function in ("rl_check", "rl_peek_check"):
         assert sorted(r) == sorted(RESULT_KEYS[function])
         assert r["would_refuse"] == (r["blocked"] or not all(i["admitted"] for i in r["items"]))
         assert r["admitted"] == (r["shadow"] or not r["would_refuse"])

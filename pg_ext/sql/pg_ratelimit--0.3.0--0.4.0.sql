@@ -10,7 +10,9 @@
 -- rl_top_refused(policy, n) and the view rl_refused: the subjects rl_check refuses most.
 -- rl_budgets_near(fraction, n, now_ms): the budgets near their quota, which a budget row
 -- now keeps (column quota: that of the last spend, 0 for the rows written before).
--- rl_refund_all(limits, now_ms): the inverse of rl_take_all.
+-- rl_refund_all(limits, now_ms): the inverse of rl_take_all; rl_charge_all(limits, now_ms)
+-- and rl_charge_check(policy, subject, amount, tier, now_ms): costs known after the work;
+-- rl_peek_check(policy, subject, cost, tier, now_ms): rl_check's answer, charging nothing.
 
 -- complain if this script is run in psql rather than by ALTER EXTENSION
 \echo Use "ALTER EXTENSION pg_ratelimit UPDATE TO '0.4.0'" to load this file. \quit
@@ -20,7 +22,7 @@ DO $rl_existing$ BEGIN
     PERFORM pg_catalog.set_config('pg_ratelimit_install.existing_functions', coalesce((
         SELECT pg_catalog.string_agg(p.oid::text, ' ') FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
-          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
+          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_charge_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_charge_check', 'rl_peek_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
 END $rl_existing$;
 -- end generated
 
@@ -87,6 +89,25 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_refund_all_wrapper';
 COMMENT ON FUNCTION rl_refund_all(jsonb, double precision) IS
   'give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
+-- Costs known after the work, charged whatever the limits hold, and a policy's check that
+-- charges nothing.
+CREATE FUNCTION "rl_charge_all"("limits" jsonb, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_charge_all_wrapper';
+COMMENT ON FUNCTION rl_charge_all(jsonb, double precision) IS
+  'charge each limit of an rl_take_all list its cost whatever it holds (a cost known after the work), in one unit: buckets into debt, budgets past their quota, windows past their limit; returns jsonb (remaining below 0 where a limit went past)';
+CREATE FUNCTION "rl_charge_check"("policy" text, "subject" text, "amount" double precision,
+                                  "tier" text DEFAULT NULL, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_charge_check_wrapper';
+COMMENT ON FUNCTION rl_charge_check(text, text, double precision, text, double precision) IS
+  'charge amount to every limit of a policy for subject, scaled by the tier, whatever they hold (a cost known after the work): buckets into debt, budgets past their quota, windows past their limit; returns jsonb';
+CREATE FUNCTION "rl_peek_check"("policy" text, "subject" text, "cost" double precision DEFAULT 1,
+                                "tier" text DEFAULT NULL, "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_peek_check_wrapper';
+COMMENT ON FUNCTION rl_peek_check(text, text, double precision, text, double precision) IS
+  'what rl_check with the same arguments would return, charging and counting nothing (cost 0 reads what is left)';
 
 -- generated: privileges (shared/src/privileges.rs; RL_BLESS=1 cargo test -p ratelimit_core --test generated)
 -- Privileges: exactly what the extension intends, whatever ALTER DEFAULT PRIVILEGES granted
@@ -145,6 +166,7 @@ BEGIN
          'rl_refund_budget(text, text, double precision, double precision)',
          'rl_take_all(jsonb, double precision)',
          'rl_refund_all(jsonb, double precision)',
+         'rl_charge_all(jsonb, double precision)',
          'rl_window(text, double precision, double precision, double precision, double precision)',
          'rl_window_peek(text, double precision, double precision, double precision, double precision)',
          'rl_acquire(text, bigint, double precision, double precision)',
@@ -156,6 +178,8 @@ BEGIN
          'rl_policy_validate(jsonb)',
          'rl_check(text, text, double precision, text, double precision)',
          'rl_refund_check(text, text, double precision, text, double precision)',
+         'rl_charge_check(text, text, double precision, text, double precision)',
+         'rl_peek_check(text, text, double precision, text, double precision)',
          'rl_penalize(text, bigint, double precision, double precision, double precision, double precision)',
          'rl_block(text, double precision, double precision)',
          'rl_headers(jsonb)',

@@ -105,7 +105,7 @@ fn rl_policy_drop(name: Option<&str>) -> bool {
     run(&f::RL_POLICY_DROP, &[text(name)])
 }
 
-/// rl_check and rl_refund_check: `(policy, subject [, cost = 1 [, tier [, now_ms]]])`.
+/// rl_check, rl_refund_check and rl_peek_check: `(policy, subject [, cost = 1 [, tier [, now_ms]]])`.
 macro_rules! policy_wrappers {
     ($($name:ident => $descriptor:ident;)*) => {$(
         #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -124,6 +124,18 @@ macro_rules! policy_wrappers {
 policy_wrappers! {
     rl_check => RL_CHECK;
     rl_refund_check => RL_REFUND_CHECK;
+    rl_peek_check => RL_PEEK_CHECK;
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_charge_check(
+    policy: Option<&str>,
+    subject: Option<&str>,
+    amount: Option<f64>,
+    tier: default!(Option<&str>, "NULL"),
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonbResult {
+    run(&f::RL_CHARGE_CHECK, &[text(policy), text(subject), real(amount), text(tier), real(now_ms)])
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -149,16 +161,21 @@ fn rl_unblock(subject: Option<&str>, now_ms: default!(Option<f64>, "NULL")) -> b
     run(&f::RL_UNBLOCK, &[text(subject), real(now_ms)])
 }
 
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn rl_take_all(limits: Option<JsonbArg>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
-    let limits = json_text(&f::RL_TAKE_ALL, "limits", limits);
-    run(&f::RL_TAKE_ALL, &[text(limits.as_deref()), real(now_ms)])
+/// rl_take_all, rl_refund_all and rl_charge_all: `(limits [, now_ms])`.
+macro_rules! limits_wrappers {
+    ($($name:ident => $descriptor:ident;)*) => {$(
+        #[pg_extern(volatile, parallel_unsafe, security_definer)]
+        fn $name(limits: Option<JsonbArg>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
+            let limits = json_text(&f::$descriptor, "limits", limits);
+            run(&f::$descriptor, &[text(limits.as_deref()), real(now_ms)])
+        }
+    )*};
 }
 
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn rl_refund_all(limits: Option<JsonbArg>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
-    let limits = json_text(&f::RL_REFUND_ALL, "limits", limits);
-    run(&f::RL_REFUND_ALL, &[text(limits.as_deref()), real(now_ms)])
+limits_wrappers! {
+    rl_take_all => RL_TAKE_ALL;
+    rl_refund_all => RL_REFUND_ALL;
+    rl_charge_all => RL_CHARGE_ALL;
 }
 
 #[pg_extern(immutable, parallel_safe)]

@@ -121,6 +121,32 @@ pub fn charge(state: Option<&BudgetState>, period: Period, amount: i64, now: i64
     }
 }
 
+/// A charge of a budget whose quota the caller gives (rl_charge_all, rl_charge_check): the
+/// charge of [`charge`], answered as a spend that was admitted (`remaining` below 0 past the
+/// quota), and the quota kept with the row as a spend keeps it. None past [`MAX_USED`].
+pub fn charge_against(
+    state: Option<&BudgetState>,
+    period: Period,
+    quota: i64,
+    amount: i64,
+    now: i64,
+) -> Option<SpendDecision> {
+    let c = charge(state, period, amount, now);
+    if c.too_much {
+        return None;
+    }
+    Some(SpendDecision {
+        admitted: true,
+        used: c.used,
+        quota,
+        resets_at_ms: c.resets_at_ms,
+        retry_after_seconds: 0,
+        exceeds_limit: false,
+        period_ms: c.resets_at_ms - period.start_ms(c.resets_at_ms - 1),
+        new_state: c.new_state.map(|s| BudgetState { quota, ..s }),
+    })
+}
+
 /// A budget near its quota, as rl_budgets_near lists it (the row, with its quota as the last
 /// spend gave it).
 #[derive(Debug, Clone, PartialEq, Eq)]

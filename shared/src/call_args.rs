@@ -244,7 +244,8 @@ impl<'a> LeaseArgs<'a> {
     }
 }
 
-/// `(policy, subject [, cost = 1 [, tier [, now_ms]]])` of rl_check and rl_refund_check.
+/// `(policy, subject [, cost = 1 [, tier [, now_ms]]])` of rl_check, rl_refund_check and
+/// rl_peek_check, and `(policy, subject, amount [, tier [, now_ms]])` of rl_charge_check.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckArgs<'a> {
     pub policy: &'a str,
@@ -259,13 +260,18 @@ impl<'a> CheckArgs<'a> {
     pub fn parse(call: &CallArgs<'_, 'a>, clock: &Clock) -> Result<Self> {
         let policy = call.name("policy")?;
         let subject = call.name("subject")?;
+        // the third parameter: cost (0 allowed by rl_peek_check's), or rl_charge_check's amount
+        let cost = call.at(2);
         Ok(CheckArgs {
             policy,
             subject,
-            cost: match call.get("cost").passed() {
+            cost: match cost.passed() {
                 None => 1.0,
-                // the budget rules: exact millionths, 0.000001 to 1,000,000,000
-                Some(a) => amount_micros("cost", &a)? as f64 / MICROS_PER_UNIT as f64,
+                // the budget rules: exact millionths, 0.000001 (or 0 for a peek) to 1,000,000,000
+                Some(a) if cost.param.zero_allowed => {
+                    cost_micros(cost.param.name, &a, true)? as f64 / MICROS_PER_UNIT as f64
+                }
+                Some(a) => amount_micros(cost.param.name, &a)? as f64 / MICROS_PER_UNIT as f64,
             },
             tier: match call.get("tier").arg {
                 Arg::Null => None,

@@ -103,6 +103,10 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
             let limits = call_args::limits_json(call)?;
             json(&protocol::refund_all(store, &TakeAllArgs::parse(&limits, call, clock)?)?)
         }
+        StateCall::ChargeAll => {
+            let limits = call_args::limits_json(call)?;
+            json(&protocol::charge_all(store, &TakeAllArgs::parse(&limits, call, clock)?)?)
+        }
         StateCall::Window => json(&protocol::window(store, &WindowArgs::parse(call, clock)?)?),
         StateCall::WindowPeek => json(&protocol::window_peek(store, &WindowArgs::parse(call, clock)?)?),
         StateCall::Acquire => json(&protocol::acquire(store, &AcquireArgs::parse(call, clock)?)?),
@@ -127,6 +131,8 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
         }
         StateCall::Check => json(&protocol::check(store, &CheckArgs::parse(call, clock)?)?),
         StateCall::RefundCheck => json(&protocol::refund_check(store, &CheckArgs::parse(call, clock)?)?),
+        StateCall::ChargeCheck => json(&protocol::charge_check(store, &CheckArgs::parse(call, clock)?)?),
+        StateCall::PeekCheck => json(&protocol::peek_check(store, &CheckArgs::parse(call, clock)?)?),
         StateCall::Penalize => json(&protocol::penalize(store, &PenalizeArgs::parse(call, clock)?)?),
         StateCall::Block => json(&protocol::block(store, &BlockArgs::parse(call, clock)?)?),
         StateCall::BudgetsNear => json(&protocol::budgets_near(store, &BudgetsNearArgs::parse(call, clock)?)?),

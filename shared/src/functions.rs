@@ -153,6 +153,7 @@ pub enum StateCall {
     Reset,
     TakeAll,
     RefundAll,
+    ChargeAll,
     Window,
     WindowPeek,
     Acquire,
@@ -165,6 +166,8 @@ pub enum StateCall {
     PolicyDrop,
     Check,
     RefundCheck,
+    ChargeCheck,
+    PeekCheck,
     Penalize,
     Block,
     Unblock,
@@ -185,8 +188,11 @@ impl StateCall {
                 | StateCall::Reset
                 | StateCall::TakeAll
                 | StateCall::RefundAll
+                | StateCall::ChargeAll
                 | StateCall::Check
                 | StateCall::RefundCheck
+                | StateCall::ChargeCheck
+                | StateCall::PeekCheck
         )
     }
 }
@@ -414,6 +420,9 @@ mod table {
     pub const RL_REFUND_ALL: Function = Function { result_keys: &["items"],
         ..state("rl_refund_all", StateCall::RefundAll, &[required("limits", Jsonb), NOW_MS],
         "give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb") };
+    pub const RL_CHARGE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
+        ..state("rl_charge_all", StateCall::ChargeAll, &[required("limits", Jsonb), NOW_MS],
+        "charge each limit of an rl_take_all list its cost whatever it holds (a cost known after the work), in one unit: buckets into debt, budgets past their quota, windows past their limit; returns jsonb (remaining below 0 where a limit went past)") };
     pub const RL_WINDOW: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window", StateCall::Window, WINDOW_ARGS,
         "exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb") };
     pub const RL_WINDOW_PEEK: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window_peek", StateCall::WindowPeek, WINDOW_PEEK_ARGS,
@@ -453,6 +462,16 @@ mod table {
         ..state("rl_refund_check", StateCall::RefundCheck,
         &[POLICY, SUBJECT, AMOUNT_COST, optional("tier", Text, "NULL"), NOW_MS],
         "give cost back to every limit of a policy for subject, scaled by the tier (after an admitted rl_check whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb") };
+    pub const RL_CHARGE_CHECK: Function = Function {
+        result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items", "policy", "tier"],
+        ..state("rl_charge_check", StateCall::ChargeCheck,
+        &[POLICY, SUBJECT, ruled(required("amount", Float8), Rule::Amount), optional("tier", Text, "NULL"), NOW_MS],
+        "charge amount to every limit of a policy for subject, scaled by the tier, whatever they hold (a cost known after the work): buckets into debt, budgets past their quota, windows past their limit; returns jsonb") };
+    pub const RL_PEEK_CHECK: Function = Function {
+        result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items", "policy", "tier", "shadow", "would_refuse", "blocked"],
+        ..state("rl_peek_check", StateCall::PeekCheck,
+        &[POLICY, SUBJECT, PEEK_AMOUNT_COST, optional("tier", Text, "NULL"), NOW_MS],
+        "what rl_check with the same arguments would return, charging and counting nothing (cost 0 reads what is left)") };
     pub const RL_PENALIZE: Function = Function { result_keys: BLOCK_KEYS,
         ..state("rl_penalize", StateCall::Penalize,
         &[SUBJECT, optional("free_strikes", Int8, "3"), optional("base_seconds", Float8, "60"),
@@ -533,6 +552,7 @@ pub const ALL: &[Function] = &[
     RL_RESET,
     RL_TAKE_ALL,
     RL_REFUND_ALL,
+    RL_CHARGE_ALL,
     RL_WINDOW,
     RL_WINDOW_PEEK,
     RL_ACQUIRE,
@@ -546,6 +566,8 @@ pub const ALL: &[Function] = &[
     RL_POLICY_DROP,
     RL_CHECK,
     RL_REFUND_CHECK,
+    RL_CHARGE_CHECK,
+    RL_PEEK_CHECK,
     RL_PENALIZE,
     RL_BLOCK,
     RL_UNBLOCK,

@@ -46,6 +46,14 @@ pub struct RefundCheckDecision<'a> {
     pub items: Vec<LimitRefund>,
 }
 
+/// rl_charge_check's decision: each limit's answer after its charge, in the policy's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChargeCheckDecision<'a> {
+    pub policy: &'a str,
+    pub tier: Option<&'a str>,
+    pub items: Vec<crate::take_all::LimitAnswer>,
+}
+
 /// rl_refund_all's decision: each limit's state after its refund, in the order given.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RefundAllDecision {

@@ -8,8 +8,8 @@ use crate::json::Json;
 use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
 use crate::penalty::{Block, BlockAnswer};
-use crate::policy::{CheckDecision, LimitRefund, RefundAllDecision, RefundCheckDecision};
-use crate::take_all::{LimitAnswer, TakeAllDecision};
+use crate::policy::{ChargeCheckDecision, CheckDecision, LimitRefund, RefundAllDecision, RefundCheckDecision};
+use crate::take_all::{LimitAnswer, TakeAllAnswer, TakeAllDecision};
 use crate::units::ceil_seconds;
 use crate::window::WindowDecision;
 
@@ -182,6 +182,31 @@ impl ToJson for RefundCheckDecision<'_> {
             .field("policy", Json::Str(self.policy.to_owned()))
             .field("tier", optional_text(self.tier))
             .field("items", Json::Array(self.items.iter().map(ToJson::to_json).collect()))
+            .finish()
+    }
+}
+
+impl ToJson for TakeAllAnswer {
+    fn to_json(&self) -> Json {
+        JsonObject::new()
+            .bool("admitted", self.admitted)
+            .int("retry_after_ms", self.retry_after_ms)
+            .int("retry_after_seconds", ceil_seconds(self.retry_after_ms))
+            .field("items", Json::Array(self.items.iter().map(ToJson::to_json).collect()))
+            .finish()
+    }
+}
+
+impl ToJson for ChargeCheckDecision<'_> {
+    /// A charge is always made: admitted, no wait; each item as rl_charge_all's.
+    fn to_json(&self) -> Json {
+        JsonObject::new()
+            .bool("admitted", true)
+            .int("retry_after_ms", 0)
+            .int("retry_after_seconds", 0)
+            .field("items", Json::Array(self.items.iter().map(ToJson::to_json).collect()))
+            .field("policy", Json::Str(self.policy.to_owned()))
+            .field("tier", optional_text(self.tier))
             .finish()
     }
 }

@@ -90,6 +90,25 @@ pub fn take(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> Wi
     }
 }
 
+/// Records `cost` millionths now whatever the window holds: the cost of work already done.
+/// The window may then count more than its limit; `remaining` says how far past it (below 0)
+/// and later takes wait until enough entries leave. Answered as an admitted take.
+pub fn charge(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> WindowDecision {
+    let after = with_entry(counting(entries, limits, now), Entry { at: now, micros: cost });
+    let used_after: i64 = after.iter().map(|e| e.micros).sum();
+    let reset_after_ms = after.iter().map(|e| e.at + limits.window_ms - now).max().unwrap_or(0).max(0);
+    WindowDecision {
+        admitted: true,
+        remaining: (limits.limit - used_after).div_euclid(MICROS_PER_UNIT),
+        limit: limits.limit,
+        retry_after_ms: 0,
+        reset_after_ms,
+        window_ms: limits.window_ms,
+        exceeds_limit: false,
+        new_entries: Some(after),
+    }
+}
+
 /// `entries` less `micros` taken from the newest first: what giving back the last
 /// admission (or several) leaves.
 pub fn refund(entries: &[Entry], micros: i64) -> Vec<Entry> {

@@ -212,7 +212,7 @@ DECLARE
     seen text;
 BEGIN
     SELECT t.entries INTO seen FROM ratelimit.rl_entries AS t WHERE t.key = k AND t.kind = 'window';
-    RETURN (ratelimit.rl__window_decision(fn, seen, lim, w, c, now)).answer;
+    RETURN (ratelimit.rl__window_decision(fn, seen, lim, w, c, now, false)).answer;
 END
 
 -- function: rl_acquire
@@ -328,6 +328,20 @@ BEGIN
     items := ratelimit.rl__limit_items(fn, limits);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     RETURN jsonb_build_object('items', ratelimit.rl__refund_items(fn, items, now));
+END
+
+-- function: rl_charge_all
+DECLARE
+    fn CONSTANT text := 'rl_charge_all';
+    now bigint;
+    items jsonb;
+BEGIN
+    PERFORM ratelimit.rl__json_arg(fn, 'limits', limits, 'a JSON array');
+    now := ratelimit.rl__now(fn, now_ms);
+    items := ratelimit.rl__limit_items(fn, limits);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
+    RETURN jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0,
+                              'items', ratelimit.rl__charge_items(fn, items, now));
 END
 
 -- function: rl_policy_set
@@ -452,6 +466,56 @@ BEGIN
     pi := ratelimit.rl__policy_items(fn, p, s, t, c);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     RETURN jsonb_build_object('policy', p, 'tier', t, 'items', ratelimit.rl__refund_items(fn, pi.items, now));
+END
+
+-- function: rl_charge_check
+DECLARE
+    fn CONSTANT text := 'rl_charge_check';
+    p text := ratelimit.rl__name(fn, 'policy', policy);
+    s text := ratelimit.rl__name(fn, 'subject', subject);
+    c double precision := ratelimit.rl__micros_of(fn, 'amount', amount)::float8 / @MICROS_PER_UNIT@;
+    t text := CASE WHEN tier IS NOT NULL THEN ratelimit.rl__name(fn, 'tier', tier) END;
+    now bigint := ratelimit.rl__now(fn, now_ms);
+    pi record;
+BEGIN
+    pi := ratelimit.rl__policy_items(fn, p, s, t, c);
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
+    RETURN jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0,
+                              'items', ratelimit.rl__charge_items(fn, pi.items, now), 'policy', p, 'tier', t);
+END
+
+-- function: rl_peek_check
+DECLARE
+    fn CONSTANT text := 'rl_peek_check';
+    p text := ratelimit.rl__name(fn, 'policy', policy);
+    s text := ratelimit.rl__name(fn, 'subject', subject);
+    c double precision := ratelimit.rl__peek_micros(fn, 'cost', cost)::float8 / @MICROS_PER_UNIT@;
+    t text := CASE WHEN tier IS NOT NULL THEN ratelimit.rl__name(fn, 'tier', tier) END;
+    now bigint := ratelimit.rl__now(fn, now_ms);
+    pi record;
+    entries text;
+    st record;
+    blocked boolean;
+    d jsonb;
+    refused boolean;
+BEGIN
+    pi := ratelimit.rl__policy_items(fn, p, s, t, c);
+    SELECT r.entries INTO entries FROM ratelimit.rl_entries AS r WHERE r.key = s AND r.kind = 'block';
+    st := ratelimit.rl__strikes_decode(fn, entries);
+    blocked := st.blocked AND (st.until IS NULL OR st.until > now);
+    IF blocked THEN
+        pi := ratelimit.rl__policy_items(fn, p, s, t, 0);
+    END IF;
+    -- decided on the rows as they stand, writing and counting nothing
+    d := ratelimit.rl__take_all(fn, ratelimit.rl__sorted_items(fn, pi.items), now, true);
+    refused := blocked OR NOT (d ->> 'admitted')::boolean;
+    IF pi.shadow THEN
+        d := d || jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0);
+    ELSIF blocked THEN
+        d := d || jsonb_build_object('admitted', false, 'retry_after_ms', st.until - now,
+                                     'retry_after_seconds', ratelimit.rl__ceil_seconds(st.until - now));
+    END IF;
+    RETURN d || jsonb_build_object('policy', p, 'tier', t, 'shadow', pi.shadow, 'would_refuse', refused, 'blocked', blocked);
 END
 
 -- function: rl_policy_stats

@@ -671,6 +671,15 @@ BEGIN
 END
 $$;
 
+-- What a charge against a known quota answers (budget::charge_against): an admitted spend,
+-- remaining below 0 past the quota.
+CREATE OR REPLACE FUNCTION ratelimit.rl__charged_answer(used bigint, resets_at bigint, period text, quota bigint)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('admitted', true, 'used', ratelimit.rl__micros(used), 'limit', ratelimit.rl__micros(quota),
+        'remaining', ratelimit.rl__micros(quota - used), 'resets_at', resets_at / 1000, 'retry_after_seconds', 0,
+        'exceeds_limit', false, 'period_seconds', (resets_at - ratelimit.rl__period_start(period, resets_at - 1)) / 1000)
+$$;
+
 -- What rl_refund_budget and rl_charge_budget answer (BudgetRefund, BudgetCharge): used and
 -- resets_at, with admitted for a charge (IMMUTABLE: see the error functions).
 CREATE OR REPLACE FUNCTION ratelimit.rl__budget_answer(admitted boolean, used bigint, resets_at bigint) RETURNS jsonb
@@ -685,8 +694,9 @@ $$;
 
 -- The one path of every budget change (protocol::change_row over budget::spend, refund
 -- and charge): a guarded UPDATE deciding on the newest row; without a row, insert.
--- op is 'spend', 'refund' or 'charge'; quota is used by 'spend' only, which writes it (the
--- others keep the row's: budget::BudgetState's quota).
+-- op is 'spend', 'refund', 'charge' or 'charge_against' (budget::charge_against, a charge
+-- that knows the quota, answered as an admitted spend); quota is used by 'spend' and
+-- 'charge_against', which write it (the others keep the row's: budget::BudgetState's quota).
 CREATE OR REPLACE FUNCTION ratelimit.rl__budget_change(fn text, op text, k text, p text, quota bigint,
                                                        amount bigint, now bigint)
 RETURNS jsonb LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
@@ -706,18 +716,20 @@ BEGIN
                 THEN greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
                 ELSE CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount END,
             resets_at = CASE WHEN t.resets_at > now THEN t.resets_at ELSE period_end END,
-            quota = CASE op WHEN 'spend' THEN rl__budget_change.quota ELSE t.quota END
+            quota = CASE WHEN op IN ('spend', 'charge_against') THEN rl__budget_change.quota ELSE t.quota END
         WHERE t.key = k AND t.period = p AND CASE op
             WHEN 'spend' THEN CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= rl__budget_change.quota
-            WHEN 'charge' THEN CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= max_used
-            ELSE greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
-                 <> CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END END
+            WHEN 'refund' THEN greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
+                 <> CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END
+            ELSE CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= max_used END
         RETURNING t.used, t.resets_at INTO new_used, new_resets_at;
         IF FOUND THEN
             IF op = 'spend' THEN
                 RETURN ratelimit.rl__spend_answer(true, new_used, new_resets_at, p, quota, 0, now);
             ELSIF op = 'charge' THEN
                 RETURN ratelimit.rl__budget_answer(true, new_used, new_resets_at);
+            ELSIF op = 'charge_against' THEN
+                RETURN ratelimit.rl__charged_answer(new_used, new_resets_at, p, quota);
             END IF;
             RETURN ratelimit.rl__budget_answer(NULL, new_used, new_resets_at);
         END IF;
@@ -728,7 +740,7 @@ BEGIN
             IF op = 'spend' THEN
                 CONTINUE WHEN cur + amount <= quota;  -- the row changed since: decide again
                 RETURN ratelimit.rl__spend_answer(true, row_used, row_resets_at, p, quota, amount, now);
-            ELSIF op = 'charge' THEN
+            ELSIF op IN ('charge', 'charge_against') THEN
                 CONTINUE WHEN cur + amount <= max_used;
                 RAISE EXCEPTION USING ERRCODE = '22003',
                     MESSAGE = fn || ': ' || format(@MSG_USE_TOO_HIGH@, @MAX_USED_UNITS@);
@@ -742,11 +754,13 @@ BEGIN
             RETURN ratelimit.rl__spend_answer(false, 0, 0, p, quota, amount, now);
         END IF;
         INSERT INTO ratelimit.rl_budget (key, period, used, resets_at, quota)
-        VALUES (k, p, amount, period_end, CASE op WHEN 'spend' THEN rl__budget_change.quota ELSE 0 END)
+        VALUES (k, p, amount, period_end, CASE WHEN op IN ('spend', 'charge_against') THEN rl__budget_change.quota ELSE 0 END)
         ON CONFLICT (key, period) DO NOTHING;
         IF FOUND THEN
             IF op = 'charge' THEN
                 RETURN ratelimit.rl__budget_answer(true, amount, period_end);
+            ELSIF op = 'charge_against' THEN
+                RETURN ratelimit.rl__charged_answer(amount, period_end, p, quota);
             END IF;
             RETURN ratelimit.rl__spend_answer(true, amount, period_end, p, quota, 0, now);
         END IF;
@@ -808,7 +822,7 @@ $$;
 -- What rl_window decides (window::take) on the stored entries, and the row an admission
 -- stores (protocol::window_row): new_entries NULL when nothing is written.
 CREATE OR REPLACE FUNCTION ratelimit.rl__window_decision(fn text, entries text, lim bigint, window_ms bigint,
-                                                         cost bigint, now bigint,
+                                                         cost bigint, now bigint, charge boolean,
                                                          OUT admitted boolean, OUT answer jsonb,
                                                          OUT new_entries text, OUT new_empty_at bigint,
                                                          OUT too_many boolean)
@@ -837,7 +851,8 @@ BEGIN
             used := used + d.micros[i];
         END IF;
     END LOOP;
-    admitted := used + cost <= lim;
+    -- a charge (window::charge) records the cost whatever the window holds
+    admitted := charge OR used + cost <= lim;
     used_after := CASE WHEN admitted THEN used + cost ELSE used END;
     -- the entries after the call, in time order, the admission merged into its millisecond
     IF admitted AND cost > 0 THEN
@@ -880,7 +895,9 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    answer := jsonb_build_object('admitted', admitted, 'remaining', greatest((lim - used_after) / @MICROS_PER_UNIT@, 0),
+    answer := jsonb_build_object('admitted', admitted,
+        'remaining', CASE WHEN charge THEN floor((lim - used_after)::numeric / @MICROS_PER_UNIT@)::bigint
+                          ELSE greatest((lim - used_after) / @MICROS_PER_UNIT@, 0) END,
         'limit', ratelimit.rl__micros(lim), 'retry_after_ms', retry,
         'retry_after_seconds', ratelimit.rl__ceil_seconds(retry),
         'reset_after_seconds', ratelimit.rl__ceil_seconds(reset_ms),
@@ -1115,9 +1132,9 @@ BEGIN
         args := jsonb_set(args, '{cost}', '0');
         step := 'window';
     END IF;
-    IF step = 'window' THEN
+    IF step IN ('window', 'window_charge') THEN
         w := ratelimit.rl__window_decision(fn, entries, (args ->> 'limit')::bigint, (args ->> 'window_ms')::bigint,
-                                           (args ->> 'cost')::bigint, now);
+                                           (args ->> 'cost')::bigint, now, step = 'window_charge');
         IF w.too_many THEN PERFORM ratelimit.rl__window_too_full(fn); END IF;
         answer := w.answer; new_entries := w.new_entries; new_empty_at := w.new_empty_at;
         RETURN;
@@ -1536,7 +1553,7 @@ BEGIN
                 wait := CASE WHEN d.admitted THEN 0 ELSE d.new_resets_at - now END;
             ELSIF (it ->> 'kind')::int = 2 THEN
                 d := ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint, (it ->> 'window_ms')::bigint,
-                    (it ->> 'micros')::bigint, now);
+                    (it ->> 'micros')::bigint, now, false);
                 new_entries[i] := d.new_entries; new_empty[i] := d.new_empty_at; too_many[i] := d.too_many;
                 wait := (d.answer ->> 'retry_after_ms')::bigint;
             ELSE
@@ -1578,7 +1595,7 @@ BEGIN
                 WHEN 1 THEN ratelimit.rl__spend_answer(r_found[i], r_used[i], r_resets[i], it ->> 'period',
                                                        (it ->> 'quota')::bigint, 0, now)
                 WHEN 2 THEN (ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint,
-                                                           (it ->> 'window_ms')::bigint, 0, now)).answer
+                                                           (it ->> 'window_ms')::bigint, 0, now, false)).answer
                 ELSE (ratelimit.rl__take_decision(r_found[i], r_level[i], r_refilled[i], (it ->> 'burst')::float8,
                                                   (it ->> 'rate')::float8, 0, now)).answer END;
         END LOOP;
@@ -1659,6 +1676,31 @@ BEGIN
             WHEN 1 THEN ratelimit.rl__budget_change(fn, 'refund', it ->> 'key', it ->> 'period', NULL,
                                                     (it ->> 'micros')::bigint, now)
             ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window', 'window_refund',
+                jsonb_build_object('limit', (it ->> 'quota')::bigint, 'window_ms', (it ->> 'window_ms')::bigint,
+                                   'cost', (it ->> 'micros')::bigint), now, '') END);
+    END LOOP;
+    RETURN (SELECT jsonb_agg(a.value ORDER BY a.key::int) FROM jsonb_each(answers) AS a);
+END
+$$;
+
+-- Charges each item its cost whatever it holds (protocol::take_all::charge_limits): a bucket
+-- as rl_charge, a budget as a charge against its quota (an admitted spend), a window past
+-- its limit (window::charge). Rows in rl__take_all's order; answers in the items' order.
+CREATE OR REPLACE FUNCTION ratelimit.rl__charge_items(fn text, items jsonb, now bigint) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    it jsonb;
+    answers jsonb := '{}';
+BEGIN
+    FOR it IN SELECT i FROM jsonb_array_elements(items) AS i
+              ORDER BY CASE (i ->> 'kind')::int WHEN 1 THEN 0 WHEN 2 THEN 1 ELSE 2 END,
+                       (i ->> 'key') COLLATE "C", i ->> 'period' LOOP
+        answers := answers || jsonb_build_object(it ->> 'pos', CASE (it ->> 'kind')::int
+            WHEN 0 THEN ratelimit.rl__bucket_change(fn, 'charge', it ->> 'key', (it ->> 'burst')::float8,
+                                                    (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)
+            WHEN 1 THEN ratelimit.rl__budget_change(fn, 'charge_against', it ->> 'key', it ->> 'period',
+                                                    (it ->> 'quota')::bigint, (it ->> 'micros')::bigint, now)
+            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window', 'window_charge',
                 jsonb_build_object('limit', (it ->> 'quota')::bigint, 'window_ms', (it ->> 'window_ms')::bigint,
                                    'cost', (it ->> 'micros')::bigint), now, '') END);
     END LOOP;

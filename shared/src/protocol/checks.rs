@@ -1,7 +1,8 @@
 //! Policies (rl_policy_set, rl_check, rl_refund_check), strikes and blocks.
 
 use super::rows::{change_entries, damaged};
-use super::take_all::{read_rows, refund_limits};
+use super::take_all::{charge_limits, read_rows, refund_limits};
+use crate::policy::ChargeCheckDecision;
 use super::*;
 use crate::policy_cache;
 
@@ -31,9 +32,7 @@ pub fn check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<CheckDeci
     if let Some(answer) = check_one_bucket(store, a)? {
         return Ok(answer);
     }
-    let policy = stored_policy(store, a.policy)?;
-    let multiplier = policy.multiplier(a.tier)?;
-    let keys = policy.keys(a.policy, a.subject);
+    let (policy, keys, multiplier) = policy_for(store, a)?;
     let blocked = strikes_of(store, a.subject)?.block_at(a.now_ms);
     // A blocked subject is refused, charging nothing: every limit as it is now (cost 0).
     let cost = if blocked.is_some() { 0.0 } else { a.cost };
@@ -78,16 +77,43 @@ pub(super) fn stored_policy<S: Store>(store: &mut S, name: &str) -> Result<Rc<Po
     policy_cache::parsed(name, &stored, epoch)
 }
 
+/// A stored policy's keys for a subject and its multiplier for the tier.
+fn policy_for<S: Store>(store: &mut S, a: &CheckArgs<'_>) -> Result<(std::rc::Rc<crate::policy::Policy>, Vec<String>, f64)> {
+    let policy = stored_policy(store, a.policy)?;
+    let multiplier = policy.multiplier(a.tier)?;
+    let keys = policy.keys(a.policy, a.subject);
+    Ok((policy, keys, multiplier))
+}
+
 /// rl_refund_check: gives `cost` back to every limit of a policy for a subject, at the
 /// tier's scale (a handler failed after rl_check admitted it), as rl_refund_all gives back
 /// explicit limits ([`super::take_all::refund_limits`]).
 pub fn refund_check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<RefundCheckDecision<'a>> {
-    let policy = stored_policy(store, a.policy)?;
-    let multiplier = policy.multiplier(a.tier)?;
-    let keys = policy.keys(a.policy, a.subject);
-    let limits = policy.items(&keys, multiplier, a.cost);
-    let items = refund_limits(store, &limits, a.now_ms)?;
+    let (policy, keys, multiplier) = policy_for(store, a)?;
+    let items = refund_limits(store, &policy.items(&keys, multiplier, a.cost), a.now_ms)?;
     Ok(RefundCheckDecision { policy: a.policy, tier: a.tier, items })
+}
+
+/// rl_charge_check: charges `cost` to every limit of a policy for a subject, at the tier's
+/// scale, whatever they hold (the cost of work already done), as rl_charge_all charges
+/// explicit limits. A block does not stop it (the work is done); it counts in no statistic.
+pub fn charge_check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<ChargeCheckDecision<'a>> {
+    let (policy, keys, multiplier) = policy_for(store, a)?;
+    let items = charge_limits(store, &policy.items(&keys, multiplier, a.cost), a.now_ms)?;
+    Ok(ChargeCheckDecision { policy: a.policy, tier: a.tier, items })
+}
+
+/// rl_peek_check: what rl_check with the same arguments would answer, charging and counting
+/// nothing (a cost of 0 reads what is left): read-only too, from the rows as they stand.
+pub fn peek_check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<CheckDecision<'a>> {
+    let (policy, keys, multiplier) = policy_for(store, a)?;
+    let blocked = strikes_of(store, a.subject)?.block_at(a.now_ms);
+    let cost = if blocked.is_some() { 0.0 } else { a.cost };
+    let mut limits = policy.items(&keys, multiplier, cost);
+    limits.sort_by(|x, y| x.row().cmp(&y.row()));
+    let args = TakeAllArgs { limits, now_ms: a.now_ms };
+    let decision = all_or_none::decide(read_rows(store, &args)?, a.now_ms);
+    Ok(check_decision(a, &policy, blocked, &decision))
 }
 
 /// rl_check of a cached one-bucket policy on an unblocked subject, as rl_take is: one

@@ -8,12 +8,12 @@ mod checks;
 mod rows;
 mod take_all;
 
-pub use checks::{block, check, penalize, policy_drop, policy_set, refund_check, unblock};
+pub use checks::{block, charge_check, check, peek_check, penalize, policy_drop, policy_set, refund_check, unblock};
 pub use rows::{
     acquire, budgets_near, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew,
     reset, spend, sweep, take, window, window_peek,
 };
-pub use take_all::{refund_all, take_all};
+pub use take_all::{charge_all, refund_all, take_all};
 
 use std::rc::Rc;
 

@@ -1,6 +1,7 @@
 //! rl_take_all: several limits, all or nothing.
 
 use super::rows::{change_entries, empty_row, window_entries, window_row};
+use crate::take_all::{LimitAnswer, TakeAllAnswer};
 use super::*;
 
 /// rl_refund_all: the inverse of rl_take_all, each limit given its cost back in one unit.
@@ -23,6 +24,61 @@ pub(super) fn refund_limits<S: Store>(store: &mut S, limits: &[Limit], now_ms: i
     })?;
     answers.sort_by_key(|(position, _)| *position);
     Ok(answers.into_iter().map(|(_, answer)| answer).collect())
+}
+
+/// rl_charge_all: every limit charged its cost whatever it holds (a cost known after the
+/// work), in one unit: a bucket into debt (rl_charge), a budget past its quota
+/// (rl_charge_budget, keeping the item's quota with the row as a spend does), a window past
+/// its limit. Each answers as an admitted take, `remaining` below 0 where it went past.
+/// A debt deeper than [`crate::units::MAX_TOKENS`], a period past
+/// [`budget::MAX_USED`] or a window past [`window::MAX_ENTRIES`] is a range error and
+/// charges nothing.
+pub fn charge_all<S: Store>(store: &mut S, a: &TakeAllArgs) -> Result<TakeAllAnswer> {
+    Ok(TakeAllAnswer { admitted: true, retry_after_ms: 0, items: charge_limits(store, &a.limits, a.now_ms)? })
+}
+
+/// Charges each limit, in rl_take_all's lock order, answering in the limits' own order.
+pub(super) fn charge_limits<S: Store>(store: &mut S, limits: &[Limit], now_ms: i64) -> Result<Vec<LimitAnswer>> {
+    writable_for(store, limits)?;
+    let mut held_order: Vec<&Limit> = limits.iter().collect();
+    held_order.sort_by_key(|l| (hold_rank(l), l.row()));
+    let mut answers = in_one_unit(store, |store| {
+        held_order.iter().map(|l| Ok((l.position(), charge_limit(store, l, now_ms)?))).collect::<Result<Vec<_>>>()
+    })?;
+    answers.sort_by_key(|(position, _)| *position);
+    Ok(answers.into_iter().map(|(_, answer)| answer).collect())
+}
+
+/// A budget charge against a known quota, as a row decision (None: past the most a period
+/// may count, nothing written).
+struct ChargeAgainst(Option<SpendDecision>);
+
+impl RowDecision<BudgetState> for ChargeAgainst {
+    fn new_row(&self) -> Option<BudgetState> {
+        self.0.as_ref().and_then(|d| d.new_state)
+    }
+}
+
+fn charge_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<LimitAnswer> {
+    Ok(match limit {
+        Limit::Bucket(b) => {
+            LimitAnswer::Bucket(charge(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?)
+        }
+        Limit::Budget(b) => {
+            let (period, quota, amount) = (b.period, b.quota, b.cost);
+            let d = change_budget(store, b.key, period, move |row| {
+                ChargeAgainst(budget::charge_against(row, period, quota, amount, now_ms))
+            })?;
+            LimitAnswer::Budget(d.0.ok_or_else(|| {
+                Error::out_of_range(crate::messages::USE_TOO_HIGH.render(&[&(budget::MAX_USED / 1_000_000)]))
+            })?)
+        }
+        Limit::Window(w) => LimitAnswer::Window(change_entries(store, EntryKind::Window, w.key, |row| {
+            let d = window::charge(&window_entries(row)?, &w.limits, w.cost, now_ms);
+            let new = window_row(&d, w.limits.window_ms)?;
+            Ok((d, new))
+        })?),
+    })
 }
 
 /// Where a limit's row comes in the order rl_take_all holds rows.
