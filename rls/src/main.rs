@@ -10,7 +10,9 @@
 //! `sqlite:/path/file.db`. `--grpc` (default 0.0.0.0:8081) serves ShouldRateLimit and
 //! grpc.health.v1; `--http` (default 0.0.0.0:8080) serves /metrics and /healthcheck.
 //! Every option can come from the environment instead: RLS_CONFIG, RLS_DATABASE_URL,
-//! RLS_GRPC, RLS_HTTP, RLS_POOL, RLS_RELOAD_SECONDS, RLS_THREADS.
+//! RLS_GRPC, RLS_HTTP, RLS_POOL, RLS_RELOAD_SECONDS, RLS_THREADS,
+//! RLS_STATEMENT_TIMEOUT_MS. The reference's own settings are read from the environment
+//! under its names (`service::Settings`; CONFIG_TYPE=GRPC_XDS_SOTW: `xds`).
 
 mod config;
 mod log;
@@ -18,6 +20,7 @@ mod metrics;
 mod plan;
 mod service;
 mod store;
+mod xds;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use std::path::PathBuf;
@@ -28,6 +31,7 @@ const USAGE: &str = "ratelimit-rls: Envoy's rate limit service backed by pg_rate
 
 usage: ratelimit-rls --config DIR|FILE --database URL [--grpc ADDR] [--http ADDR] [--pool N] [--reload-seconds S]
        ratelimit-rls --check DIR|FILE     load the configuration, list its domains or say what is wrong, and stop
+       ratelimit-rls --version
 
   --config          a YAML file, or a folder of them (one domain each), in envoyproxy/ratelimit's format  [RLS_CONFIG]
   --database        postgres://user@host/db (or a libpq keyword string), or sqlite:/path/file.db          [RLS_DATABASE_URL]
@@ -35,16 +39,28 @@ usage: ratelimit-rls --config DIR|FILE --database URL [--grpc ADDR] [--http ADDR
   --http            /metrics and /healthcheck (default 0.0.0.0:8080)                                       [RLS_HTTP]
   --pool            PostgreSQL connections at most (default 16)                                            [RLS_POOL]
   --reload-seconds  how often the config files are looked at for changes (default 1)                       [RLS_RELOAD_SECONDS]
-  --threads         worker threads (default 0: one per core; 1 does best beside PostgreSQL on a small machine) [RLS_THREADS]";
+  --threads         worker threads (default 0: one per core; 1 does best beside PostgreSQL on a small machine) [RLS_THREADS]
+  --statement-timeout-ms  the longest a decision waits for the database, below Envoy's own timeout
+                    (default 15; past it the domain's on_database_error answers)                       [RLS_STATEMENT_TIMEOUT_MS]
+
+The reference server's settings are read from the environment under its names:
+  STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, SHADOW_MODE, QUOTA_MODE, RESPONSE_DYNAMIC_METADATA,
+  NEAR_LIMIT_RATIO, LIMIT_RESPONSE_HEADERS_ENABLED (LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
+  LIMIT_RESET_HEADER), MERGE_DOMAIN_CONFIG, and CONFIG_TYPE=GRPC_XDS_SOTW with
+  CONFIG_GRPC_XDS_SERVER_URL, CONFIG_GRPC_XDS_NODE_ID, CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL
+  (configuration pushed over xDS, as Envoy Gateway does; --config is then not needed).
+  RLS_MAX_DESCRIPTORS (default 64): a call with more descriptors is over the limit.
+  RLS_MAX_METRIC_KEYS (default 10000): per-rule metric series past it count under key=\"_other\".";
 
 struct Options {
-    config: PathBuf,
+    config: Option<PathBuf>,
     database: String,
     grpc: String,
     http: String,
     pool: usize,
     reload_seconds: f64,
     threads: Option<usize>,
+    statement_timeout: Duration,
 }
 
 fn options() -> Result<Options, String> {
@@ -55,10 +71,21 @@ fn options() -> Result<Options, String> {
             println!("{USAGE}");
             std::process::exit(0);
         }
+        if flag == "--version" || flag == "-V" {
+            println!("ratelimit-rls {}", env!("CARGO_PKG_VERSION"));
+            std::process::exit(0);
+        }
         if flag == "--check" {
             // load the configuration, say what it holds or what is wrong, and stop
             let path = args.next().ok_or("--check needs the configuration's path")?;
-            let config = config::load(std::path::Path::new(&path))?;
+            let merge = service::env_bool("MERGE_DOMAIN_CONFIG")?;
+            let config = match config::load(std::path::Path::new(&path), merge) {
+                Ok(config) => config,
+                Err(e) => {
+                    eprintln!("{}", serde_json::json!({"error": e}));
+                    std::process::exit(2);
+                }
+            };
             let mut domains: Vec<&String> = config.domains.keys().collect();
             domains.sort();
             println!(
@@ -69,7 +96,9 @@ fn options() -> Result<Options, String> {
             std::process::exit(0);
         }
         let name = flag.strip_prefix("--").ok_or_else(|| format!("unexpected argument {flag:?}"))?;
-        if !["config", "database", "grpc", "http", "pool", "reload-seconds", "threads"].contains(&name) {
+        if !["config", "database", "grpc", "http", "pool", "reload-seconds", "threads", "statement-timeout-ms"]
+            .contains(&name)
+        {
             return Err(format!("unknown option --{name}"));
         }
         let value = args.next().ok_or_else(|| format!("--{name} needs a value"))?;
@@ -85,8 +114,9 @@ fn options() -> Result<Options, String> {
             .or(default.map(str::to_owned))
             .ok_or_else(|| format!("--{name} (or {env}) is required"))
     };
+    let xds = std::env::var("CONFIG_TYPE").is_ok_and(|t| t.eq_ignore_ascii_case("GRPC_XDS_SOTW"));
     Ok(Options {
-        config: PathBuf::from(get("config", None)?),
+        config: if xds { None } else { Some(PathBuf::from(get("config", None)?)) },
         database: get("database", None)?,
         grpc: get("grpc", Some("0.0.0.0:8081"))?,
         http: get("http", Some("0.0.0.0:8080"))?,
@@ -105,6 +135,12 @@ fn options() -> Result<Options, String> {
             Ok(n) => Some(n),
             Err(_) => return Err("--threads must be a whole number (0: one per core)".into()),
         },
+        statement_timeout: get("statement-timeout-ms", Some("15"))?
+            .parse::<f64>()
+            .ok()
+            .filter(|ms| ms.is_finite() && *ms >= 1.0 && *ms <= 600_000.0)
+            .map(|ms| Duration::from_secs_f64(ms / 1000.0))
+            .ok_or("--statement-timeout-ms must be a number of milliseconds from 1 to 600000")?,
     })
 }
 
@@ -115,6 +151,7 @@ async fn watch(
     every: Duration,
     config: Arc<RwLock<Arc<config::Config>>>,
     metrics: Arc<metrics::Metrics>,
+    merge: bool,
 ) {
     let mut seen = config::files_of(&path).ok();
     loop {
@@ -124,7 +161,7 @@ async fn watch(
             continue;
         }
         seen = now;
-        match config::load(&path) {
+        match config::load(&path, merge) {
             Ok(fresh) => {
                 let domains = fresh.domains.len().to_string();
                 *config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
@@ -154,28 +191,96 @@ async fn shutdown_signal() {
     }
 }
 
+/// The gRPC health service's names for this server: the whole server (""), the
+/// reference's own name (`ratelimit`) and the service's.
+const HEALTH_NAMES: [&str; 3] = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
+
+/// Serving while the database answers, not while it cannot be reached (Envoy and
+/// Kubernetes then send calls to another replica), checked every second.
+async fn follow_database(
+    store: Arc<store::Store>,
+    reporter: tonic_health::server::HealthReporter,
+    metrics: Arc<metrics::Metrics>,
+    draining: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut was: Option<bool> = None;
+    loop {
+        let up = store.ping().await && !draining.load(std::sync::atomic::Ordering::Relaxed);
+        if draining.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        if was != Some(up) {
+            let status =
+                if up { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
+            for name in HEALTH_NAMES {
+                reporter.set_service_status(name, status).await;
+            }
+            metrics.serving.store(up, std::sync::atomic::Ordering::Relaxed);
+            if was.is_some() {
+                log::line(
+                    if up { "info" } else { "error" },
+                    if up { "the database answers: serving" } else { "the database does not answer: not serving" },
+                    &[],
+                );
+            }
+            was = Some(up);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 async fn run(o: Options) -> Result<(), String> {
-    let metrics = Arc::new(metrics::Metrics::default());
-    let loaded = config::load(&o.config)?;
-    metrics.load("ok");
+    let max_series = match std::env::var("RLS_MAX_METRIC_KEYS") {
+        Err(_) => metrics::MAX_SERIES,
+        Ok(n) => n.parse().ok().filter(|n| *n >= 1).ok_or("RLS_MAX_METRIC_KEYS must be a whole number above 0")?,
+    };
+    let metrics = Arc::new(metrics::Metrics::with_max_series(max_series));
+    let settings = service::Settings::from_env()?;
+    let merge = service::env_bool("MERGE_DOMAIN_CONFIG")?;
+    let loaded = match &o.config {
+        Some(path) => {
+            let loaded = config::load(path, merge)?;
+            metrics.load("ok");
+            loaded
+        }
+        None => config::Config::new(merge),
+    };
     let domains = loaded.domains.len().to_string();
     let config = Arc::new(RwLock::new(Arc::new(loaded)));
-    let store = store::Store::open(&o.database, o.pool)?;
+    let store = Arc::new(store::Store::open(&o.database, o.pool, o.statement_timeout)?);
     let grpc: std::net::SocketAddr = o.grpc.parse().map_err(|e| format!("--grpc {}: {e}", o.grpc))?;
     let http = tokio::net::TcpListener::bind(&o.http).await.map_err(|e| format!("--http {}: {e}", o.http))?;
     tokio::spawn(metrics::serve(http, metrics.clone()));
-    tokio::spawn(watch(o.config.clone(), Duration::from_secs_f64(o.reload_seconds), config.clone(), metrics.clone()));
+    match &o.config {
+        Some(path) => {
+            tokio::spawn(watch(
+                path.clone(),
+                Duration::from_secs_f64(o.reload_seconds),
+                config.clone(),
+                metrics.clone(),
+                merge,
+            ));
+        }
+        None => {
+            tokio::spawn(xds::follow(xds::Source::from_env()?, config.clone(), metrics.clone()));
+        }
+    }
     let (reporter, health) = tonic_health::server::health_reporter();
-    const NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
-    reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
-    reporter.set_service_status(NAME, tonic_health::ServingStatus::Serving).await;
-    let rls = service::Rls { config, store, metrics };
+    for name in HEALTH_NAMES {
+        reporter.set_service_status(name, tonic_health::ServingStatus::NotServing).await;
+    }
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(follow_database(store.clone(), reporter.clone(), metrics.clone(), draining.clone()));
+    let rls = service::Rls { config, store, metrics: metrics.clone(), settings };
     log::line("info", "serving", &[("grpc", &o.grpc), ("http", &o.http), ("domains", &domains)]);
     let stopping = async move {
         shutdown_signal().await;
         // tell health checkers first, then finish the calls under way
-        reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
-        reporter.set_service_status(NAME, tonic_health::ServingStatus::NotServing).await;
+        draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        metrics.serving.store(false, std::sync::atomic::Ordering::Relaxed);
+        for name in HEALTH_NAMES {
+            reporter.set_service_status(name, tonic_health::ServingStatus::NotServing).await;
+        }
         log::line("info", "shutting down: finishing the calls under way", &[]);
     };
     tonic::transport::Server::builder()

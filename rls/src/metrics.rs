@@ -6,7 +6,14 @@
 //!   value under `detailed_metric`); near means admitted with less than 20% left.
 //! - `ratelimit_service_should_rate_limit_seconds`: a histogram of each call's time.
 //! - `ratelimit_service_errors_total{kind}`: database unreachable, call refused.
-//! - `ratelimit_service_config_loads_total{result}`.
+//! - `ratelimit_service_config_loads_total{result}`, and the reference's
+//!   `ratelimit_service_config_load_success` and `ratelimit_service_config_load_error`.
+//! - `ratelimit_service_global_shadow_mode`: calls answered OK under SHADOW_MODE that
+//!   would have been refused.
+//!
+//! The per-rule series are bounded: past RLS_MAX_METRIC_KEYS keys (default
+//! [`MAX_SERIES`]; detailed_metric and value_to_metric put request values in keys), new
+//! keys count under `key="_other"`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -25,6 +32,9 @@ pub struct Hits {
 /// One of the per-rule counters.
 type Field = fn(&Hits) -> u64;
 
+/// The most per-rule series kept; later keys count under `_other`.
+pub const MAX_SERIES: usize = 10_000;
+
 const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0];
 
 #[derive(Default)]
@@ -35,21 +45,39 @@ struct Inner {
     latency_sum: f64,
     errors: BTreeMap<&'static str, u64>,
     loads: BTreeMap<&'static str, u64>,
+    global_shadow: u64,
 }
 
 #[derive(Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    /// What `/healthcheck` answers: serving (200) once the database answers, not while it
+    /// cannot be reached or the server drains (503).
+    pub serving: std::sync::atomic::AtomicBool,
+    /// The most per-rule series (0: [`MAX_SERIES`]).
+    pub max_series: usize,
 }
 
 impl Metrics {
+    pub fn with_max_series(max_series: usize) -> Metrics {
+        Metrics { max_series, ..Default::default() }
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
         f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    pub fn hits(&self, domain: &str, key: &str, add: Hits) {
+    /// Counts a rule's hits under its stat key (`domain.key_value.key`, the domain a
+    /// label of its own).
+    pub fn hits(&self, domain: &str, stat_key: &str, add: Hits) {
+        let key = stat_key.strip_prefix(domain).and_then(|k| k.strip_prefix('.')).unwrap_or(stat_key);
         self.with(|m| {
-            let h = m.hits.entry((domain.to_owned(), key.to_owned())).or_default();
+            let mut id = (domain.to_owned(), key.to_owned());
+            let most = if self.max_series == 0 { MAX_SERIES } else { self.max_series };
+            if m.hits.len() >= most && !m.hits.contains_key(&id) {
+                id = (domain.to_owned(), "_other".to_owned());
+            }
+            let h = m.hits.entry(id).or_default();
             h.total += add.total;
             h.over += add.over;
             h.near += add.near;
@@ -73,6 +101,10 @@ impl Metrics {
 
     pub fn error(&self, kind: &'static str) {
         self.with(|m| *m.errors.entry(kind).or_default() += 1);
+    }
+
+    pub fn global_shadow(&self) {
+        self.with(|m| m.global_shadow += 1);
     }
 
     pub fn load(&self, result: &'static str) {
@@ -119,6 +151,12 @@ impl Metrics {
             for (result, n) in &m.loads {
                 out += &format!("ratelimit_service_config_loads_total{{result=\"{result}\"}} {n}\n");
             }
+            for (name, result) in [("success", "ok"), ("error", "error")] {
+                out += &format!("# TYPE ratelimit_service_config_load_{name} counter\n");
+                out += &format!("ratelimit_service_config_load_{name} {}\n", m.loads.get(result).copied().unwrap_or(0));
+            }
+            out += "# TYPE ratelimit_service_global_shadow_mode counter\n";
+            out += &format!("ratelimit_service_global_shadow_mode {}\n", m.global_shadow);
             out
         })
     }
@@ -146,7 +184,10 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Me
             let path = head.split_whitespace().nth(1).unwrap_or("");
             let (status, body, kind) = match path {
                 "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
-                "/healthcheck" => ("200 OK", "OK\n".to_owned(), "text/plain"),
+                "/healthcheck" if metrics.serving.load(std::sync::atomic::Ordering::Relaxed) => {
+                    ("200 OK", "OK\n".to_owned(), "text/plain")
+                }
+                "/healthcheck" => ("503 Service Unavailable", "NOT_SERVING\n".to_owned(), "text/plain"),
                 _ => ("404 Not Found", "not found\n".to_owned(), "text/plain"),
             };
             let reply = format!(
