@@ -2,8 +2,8 @@
 
 use super::rows::{change_entries, damaged};
 use super::take_all::{charge_limits, read_rows, refund_limits};
-use crate::policy::ChargeCheckDecision;
 use super::*;
+use crate::policy::ChargeCheckDecision;
 use crate::policy_cache;
 
 /// rl_policy_set: validates a whole definition, stores it in its canonical form and
@@ -78,7 +78,10 @@ pub(super) fn stored_policy<S: Store>(store: &mut S, name: &str) -> Result<Rc<Po
 }
 
 /// A stored policy's keys for a subject and its multiplier for the tier.
-fn policy_for<S: Store>(store: &mut S, a: &CheckArgs<'_>) -> Result<(std::rc::Rc<crate::policy::Policy>, Vec<String>, f64)> {
+fn policy_for<S: Store>(
+    store: &mut S,
+    a: &CheckArgs<'_>,
+) -> Result<(std::rc::Rc<crate::policy::Policy>, Vec<String>, f64)> {
     let policy = stored_policy(store, a.policy)?;
     let multiplier = policy.multiplier(a.tier)?;
     let keys = policy.keys(a.policy, a.subject);

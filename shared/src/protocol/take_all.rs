@@ -1,8 +1,8 @@
 //! rl_take_all: several limits, all or nothing.
 
 use super::rows::{change_entries, empty_row, window_entries, window_row};
-use crate::take_all::{LimitAnswer, TakeAllAnswer};
 use super::*;
+use crate::take_all::{LimitAnswer, TakeAllAnswer};
 
 /// rl_refund_all: the inverse of rl_take_all, each limit given its cost back in one unit.
 pub fn refund_all<S: Store>(store: &mut S, a: &TakeAllArgs) -> Result<RefundAllDecision> {
