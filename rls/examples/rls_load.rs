@@ -4,7 +4,13 @@
 //!
 //! ```text
 //! rls_load grpc ADDR DESCRIPTORS CLIENTS SECONDS     ShouldRateLimit to ratelimit-rls
-//! rls_load sql  DBURL DESCRIPTORS CLIENTS SECONDS    rl_take_all over SQL, the items the server sends
+//! rls_load sql  DBURL DESCRIPTORS CLIENTS SECONDS    the statement the server sends, over SQL
+//! ```
+//! The server counts as the reference does with one `rl_charge_all` a call (its items keyed
+//! by domain, entries and unit); RLS_LOAD_FUNCTION=rl_take_all sends what it sends under
+//! STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT instead.
+//!
+//! ```text
 //! ```
 //! DESCRIPTORS is 1 (a user's bucket) or 3 (the user's, the tenant's and a global bucket;
 //! domain `bench`, bench/rls_bench.yaml). Each client is its own connection (one HTTP/2
@@ -39,6 +45,7 @@ fn items(n: usize, u: u64) -> String {
                 key.push(k.as_str().into());
                 key.push(v.as_str().into());
             }
+            key.push("hour".into());
             serde_json::json!({"key": format!("envoy:{}", serde_json::Value::Array(key)),
                 "burst": 1e9, "refill_per_minute": 1e9 / 60.0, "cost": 1.0})
         })
@@ -82,7 +89,8 @@ async fn client(mode: String, target: String, n: usize, until: Instant, seed: u6
     } else {
         let (db, connection) = tokio_postgres::connect(&target, tokio_postgres::NoTls).await.expect("connect");
         tokio::spawn(connection);
-        let statement = db.prepare("SELECT rl_take_all($1::text::jsonb)::text").await.expect("prepare");
+        let function = std::env::var("RLS_LOAD_FUNCTION").unwrap_or_else(|_| "rl_charge_all".into());
+        let statement = db.prepare(&format!("SELECT {function}($1::text::jsonb)::text")).await.expect("prepare");
         while Instant::now() < until {
             let json = items(n, next(&mut state));
             let started = Instant::now();

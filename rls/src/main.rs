@@ -14,6 +14,7 @@
 //! RLS_STATEMENT_TIMEOUT_MS. The reference's own settings are read from the environment
 //! under its names (`service::Settings`; CONFIG_TYPE=GRPC_XDS_SOTW: `xds`).
 
+mod batch;
 mod config;
 mod log;
 mod metrics;
@@ -41,7 +42,7 @@ usage: ratelimit-rls --config DIR|FILE --database URL [--grpc ADDR] [--http ADDR
   --reload-seconds  how often the config files are looked at for changes (default 1)                       [RLS_RELOAD_SECONDS]
   --threads         worker threads (default 0: one per core; 1 does best beside PostgreSQL on a small machine) [RLS_THREADS]
   --statement-timeout-ms  the longest a decision waits for the database, below Envoy's own timeout
-                    (default 15; past it the domain's on_database_error answers)                       [RLS_STATEMENT_TIMEOUT_MS]
+                    (default 40; past it the domain's on_database_error answers)                       [RLS_STATEMENT_TIMEOUT_MS]
 
 The reference server's settings are read from the environment under its names:
   STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, SHADOW_MODE, QUOTA_MODE, RESPONSE_DYNAMIC_METADATA,
@@ -50,6 +51,7 @@ The reference server's settings are read from the environment under its names:
   CONFIG_GRPC_XDS_SERVER_URL, CONFIG_GRPC_XDS_NODE_ID, CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL
   (configuration pushed over xDS, as Envoy Gateway does; --config is then not needed).
   RLS_MAX_DESCRIPTORS (default 64): a call with more descriptors is over the limit.
+  RLS_BATCH_WORKERS (default half the cores): statements charging concurrent calls together, at most.
   RLS_MAX_METRIC_KEYS (default 10000): per-rule metric series past it count under key=\"_other\".";
 
 struct Options {
@@ -135,7 +137,7 @@ fn options() -> Result<Options, String> {
             Ok(n) => Some(n),
             Err(_) => return Err("--threads must be a whole number (0: one per core)".into()),
         },
-        statement_timeout: get("statement-timeout-ms", Some("15"))?
+        statement_timeout: get("statement-timeout-ms", Some("40"))?
             .parse::<f64>()
             .ok()
             .filter(|ms| ms.is_finite() && *ms >= 1.0 && *ms <= 600_000.0)
@@ -271,7 +273,14 @@ async fn run(o: Options) -> Result<(), String> {
     }
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(follow_database(store.clone(), reporter.clone(), metrics.clone(), draining.clone()));
-    let rls = service::Rls { config, store, metrics: metrics.clone(), settings };
+    let workers = match std::env::var("RLS_BATCH_WORKERS") {
+        // few statements at once make big batches: half the cores (the database's
+        // backends need the rest), at least one
+        Err(_) => (std::thread::available_parallelism().map_or(2, |n| n.get()) / 2).clamp(1, o.pool),
+        Ok(n) => n.parse().ok().filter(|n| *n >= 1).ok_or("RLS_BATCH_WORKERS must be a whole number above 0")?,
+    };
+    let batcher = batch::Batcher::start(store.clone(), workers, metrics.clone());
+    let rls = service::Rls { config, store, metrics: metrics.clone(), settings, batcher };
     log::line("info", "serving", &[("grpc", &o.grpc), ("http", &o.http), ("domains", &domains)]);
     let stopping = async move {
         shutdown_signal().await;

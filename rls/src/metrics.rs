@@ -10,6 +10,8 @@
 //!   `ratelimit_service_config_load_success` and `ratelimit_service_config_load_error`.
 //! - `ratelimit_service_global_shadow_mode`: calls answered OK under SHADOW_MODE that
 //!   would have been refused.
+//! - `ratelimit_service_charge_statements_total` and `ratelimit_service_charged_calls_total`:
+//!   how many calls the batched charges carried (`batch`), per statement.
 //!
 //! The per-rule series are bounded: past RLS_MAX_METRIC_KEYS keys (default
 //! [`MAX_SERIES`]; detailed_metric and value_to_metric put request values in keys), new
@@ -46,6 +48,8 @@ struct Inner {
     errors: BTreeMap<&'static str, u64>,
     loads: BTreeMap<&'static str, u64>,
     global_shadow: u64,
+    charge_statements: u64,
+    charged_calls: u64,
 }
 
 #[derive(Default)]
@@ -103,6 +107,16 @@ impl Metrics {
         self.with(|m| *m.errors.entry(kind).or_default() += 1);
     }
 
+    /// One charging statement that carried `calls` calls.
+    pub fn charged(&self, calls: usize) {
+        if calls > 0 {
+            self.with(|m| {
+                m.charge_statements += 1;
+                m.charged_calls += calls as u64;
+            });
+        }
+    }
+
     pub fn global_shadow(&self) {
         self.with(|m| m.global_shadow += 1);
     }
@@ -155,6 +169,10 @@ impl Metrics {
                 out += &format!("# TYPE ratelimit_service_config_load_{name} counter\n");
                 out += &format!("ratelimit_service_config_load_{name} {}\n", m.loads.get(result).copied().unwrap_or(0));
             }
+            out += "# TYPE ratelimit_service_charge_statements_total counter\n";
+            out += &format!("ratelimit_service_charge_statements_total {}\n", m.charge_statements);
+            out += "# TYPE ratelimit_service_charged_calls_total counter\n";
+            out += &format!("ratelimit_service_charged_calls_total {}\n", m.charged_calls);
             out += "# TYPE ratelimit_service_global_shadow_mode counter\n";
             out += &format!("ratelimit_service_global_shadow_mode {}\n", m.global_shadow);
             out

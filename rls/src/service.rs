@@ -93,6 +93,8 @@ pub struct Rls {
     pub store: Arc<Store>,
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
+    /// Charges of concurrent calls in one statement (counting as the reference does).
+    pub batcher: crate::batch::Batcher,
 }
 
 /// What the database said about one slot, and the count it implies.
@@ -341,7 +343,7 @@ impl Rls {
                 out
             }
         } else {
-            items_of(&self.run(&Sql::all("rl_charge_all", &pairs)).await?).into_iter().map(|a| (a, true)).collect()
+            self.batcher.charge(items.to_vec(), self.store.deadline()).await?.into_iter().map(|a| (a, true)).collect()
         };
         let mut excess: Vec<(usize, f64)> = Vec::new();
         for (i, (answer, charged)) in answers.iter().enumerate() {

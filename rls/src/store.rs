@@ -71,6 +71,13 @@ impl Store {
         Ok(Store::Postgres { pool, deadline })
     }
 
+    /// The statement timeout.
+    pub fn deadline(&self) -> Duration {
+        match self {
+            Store::Postgres { deadline, .. } | Store::Sqlite { deadline, .. } => *deadline,
+        }
+    }
+
     /// Whether the database answers at all (the health services ask every second).
     pub async fn ping(&self) -> bool {
         match self {

@@ -210,8 +210,9 @@ def server(db, tmp_path):
 
 def metric(text, name, **labels):
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    prefix = f"{name}{{{want}}} " if labels else f"{name} "
     for line in text.splitlines():
-        if line.startswith(f"{name}{{{want}}} "):
+        if line.startswith(prefix):
             return float(line.split()[-1])
     return 0.0
 
@@ -326,12 +327,32 @@ def test_exact_totals_under_32_concurrent_streams(db, tmp_path):
     STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT the user budgets were charged for those only."""
     server = examples_server(db, tmp_path, "api.yaml", env={"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"})
     try:
-        concurrent_streams(server)
+        concurrent_streams(server, charged_for_users=200)
     finally:
         server.stop()
 
 
-def concurrent_streams(server):
+def test_exact_totals_when_concurrent_calls_are_charged_in_batches(db, tmp_path):
+    """The same 32 clients, counting as the reference does: every call is charged (the user
+    budgets 320 in all), calls that arrive together are charged in one statement (two
+    workers, so most batches hold several calls), and each call is answered with the count
+    its own hits made: exactly 200 calls see the shared budget within its 200."""
+    server = examples_server(db, tmp_path, "api.yaml", env={"RLS_BATCH_WORKERS": "2"})
+    try:
+        concurrent_streams(server, charged_for_users=320)
+        used = server.db.sql("SELECT CAST(json_extract(rl_budget(?, 'day', 200, 0), '$.used') AS int)"
+                             if server.db.engine == "sqlite" else "SELECT (rl_budget(?, 'day', 200, 0)->>'used')::int",
+                             'envoy:["api","everyone","all","day"]')
+        assert used == 320
+        m = server.metrics()
+        calls = metric(m, "ratelimit_service_charged_calls_total")
+        statements = metric(m, "ratelimit_service_charge_statements_total")
+        assert calls == 320 and statements < calls, (calls, statements)  # some statements carried several calls
+    finally:
+        server.stop()
+
+
+def concurrent_streams(server, charged_for_users):
     users = [f"u{i}" for i in range(32)]
 
     def client(user):
@@ -357,7 +378,7 @@ def concurrent_streams(server):
                                 if server.db.engine == "sqlite" else
                                 "SELECT (rl_budget(?, 'day', 1000, 0)->>'used')::int",
                                 'envoy:["api","user","%s","day"]' % u) for u in users)
-    assert charged == 200
+    assert charged == charged_for_users
 
 
 def test_refunds_and_checks_that_charge_nothing(server):
