@@ -518,6 +518,24 @@ fn validate_keys(map: &serde_yaml::Mapping) -> Result<(), String> {
     Ok(())
 }
 
+/// A field written with no value (`descriptors:`, `value:`) is its zero value, as Go's
+/// YAML decoder leaves it: such fields are dropped before the typed read, so that their
+/// defaults apply (not inside `metadata`, whose nulls are values).
+fn without_nulls(value: &mut Yaml) {
+    match value {
+        Yaml::Mapping(m) => {
+            m.retain(|_, v| !v.is_null());
+            for (k, v) in m.iter_mut() {
+                if k.as_str() != Some("metadata") {
+                    without_nulls(v);
+                }
+            }
+        }
+        Yaml::Sequence(items) => items.iter_mut().for_each(without_nulls),
+        _ => {}
+    }
+}
+
 /// One file's text as the reference reads it: merge keys applied, keys checked, then the
 /// fields. Errors without the file's name.
 pub fn read_file(text: &str) -> Result<FileDoc, String> {
@@ -525,9 +543,11 @@ pub fn read_file(text: &str) -> Result<FileDoc, String> {
     value.apply_merge().map_err(|e| format!("error loading config file: {e}"))?;
     match &value {
         Yaml::Mapping(m) => validate_keys(m)?,
-        Yaml::Null => {}
+        // an empty file: no domain, as the reference reads it
+        Yaml::Null => return Ok(FileDoc::default()),
         _ => return Err("error loading config file: the document is not a map".to_owned()),
     }
+    without_nulls(&mut value);
     // read again from text, so that a wrong value's message says where it is
     let merged = serde_yaml::to_string(&value).map_err(|e| format!("error loading config file: {e}"))?;
     serde_yaml::from_str(&merged).map_err(|e| format!("error loading config file: {e}"))
@@ -842,6 +862,15 @@ descriptors:
             let err = parse_domain(doc, "t").unwrap_err();
             assert!(err.starts_with("t: ") && err.contains(want), "{err} lacks {want}");
         }
+    }
+
+    #[test]
+    fn fields_without_a_value_are_their_zero_value() {
+        let d = parse_domain("domain: n\ndescriptors:\n  - key: a\n    value:\n    descriptors:\n    rate_limit:\n      unit: hour\n      requests_per_unit: 2\n      replaces:\n", "t").unwrap();
+        assert_eq!(d.find(&[("a", "x")]).unwrap().rule.requests_per_unit, 2);
+        assert_eq!(parse_domain("domain:\n", "t").unwrap_err(), "t: config file cannot have empty domain");
+        assert_eq!(parse_domain("", "t").unwrap_err(), "t: config file cannot have empty domain");
+        assert!(parse_domain("domain: n\ndescriptors:\n", "t").is_ok());
     }
 
     #[test]
