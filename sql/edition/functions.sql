@@ -327,7 +327,7 @@ BEGIN
     now := ratelimit.rl__now(fn, now_ms);
     items := ratelimit.rl__limit_items(fn, limits);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
-    RETURN jsonb_build_object('items', ratelimit.rl__refund_items(fn, items, now));
+    RETURN jsonb_build_object('items', ratelimit.rl__change_items(fn, 'refund', items, now));
 END
 
 -- function: rl_charge_all
@@ -341,7 +341,7 @@ BEGIN
     items := ratelimit.rl__limit_items(fn, limits);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     RETURN jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0,
-                              'items', ratelimit.rl__charge_items(fn, items, now));
+                              'items', ratelimit.rl__change_items(fn, 'charge', items, now));
 END
 
 -- function: rl_policy_set
@@ -465,7 +465,7 @@ DECLARE
 BEGIN
     pi := ratelimit.rl__policy_items(fn, p, s, t, c);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
-    RETURN jsonb_build_object('policy', p, 'tier', t, 'items', ratelimit.rl__refund_items(fn, pi.items, now));
+    RETURN jsonb_build_object('policy', p, 'tier', t, 'items', ratelimit.rl__change_items(fn, 'refund', pi.items, now));
 END
 
 -- function: rl_charge_check
@@ -481,7 +481,7 @@ BEGIN
     pi := ratelimit.rl__policy_items(fn, p, s, t, c);
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     RETURN jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0,
-                              'items', ratelimit.rl__charge_items(fn, pi.items, now), 'policy', p, 'tier', t);
+                              'items', ratelimit.rl__change_items(fn, 'charge', pi.items, now), 'policy', p, 'tier', t);
 END
 
 -- function: rl_peek_check

@@ -1657,50 +1657,32 @@ BEGIN
 END
 $$;
 
--- Gives each item its cost back (protocol::take_all::refund_limits): a bucket as rl_refund,
--- a budget as rl_refund_budget, a window by forgetting its newest admissions (answered as
--- rl_window_peek). Rows are changed in the order rl__take_all holds them (budgets, windows,
--- buckets, each by key); the answers are in the items' own order (pos).
-CREATE OR REPLACE FUNCTION ratelimit.rl__refund_items(fn text, items jsonb, now bigint) RETURNS jsonb
+-- Gives each item its cost back (op 'refund', protocol::take_all::refund_limits, a bucket as
+-- rl_refund, a budget as rl_refund_budget, a window by forgetting its newest admissions,
+-- answered as rl_window_peek), or charges it whatever it holds (op 'charge',
+-- protocol::take_all::charge_limits, a bucket as rl_charge, a budget as a charge against its
+-- quota, an admitted spend; a window past its limit, window::charge). Rows are changed in the
+-- order rl__take_all holds them (budgets, windows, buckets, each by key); the answers are in
+-- the items' own order (pos).
+CREATE OR REPLACE FUNCTION ratelimit.rl__change_items(fn text, op text, items jsonb, now bigint) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     it jsonb;
     answers jsonb := '{}';
+    charge CONSTANT boolean := op = 'charge';
 BEGIN
     FOR it IN SELECT i FROM jsonb_array_elements(items) AS i
               ORDER BY CASE (i ->> 'kind')::int WHEN 1 THEN 0 WHEN 2 THEN 1 ELSE 2 END,
                        (i ->> 'key') COLLATE "C", i ->> 'period' LOOP
         answers := answers || jsonb_build_object(it ->> 'pos', CASE (it ->> 'kind')::int
-            WHEN 0 THEN ratelimit.rl__bucket_change(fn, 'refund', it ->> 'key', (it ->> 'burst')::float8,
+            WHEN 0 THEN ratelimit.rl__bucket_change(fn, op, it ->> 'key', (it ->> 'burst')::float8,
                                                     (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)
-            WHEN 1 THEN ratelimit.rl__budget_change(fn, 'refund', it ->> 'key', it ->> 'period', NULL,
+            WHEN 1 THEN ratelimit.rl__budget_change(fn, CASE WHEN charge THEN 'charge_against' ELSE 'refund' END,
+                                                    it ->> 'key', it ->> 'period',
+                                                    CASE WHEN charge THEN (it ->> 'quota')::bigint END,
                                                     (it ->> 'micros')::bigint, now)
-            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window', 'window_refund',
-                jsonb_build_object('limit', (it ->> 'quota')::bigint, 'window_ms', (it ->> 'window_ms')::bigint,
-                                   'cost', (it ->> 'micros')::bigint), now, '') END);
-    END LOOP;
-    RETURN (SELECT jsonb_agg(a.value ORDER BY a.key::int) FROM jsonb_each(answers) AS a);
-END
-$$;
-
--- Charges each item its cost whatever it holds (protocol::take_all::charge_limits): a bucket
--- as rl_charge, a budget as a charge against its quota (an admitted spend), a window past
--- its limit (window::charge). Rows in rl__take_all's order; answers in the items' order.
-CREATE OR REPLACE FUNCTION ratelimit.rl__charge_items(fn text, items jsonb, now bigint) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    it jsonb;
-    answers jsonb := '{}';
-BEGIN
-    FOR it IN SELECT i FROM jsonb_array_elements(items) AS i
-              ORDER BY CASE (i ->> 'kind')::int WHEN 1 THEN 0 WHEN 2 THEN 1 ELSE 2 END,
-                       (i ->> 'key') COLLATE "C", i ->> 'period' LOOP
-        answers := answers || jsonb_build_object(it ->> 'pos', CASE (it ->> 'kind')::int
-            WHEN 0 THEN ratelimit.rl__bucket_change(fn, 'charge', it ->> 'key', (it ->> 'burst')::float8,
-                                                    (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)
-            WHEN 1 THEN ratelimit.rl__budget_change(fn, 'charge_against', it ->> 'key', it ->> 'period',
-                                                    (it ->> 'quota')::bigint, (it ->> 'micros')::bigint, now)
-            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window', 'window_charge',
+            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window',
+                CASE WHEN charge THEN 'window_charge' ELSE 'window_refund' END,
                 jsonb_build_object('limit', (it ->> 'quota')::bigint, 'window_ms', (it ->> 'window_ms')::bigint,
                                    'cost', (it ->> 'micros')::bigint), now, '') END);
     END LOOP;
