@@ -56,6 +56,8 @@ async function nextStart(db, settings = {}) {
   let log = "";
   child.stdout.on("data", (d) => (log += d));
   child.stderr.on("data", (d) => (log += d));
+  // 'close' waits for the pipes to drain, which 'exit' does not.
+  const closed = new Promise((r) => child.once("close", r));
   const direct = `http://127.0.0.1:${port}`;
   const deadline = Date.now() + 30_000;
   for (;;) {
@@ -73,7 +75,7 @@ async function nextStart(db, settings = {}) {
     stop: async () => {
       proxy.close();
       child.kill();
-      if (child.exitCode === null) await new Promise((r) => child.once("exit", r));
+      await closed;
       return log;
     },
   };

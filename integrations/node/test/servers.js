@@ -19,6 +19,9 @@ async function server(db, timeoutMs, settings = {}) {
   });
   let log = "";
   child.stderr.on("data", (d) => (log += d));
+  // 'close' comes after the child's pipes are drained; 'exit' can come first, with
+  // the last lines it wrote to stderr still unread (seen on a busy machine).
+  const closed = new Promise((r) => child.once("close", r));
   const ports = await new Promise((resolve, reject) => {
     let out = "";
     child.stdout.on("data", (d) => {
@@ -33,7 +36,7 @@ async function server(db, timeoutMs, settings = {}) {
     fetch: `http://127.0.0.1:${ports[1]}`,
     stop: async () => {
       child.kill();
-      await new Promise((r) => child.once("exit", r));
+      await closed;
       return log;
     },
   };

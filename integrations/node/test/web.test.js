@@ -174,7 +174,7 @@ for (const engine of ENGINES) {
       });
       let log = "";
       child.stderr.on("data", (d) => (log += d));
-      const code = await new Promise((resolve) => child.once("exit", resolve));
+      const code = await new Promise((resolve) => child.once("close", resolve));
       assert.notEqual(code, 0);
       assert.match(log, /route "\/extra": there is no policy named "no_such_policy" in the database/);
     } finally {
