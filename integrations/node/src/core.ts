@@ -2,7 +2,7 @@
 // the subject, the decision, the fallback when the database does not answer.
 import { createHash } from "node:crypto";
 import { isIP } from "node:net";
-import { DatabaseUnavailable, isMissingPolicy, Limiter, multiplier, RefundOn, Route } from "./limiter";
+import { Answer, DatabaseUnavailable, isMissingPolicy, Limiter, multiplier, RefundOn, Route } from "./limiter";
 import { Metrics, Outcome } from "./metrics";
 
 // -- the pure rules, the same as the Python and Ruby packages' (integrations/spec/cases.json
@@ -627,6 +627,83 @@ export function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
     timer = setTimeout(() => reject(new DatabaseUnavailable(`no answer within ${ms} ms`)), ms);
   });
   return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+/** `cost` if it is a finite number above 0, else a RangeError naming the call. */
+function amount(call: string, cost: unknown): number {
+  if (typeof cost !== "number" || !Number.isFinite(cost) || cost <= 0) {
+    throw new RangeError(`${call}: cost must be a finite number greater than 0, got ${String(cost)}`);
+  }
+  return cost;
+}
+
+/**
+ * One admitted request's route, subject and tier, and the headers its response gets, for
+ * `charge(request, cost)` and `refund(request, cost)` in the handler. `onHeaders` is told
+ * the headers after a charge (Express sets them on the response while it can).
+ */
+export class RequestLimits {
+  constructor(private core: RateLimitCore, readonly route: Route, readonly subject: string,
+    readonly tier: string | undefined, public headers: Record<string, string>,
+    private onHeaders?: (headers: Record<string, string>) => void) {}
+
+  /** Charges `cost` to the route's limits whatever they hold; the answer, or undefined when
+   * the database did not answer (logged). */
+  async charge(cost: number): Promise<Answer | undefined> {
+    const limiter = this.core.options.limiter;
+    if (!limiter.charge) throw new TypeError("charge: this limiter has no charge(route, subject, tier, cost)");
+    const n = amount("charge", cost);
+    try {
+      const answer = await withTimeout(limiter.charge(this.route, this.subject, this.tier, n), (limiter.timeoutMs ?? 1000) + 1000);
+      this.headers = { ...answer.headers };
+      this.onHeaders?.(this.headers);
+      return answer;
+    } catch (e: any) {
+      if (!(e instanceof DatabaseUnavailable)) throw e;
+      this.core.log(`ratelimit-web: could not charge ${this.route.name} for ${this.subject}: ${e.message}`);
+      return undefined;
+    }
+  }
+
+  /** Gives `cost` back to the route's limits; the headers stay as they were. */
+  async refund(cost: number): Promise<void> {
+    await this.core.refund(this.route, this.subject, this.tier, amount("refund", cost));
+  }
+}
+
+const LIMITS = new WeakMap<object, RequestLimits>();
+
+/** Leaves `limits` on `request` for charge() and refund() in its handler. */
+export function attachLimits(request: object, limits: RequestLimits): RequestLimits {
+  LIMITS.set(request, limits);
+  return limits;
+}
+
+function limitsOf(request: object): RequestLimits {
+  const limits = LIMITS.get(request);
+  if (!limits) {
+    throw new TypeError("ratelimit-web: this request was not admitted by a rate-limited route (charge and refund " +
+      "work in the handler of a route rateLimit or withRateLimit limits, on the request object it was given)");
+  }
+  return limits;
+}
+
+/**
+ * Charges `cost` (a finite number above 0), known after the work (LLM tokens, bytes
+ * sent), to the limits of the route that admitted `request` whatever they hold: a bucket
+ * goes into debt, a budget past its quota, and later requests wait until it is paid back
+ * (rl_charge_all, or rl_charge_check for a policy, scaled by the tier). The response
+ * carries the headers after the charge. Resolves to the engine's answer, or undefined when
+ * the database did not answer (logged).
+ */
+export function charge(request: object, cost: number): Promise<Answer | undefined> {
+  return limitsOf(request).charge(cost);
+}
+
+/** Gives `cost` back to the limits of the route that admitted `request` (what an
+ * estimate took too much); never throws for a database that does not answer (logged). */
+export function refund(request: object, cost: number): Promise<void> {
+  return limitsOf(request).refund(cost);
 }
 
 export function costOf(route: Route, request: unknown): number {

@@ -1,12 +1,12 @@
 // Express middleware: app.use(rateLimit({ limiter, routes })).
-import { costOf, Options, RateLimitCore } from "./core";
+import { attachLimits, costOf, Options, RateLimitCore, RequestLimits } from "./core";
 
 type Req = {
   method: string; path: string; headers: Record<string, string | string[] | undefined>;
   socket: { remoteAddress?: string }; user?: any; complete?: boolean;
   once(event: "end" | "aborted", listener: () => void): unknown;
 };
-type Res = { statusCode: number; status(code: number): Res; set(headers: Record<string, string>): Res; json(body: unknown): void; end: (...args: any[]) => any; once(event: "close", listener: () => void): unknown };
+type Res = { statusCode: number; headersSent?: boolean; status(code: number): Res; set(headers: Record<string, string>): Res; json(body: unknown): void; end: (...args: any[]) => any; once(event: "close", listener: () => void): unknown };
 
 /** Whether a request body is on its way (a length above 0, or chunked). */
 function hasBody(req: Req): boolean {
@@ -24,7 +24,8 @@ function hasBody(req: Req): boolean {
  * same proxies). Every limited response carries the rl_headers headers; a refusal is a
  * 429 JSON body (413 for a cost no wait admits); a response whose status the route
  * refunds gives back what the check took, before it ends, unless the client abandoned its
- * request. `.ready` settles once every route is checked (see RateLimitCore.ready);
+ * request. In a handler, `charge(req, cost)` charges a cost known after the work and
+ * `refund(req, cost)` gives some back (see core.ts). `.ready` settles once every route is checked (see RateLimitCore.ready);
  * `.counters` counts what it did.
  */
 export function rateLimit(options: Options) {
@@ -54,6 +55,9 @@ export function rateLimit(options: Options) {
       const cost = costOf(route, req);
       const decision = await core.decide(route, subject, tier, cost);
       if (decision.kind === "answer") return res.status(decision.status).set(decision.headers).json(decision.body);
+      // charge(req, cost) in the handler: the headers after it, while they can still be set
+      attachLimits(req, new RequestLimits(core, route, subject, tier, decision.kind === "admitted" ? decision.headers : {},
+        (headers) => { if (!res.headersSent) res.set(headers); }));
       if (decision.kind === "admitted") {
         res.set(decision.headers);
         // a refunded status ends only once the refund is made: the client never sees it first

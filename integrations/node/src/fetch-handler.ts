@@ -1,6 +1,6 @@
 // Fetch-API handlers (Next.js route handlers and proxy.ts, or any runtime of Request and
 // Response): export const GET = withRateLimit({ ...options, peer }, async (request) => ...).
-import { costOf, Counters, Options, RateLimitCore } from "./core";
+import { attachLimits, costOf, Counters, Options, RateLimitCore, RequestLimits } from "./core";
 
 export interface FetchOptions extends Options {
   /**
@@ -38,7 +38,9 @@ type Handler = (request: Request, context?: any) => Response | Promise<Response>
  * Wraps a handler: the request is checked first (a refusal is answered with 429 and
  * the handler is not run), the handler's response gets the rl_headers headers, and a
  * response whose status the route refunds (or a throw, where it refunds a 500) gives back
- * what the check took.
+ * what the check took. In the handler, `charge(request, cost)` charges a cost known after
+ * the work (the response gets the headers after it) and `refund(request, cost)` gives some
+ * back.
  */
 export function withRateLimit(options: FetchOptions, handler: Handler): Handler & { ready: Promise<void>; counters: Counters } {
   if (typeof options.peer !== "function") {
@@ -67,6 +69,9 @@ export function withRateLimit(options: FetchOptions, handler: Handler): Handler 
     const cost = costOf(route, request);
     const decision = await core.decide(route, subject, tier, cost);
     if (decision.kind === "answer") return Response.json(decision.body, { status: decision.status, headers: decision.headers });
+    // charge(request, cost) in the handler
+    const limits = attachLimits(request, new RequestLimits(core, route, subject, tier,
+      decision.kind === "admitted" ? decision.headers : {}));
     if (decision.kind === "fallback") return handler(request, context);
     let response: Response;
     try {
@@ -80,7 +85,7 @@ export function withRateLimit(options: FetchOptions, handler: Handler): Handler 
     const passedOn = response.headers.has("x-middleware-next");
     if (!passedOn && core.refunds(route, response.status)) await core.refund(route, subject, tier, cost);
     const headers = new Headers(response.headers);
-    for (const [name, value] of Object.entries(decision.headers)) headers.set(name, value);
+    for (const [name, value] of Object.entries(limits.headers)) headers.set(name, value); // as a charge left them
     return new Response(response.body, { status: response.status, statusText: response.statusText, headers });
   };
   return Object.assign(limited, { ready: core.ready, counters: core.counters });

@@ -1,5 +1,5 @@
-export { Counters, LocalBucket, RateLimitCore, RefusalCache, addressSubject, bounded, clientAddress, networks,
-  normalizeIdentifier, normalizePath, parseAddress, refundRule, IDENTIFIER_MAX_BYTES } from "./core";
+export { Counters, LocalBucket, RateLimitCore, RefusalCache, RequestLimits, addressSubject, bounded, charge, clientAddress,
+  networks, normalizeIdentifier, normalizePath, parseAddress, refund, refundRule, IDENTIFIER_MAX_BYTES } from "./core";
 export type { Address, Decision, Network, Options } from "./core";
 export { rateLimit } from "./express";
 export { fetchWithRateLimit, retryAfterMs, backoffMs } from "./fetch";

@@ -51,6 +51,10 @@ export interface Limiter {
   check(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer>;
   /** Gives back what an admitted check took (rl_refund_check, or rl_refund_all for explicit limits). */
   refund(route: Route, subject: string, tier: string | undefined, cost: number): Promise<void>;
+  /** Charges a cost known after the work whatever the limits hold, into debt or past a
+   * quota (rl_charge_check, or rl_charge_all for explicit limits); resolves to the state
+   * after it. */
+  charge?(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer>;
   /** Whether the database holds `policy` (checked for every route at startup). */
   policyExists?(policy: string): Promise<boolean>;
   /** [undefined, the limits as the engine read them], or [what it refuses in them] (checked
@@ -124,6 +128,8 @@ class Statements {
     this.refundCheck = `SELECT rl_refund_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)}) AS r`;
     // the inverse of rl_take_all, over the same items
     this.refundAll = `SELECT rl_refund_all(${jsonParam}) AS r`;
+    this.chargeCheck = `WITH c(r) AS MATERIALIZED (SELECT rl_charge_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)})) SELECT r, rl_headers(r) AS h FROM c`;
+    this.chargeAll = `WITH c(r) AS MATERIALIZED (SELECT rl_charge_all(${jsonParam})) SELECT r, rl_headers(r) AS h FROM c`;
     this.validate = `SELECT rl_policy_validate(${jsonParam}) AS r`;
     // a jsonb parameter in second place: $2::jsonb on PostgreSQL, ? on SQLite
     this.policySet = `SELECT rl_policy_set(${p(1)}, ${p(2)}${jsonParam.endsWith("::jsonb") ? "::jsonb" : ""}) AS r`;
@@ -131,6 +137,15 @@ class Statements {
   readonly validate: string;
   readonly policySet: string;
   readonly refundAll: string;
+  readonly chargeCheck: string;
+  readonly chargeAll: string;
+}
+
+/** A row of a check or a charge (the result and its headers; text on SQLite). */
+function answerOf(row: { r: unknown; h: unknown }): Answer {
+  const decode = (v: unknown) => (typeof v === "string" ? JSON.parse(v) : v);
+  const result = decode(row.r);
+  return { result, headers: decode(row.h), admitted: Boolean(result.admitted) };
 }
 
 abstract class SqlLimiter implements Limiter {
@@ -141,9 +156,14 @@ abstract class SqlLimiter implements Limiter {
     const row = route.policy !== undefined
       ? await this.run(this.statements.check, [route.policy, subject, cost, tier ?? null])
       : await this.run(this.statements.takeAll, [JSON.stringify(takeItems(route, subject, tier, cost))]);
-    const decode = (v: unknown) => (typeof v === "string" ? JSON.parse(v) : v);
-    const result = decode(row!.r);
-    return { result, headers: decode(row!.h), admitted: Boolean(result.admitted) };
+    return answerOf(row!);
+  }
+
+  async charge(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer> {
+    const row = route.policy !== undefined
+      ? await this.run(this.statements.chargeCheck, [route.policy, subject, cost, tier ?? null])
+      : await this.run(this.statements.chargeAll, [JSON.stringify(takeItems(route, subject, tier, cost))]);
+    return answerOf(row!);
   }
 
   /**

@@ -4,14 +4,15 @@
 // name), RL_WEB_EXTENSION (SQLite's libratelimit), RL_WEB_TIMEOUT_MS (the limiter's
 // timeout; else its default), the opt-in defenses RL_WEB_REFUSAL_CACHE and
 // RL_WEB_MAX_IN_FLIGHT, RL_WEB_EXTRA_POLICY (a route /extra limited by that policy, which
-// may not exist) and RL_WEB_EXTRA_LIMITS (one of those explicit limits). Serves the routes
+// may not exist), RL_WEB_EXTRA_LIMITS (one of those explicit limits) and RL_WEB_LOG (a file
+// the limiters' log lines are appended to, synchronously; else stderr). Serves the routes
 // twice: through the Express middleware, and through withRateLimit (Fetch API, as in
 // Next.js route handlers) on a node:http server that hands it the socket's address in
 // X-Real-IP, as nginx in front would. Prints both ports.
 "use strict";
 const http = require("node:http");
 const express = require("express");
-const { rateLimit, withRateLimit, normalizePath, peers, PostgresLimiter, PrometheusMetrics, SqliteLimiter } = require("..");
+const { rateLimit, withRateLimit, normalizePath, peers, PostgresLimiter, PrometheusMetrics, SqliteLimiter, charge, refund } = require("..");
 const promClient = require("prom-client");
 const { SPEC, signedIn } = require("./support");
 
@@ -28,6 +29,7 @@ if (process.env.RL_WEB_EXTRA_POLICY) routes["/extra"] = { policy: process.env.RL
 if (process.env.RL_WEB_EXTRA_LIMITS) routes["/extra"] = { limits: JSON.parse(process.env.RL_WEB_EXTRA_LIMITS) };
 const options = {
   limiter,
+  ...(process.env.RL_WEB_LOG ? { log: (line) => require("node:fs").appendFileSync(process.env.RL_WEB_LOG, line + "\n") } : {}),
   identify: (req) => {
     const [user] = signedIn(authorization(req));
     return user ? `user:${user}` : undefined;
@@ -62,6 +64,13 @@ app.all(["/fail", "/pfail", "/sms", "/refund/:order"], (req, res) => {
   if (req.query.how === "ok") return res.json({ ok: true });
   throw new Error("the handler failed");
 });
+// the work, then its real cost charged (or an estimate's surplus refunded)
+app.get(["/ai", "/pai"], async (req, res) => {
+  ran(req.path);
+  if (req.query.tokens !== undefined) await charge(req, Number(req.query.tokens));
+  if (req.query.refund !== undefined) await refund(req, Number(req.query.refund));
+  res.json({ ok: true, path: req.path });
+});
 app.all("*", (req, res) => {
   ran(req.path);
   res.json({ ok: true, path: req.path });
@@ -79,6 +88,10 @@ const handler = withRateLimit({ ...options, metrics: fetchMetrics, peer: peers.h
   }
   ran(url.pathname);
   const handlerPath = normalizePath(url.pathname);
+  if (handlerPath === "/ai" || handlerPath === "/pai") {
+    if (url.searchParams.has("tokens")) await charge(request, Number(url.searchParams.get("tokens")));
+    if (url.searchParams.has("refund")) await refund(request, Number(url.searchParams.get("refund")));
+  }
   if (["/fail", "/pfail", "/sms"].includes(handlerPath) || handlerPath.startsWith("/refund/")) {
     if (url.searchParams.get("how") === "503") return Response.json({ ok: false }, { status: 503 });
     if (url.searchParams.get("how") === "ok") return Response.json({ ok: true });

@@ -2,6 +2,8 @@
 // (app-server.js), for the suites that send them requests.
 "use strict";
 const { spawn } = require("node:child_process");
+const fs = require("node:fs");
+const os = require("node:os");
 const path = require("node:path");
 const { EXTENSION } = require("./support");
 
@@ -13,8 +15,11 @@ function serverEnv(db, timeoutMs, settings = {}) {
 }
 
 async function server(db, timeoutMs, settings = {}) {
+  // the limiters' log lines, appended to a file as they are written: a pipe's last lines
+  // can still be unread when a killed child is gone (seen once on a busy machine)
+  const logFile = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "rl-web-")), "server.log");
   const child = spawn(process.execPath, [path.join(__dirname, "app-server.js")], {
-    env: serverEnv(db, timeoutMs, settings),
+    env: { ...serverEnv(db, timeoutMs, settings), RL_WEB_LOG: logFile },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let log = "";
@@ -37,7 +42,9 @@ async function server(db, timeoutMs, settings = {}) {
     stop: async () => {
       child.kill();
       await closed;
-      return log;
+      const lines = fs.existsSync(logFile) ? fs.readFileSync(logFile, "utf8") : "";
+      fs.rmSync(path.dirname(logFile), { recursive: true, force: true });
+      return log + lines;
     },
   };
 }

@@ -7,8 +7,9 @@
 const test = require("node:test");
 const assert = require("node:assert/strict");
 const net = require("node:net");
-const { clientAddress, networks, normalizeIdentifier, normalizePath, refundRule, RateLimitCore,
-  UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE } = require("..");
+const { clientAddress, networks, normalizeIdentifier, normalizePath, refundRule, RateLimitCore, RequestLimits,
+  DatabaseUnavailable, charge, refund, UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE } = require("..");
+const { attachLimits } = require("../dist/core");
 const { SPEC, CASES, ENGINES, database, token } = require("./support");
 const { server } = require("./servers");
 
@@ -57,6 +58,47 @@ test("refunds", () => {
     assert.equal(core.refunds(core.match("GET", "/r"), c.status), c.expect, JSON.stringify(c));
   }
   assert.equal(refundRule(undefined), undefined);
+});
+
+// charge() and refund() where the HTTP cases cannot reach; the charges themselves, on both
+// servers and engines, are the spec's HTTP case
+test("charge and refund: a request no route admitted, a cost that is no cost, a database that does not answer", async () => {
+  await assert.rejects(async () => charge({}, 5), /not admitted by a rate-limited route/);
+  await assert.rejects(async () => refund({}, 5), /not admitted by a rate-limited route/);
+  const calls = [];
+  const logged = [];
+  let down = false;
+  const fake = { ...limiter,
+    charge: async (route, subject, tier, cost) => {
+      calls.push(["charge", subject, tier, cost]);
+      if (down) throw new DatabaseUnavailable("connection refused");
+      return { result: { admitted: true }, headers: { "X-RateLimit-Remaining": "7" }, admitted: true };
+    },
+    refund: async (route, subject, tier, cost) => {
+      calls.push(["refund", subject, tier, cost]);
+      if (down) throw new DatabaseUnavailable("connection refused");
+    } };
+  const core = new RateLimitCore({ limiter: fake, log: (m) => logged.push(m), routes: { "/ai": { limits: BUCKET } } });
+  const told = [];
+  const request = {};
+  const limits = attachLimits(request, new RequestLimits(core, core.match("GET", "/ai"), "user:ann", "pro",
+    { "X-RateLimit-Remaining": "9" }, (h) => told.push(h)));
+  for (const bad of [0, -1, NaN, Infinity, "5", undefined]) {
+    await assert.rejects(async () => charge(request, bad), { name: "RangeError", message: `charge: cost must be a finite number greater than 0, got ${String(bad)}` });
+    await assert.rejects(async () => refund(request, bad), { name: "RangeError" });
+  }
+  assert.deepEqual(calls, []);
+  assert.equal((await charge(request, 3)).admitted, true);
+  await refund(request, 2);
+  assert.deepEqual(limits.headers, { "X-RateLimit-Remaining": "7" });
+  assert.deepEqual(told, [{ "X-RateLimit-Remaining": "7" }]);
+  down = true;
+  assert.equal(await charge(request, 3), undefined);
+  await refund(request, 3);
+  assert.deepEqual(limits.headers, { "X-RateLimit-Remaining": "7" });
+  assert.deepEqual(calls.map((c) => c[3]), [3, 2, 3, 3]);
+  assert.deepEqual(logged, ["ratelimit-web: could not charge /ai for user:ann: connection refused",
+    "ratelimit-web: could not refund /ai for user:ann: connection refused"]);
 });
 
 test("the unknown policy's codes are the spec's", () => {

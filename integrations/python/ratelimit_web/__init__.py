@@ -1,6 +1,8 @@
 """Rate limits for web applications, decided inside PostgreSQL (pg_ratelimit) or SQLite
 (sqlite ratelimit): middleware for ASGI (Starlette, FastAPI), WSGI (Flask) and Django,
-and an httpx transport that honours Retry-After."""
+`charge` and `refund` for costs known after the work, and an httpx transport that honours
+Retry-After."""
+from .charging import RequestLimits, charge, refund
 from .fallback import LocalBucket
 from .limiter import DatabaseUnavailable, PostgresLimiter, SQLiteLimiter, SyncPostgresLimiter, SyncSQLiteLimiter
 from .middleware import RateLimitMiddleware
@@ -14,8 +16,11 @@ __all__ = [
     "RateLimitMiddleware",
     "RateLimitRules",
     "RefusalCache",
+    "RequestLimits",
     "Route",
     "SQLiteLimiter",
     "SyncPostgresLimiter",
     "SyncSQLiteLimiter",
+    "charge",
+    "refund",
 ]

@@ -27,6 +27,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.backends.signals import connection_created
 from django.http import JsonResponse
 
+from .charging import KEY, RequestLimits
 from .limiter import DatabaseUnavailable, SyncLimiter, _extension, _Statements, _unavailable, load_extension
 from .rules import Decision, RateLimitRules, Route
 
@@ -113,14 +114,20 @@ class _Check:
     in Django's database thread, through sync_to_async)."""
 
     def __init__(self, rules: RateLimitRules, limiter: DjangoLimiter, route: Route, request):
-        self.rules, self.limiter, self.route = rules, limiter, route
+        self.rules, self.limiter, self.route, self.request = rules, limiter, route, request
         self.subject = _subject(rules, request)
         self.tier = rules.tier(request) if rules.tier else None
         self.cost = rules.cost(route, request)
+        self.limits: Optional[RequestLimits] = None
 
     def decide(self) -> Decision:
-        return self.rules.decide(self.route, self.subject, self.tier, self.cost,
-                                 lambda: self.limiter.check(self.route, self.subject, self.tier, self.cost))
+        decision = self.rules.decide(self.route, self.subject, self.tier, self.cost,
+                                     lambda: self.limiter.check(self.route, self.subject, self.tier, self.cost))
+        if decision.kind != "answer":  # for charge(request, cost) in the view
+            self.limits = self.request.META[KEY] = RequestLimits(
+                self.rules, self.limiter, self.route, self.subject, self.tier, decision.headers,
+                run_async=_in_database_thread)
+        return decision
 
     def give_back(self) -> None:
         try:
@@ -135,9 +142,14 @@ class _Check:
             return response
         if self.rules.refunds(self.route, response.status_code):
             self.give_back()
-        for name, value in decision.headers.items():
+        for name, value in self.limits.headers.items():  # as a charge in the view left them
             response[name] = value
         return response
+
+
+async def _in_database_thread(call, *args):
+    """`run` for an async view's charge: Django's database calls on its sync thread."""
+    return await sync_to_async(call)(*args)
 
 
 def _off_the_event_loop(work):

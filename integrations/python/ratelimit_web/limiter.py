@@ -87,6 +87,10 @@ class _Statements:
                          "SELECT r, rl_headers(r) FROM c")
         self.refund_check = f"SELECT rl_refund_check({p}, {p}, {p}, {p})"
         self.refund_all = f"SELECT rl_refund_all({json_param})"
+        self.charge_check = (f"WITH c(r) AS MATERIALIZED (SELECT rl_charge_check({p}, {p}, {p}, {p})) "
+                             "SELECT r, rl_headers(r) FROM c")
+        self.charge_all = (f"WITH c(r) AS MATERIALIZED (SELECT rl_charge_all({json_param})) "
+                           "SELECT r, rl_headers(r) FROM c")
         self.validate = f"SELECT rl_policy_validate({json_param})"
         self.policy_set = f"SELECT rl_policy_set({p}, {json_param})"
 
@@ -104,6 +108,14 @@ class _Statements:
         if route.policy is not None:
             return self.refund_check, [route.policy, subject, cost, tier]
         return self.refund_all, [json.dumps(take_items(route, subject, route.multiplier(tier), cost))]
+
+    def for_charge(self, route, subject: str, tier: Optional[str], cost: float) -> tuple:
+        """Charges `cost` after the work, whatever the limits hold (into debt, past a
+        quota): rl_charge_check for a policy, rl_charge_all over the route's items; its row
+        becomes an Answer by `answer_of`."""
+        if route.policy is not None:
+            return self.charge_check, [route.policy, subject, cost, tier]
+        return self.charge_all, [json.dumps(take_items(route, subject, route.multiplier(tier), cost))]
 
     def for_probe(self, policy: str) -> tuple:
         """Whether `policy` exists: rl_refund_check for a subject of no one's finds nothing
@@ -164,6 +176,9 @@ class _Limiter:
 
     async def refund(self, route, subject: str, tier: Optional[str], cost: float) -> None:
         await self.fetchone(*self.statements.for_refund(route, subject, tier, cost))
+
+    async def charge(self, route, subject: str, tier: Optional[str], cost: float) -> Answer:
+        return answer_of(await self.fetchone(*self.statements.for_charge(route, subject, tier, cost)))
 
     async def wait(self, route, subject: str, *, tier: Optional[str] = None, cost: float = 1,
                    timeout: float = 30.0, jitter: float = 0.1) -> Answer:
@@ -386,6 +401,9 @@ class SyncLimiter:
 
     def refund(self, route, subject: str, tier: Optional[str], cost: float) -> None:
         self.fetchone(*self.statements.for_refund(route, subject, tier, cost))
+
+    def charge(self, route, subject: str, tier: Optional[str], cost: float) -> Answer:
+        return answer_of(self.fetchone(*self.statements.for_charge(route, subject, tier, cost)))
 
     def validate_limits(self, definition: dict) -> Tuple[Optional[str], Optional[list]]:
         try:

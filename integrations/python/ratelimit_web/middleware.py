@@ -9,6 +9,7 @@ from typing import Dict
 
 import anyio
 
+from .charging import KEY, RequestLimits, awaited, from_worker_thread
 from .limiter import DatabaseUnavailable
 from .rules import Counters, Decision, RateLimitRules, RefusalCache, Route, log  # noqa: F401 (the package's names)
 
@@ -124,15 +125,17 @@ class RateLimitMiddleware:
                 rules.end_check(slot)
         if decision.kind == "answer":
             return await self.respond(send, decision)
+        limits = scope[KEY] = RequestLimits(rules, self.limiter, route, subject, tier, decision.headers,
+                                                   from_worker_thread, awaited)
         if decision.kind == "fallback":
             return await self.app(scope, receive, send)
-        await self.run_admitted(route, subject, tier, cost, decision.headers, scope, receive, send, state)
+        await self.run_admitted(route, subject, tier, cost, limits, scope, receive, send, state)
 
-    async def run_admitted(self, route, subject, tier, cost, headers, scope, receive, send, state):
-        """The handler, with the limit's headers on its response; a response whose status
-        the route refunds (refund_on), or an exception when it refunds 500, gives back what
-        the check took, unless the client abandoned its request."""
-        extra = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in headers.items()]
+    async def run_admitted(self, route, subject, tier, cost, limits, scope, receive, send, state):
+        """The handler, with the limit's headers on its response (as a charge in the
+        handler left them); a response whose status the route refunds (refund_on), or an
+        exception when it refunds 500, gives back what the check took, unless the client
+        abandoned its request."""
         refunded = False
 
         async def give_back(status):
@@ -144,6 +147,7 @@ class RateLimitMiddleware:
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 await give_back(message["status"])  # before the client hears of the failure
+                extra = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in limits.headers.items()]
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 

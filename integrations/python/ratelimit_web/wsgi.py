@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Dict, Iterable
 
+from .charging import KEY, RequestLimits
 from .limiter import DatabaseUnavailable
 from .rules import Decision, RateLimitRules, Route
 
@@ -52,6 +53,7 @@ class RateLimitWSGI:
         decision = rules.decide(route, subject, tier, cost, lambda: self.limiter.check(route, subject, tier, cost))
         if decision.kind == "answer":
             return respond(start_response, decision)
+        limits = environ[KEY] = RequestLimits(rules, self.limiter, route, subject, tier, decision.headers)
         if decision.kind == "fallback":
             return self.app(environ, start_response)
         refunded = []
@@ -66,7 +68,8 @@ class RateLimitWSGI:
 
         def start_with_headers(status, headers, exc_info=None):
             give_back(int(status.split(" ", 1)[0]))  # before the client hears of the failure
-            return start_response(status, [*headers, *decision.headers.items()], exc_info)
+            # the headers as a charge in the handler left them
+            return start_response(status, [*headers, *limits.headers.items()], exc_info)
 
         try:
             return _Finally(self.app(environ, start_with_headers), on_error=lambda: give_back(500))

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
 
-from ratelimit_web import Counters, PostgresLimiter, RateLimitMiddleware, SQLiteLimiter
+from ratelimit_web import Counters, PostgresLimiter, RateLimitMiddleware, SQLiteLimiter, charge, refund
 from ratelimit_web.metrics import PrometheusMetrics
 from ratelimit_web.rules import normalize_path
 from routes import DB, ENGINE, EXTENSION, limiter_options, options, ran, routes, runs, signed_in
@@ -23,6 +23,26 @@ else:
 
 async def ok(request):
     ran(normalize_path(request.url.path))
+    return JSONResponse({"ok": True, "path": request.url.path})
+
+
+async def ai(request):
+    """The work, then its real cost charged (or an estimate's surplus refunded): awaited."""
+    ran(normalize_path(request.url.path))
+    if "tokens" in request.query_params:
+        await charge(request, float(request.query_params["tokens"]))
+    if "refund" in request.query_params:
+        await refund(request, float(request.query_params["refund"]))
+    return JSONResponse({"ok": True, "path": request.url.path})
+
+
+def ai_sync(request):
+    """The same from a sync endpoint (Starlette runs it in a worker thread): called."""
+    ran(normalize_path(request.url.path))
+    if "tokens" in request.query_params:
+        charge(request, float(request.query_params["tokens"]))
+    if "refund" in request.query_params:
+        refund(request, float(request.query_params["refund"]))
     return JSONResponse({"ok": True, "path": request.url.path})
 
 
@@ -78,7 +98,7 @@ app = Starlette(
             Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/sms", fail), Path("/refund/{order}", fail), Path("/open", ok),
             Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok), Path("/window", ok),
             Path("/counts", counts), Path("/runs", run_counts), Path("/metrics", metrics), Path("/slow", slow),
-            Path("/flood", ok), Path("/gone", ok), Path("/extra", ok)],
+            Path("/flood", ok), Path("/gone", ok), Path("/extra", ok), Path("/ai", ai), Path("/pai", ai_sync)],
     lifespan=lifespan)
 app.add_middleware(
     RateLimitMiddleware, limiter=limiter, identify=user, tier=plan,

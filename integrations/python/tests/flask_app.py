@@ -5,7 +5,7 @@ import time
 
 from flask import Flask, jsonify, request
 
-from ratelimit_web import SyncPostgresLimiter, SyncSQLiteLimiter
+from ratelimit_web import SyncPostgresLimiter, SyncSQLiteLimiter, charge, refund
 from ratelimit_web.rules import normalize_path
 from ratelimit_web.wsgi import RateLimitWSGI
 from routes import DB, ENGINE, EXTENSION, limiter_options, options, ran, routes, runs, signed_in
@@ -29,6 +29,18 @@ app = Flask(__name__)
 @app.route("/extra")
 def ok(name=None):
     ran(normalize_path(request.path))
+    return jsonify(ok=True, path=request.path)
+
+
+@app.route("/ai")
+@app.route("/pai")
+def ai():
+    """The work, then its real cost charged (or an estimate's surplus refunded)."""
+    ran(normalize_path(request.path))
+    if "tokens" in request.args:
+        charge(request, float(request.args["tokens"]))
+    if "refund" in request.args:
+        refund(request, float(request.args["refund"]))
     return jsonify(ok=True, path=request.path)
 
 

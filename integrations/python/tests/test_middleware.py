@@ -111,7 +111,7 @@ class Server:
         # a file, not a pipe: a server that logs much (Rails' traces) never blocks on it
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ, RL_WEB_ENGINE=db.engine, RL_WEB_DB=db.dsn, RL_WEB_EXTENSION=EXTENSION,
-                   RL_WEB_TIMEOUT="" if timeout is None else str(timeout), PYTHONPATH=HERE, DJANGO_SETTINGS_MODULE="django_site.settings",
+                   RL_WEB_TIMEOUT="" if timeout is None else str(timeout), PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])), DJANGO_SETTINGS_MODULE="django_site.settings",
                    RUBYLIB=os.path.join(ROOT, "integrations", "ruby", "lib"), **settings)
         self.process = subprocess.Popen(server_command(framework, self.port, workers), env=env, cwd=HERE,
                                         stdout=self.log, stderr=subprocess.STDOUT)

@@ -17,7 +17,7 @@ app = lambda do |env|
   next metrics.rack_app.call(env) if request.path == "/metrics"
   next [200, { "Content-Type" => "application/json" }, [JSON.generate(TestApp.runs)]] if request.path == "/runs"
 
-  status, body = TestApp.answer(request.path, request.params)
+  status, body = TestApp.answer(request.path, request.params, request)
   [status, { "Content-Type" => "application/json" }, [JSON.generate(body)]]
 end
 middleware = RatelimitWeb::Middleware.new(app, limiter: limiter, routes: TestApp.routes, metrics: metrics, **TestApp.options)

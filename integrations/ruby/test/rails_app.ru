@@ -41,7 +41,7 @@ class AnswersController < ActionController::API
   rate_limit_by policy: "web_login", sensitive: true, name: "helper_login", only: :helper_login
 
   def answer
-    status, body = TestApp.answer(request.path, request.query_parameters)
+    status, body = TestApp.answer(request.path, request.query_parameters, request)
     render json: body, status: status
   end
 

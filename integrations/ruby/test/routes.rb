@@ -58,11 +58,15 @@ module TestApp
 
   def self.runs = RUNS_LOCK.synchronize { RUNS.dup }
 
-  # The handlers every test application serves: /fail, /pfail, /sms and /refund/* fail as asked (a run
-  # counted first), /slow sleeps, the rest answer {ok, path}.
-  def self.answer(path, params)
+  # The handlers every test application serves: /ai and /pai charge `tokens` (or refund
+  # `refund`) after the work, through RatelimitWeb.charge on `request`; /fail, /pfail, /sms and
+  # /refund/* fail as asked (a run counted first), /slow sleeps, the rest answer {ok, path}.
+  def self.answer(path, params, request = nil)
     ran(path) unless path == "/slow"
     case RatelimitWeb.normalize_path(path, formats: true)
+    when "/ai", "/pai"
+      RatelimitWeb.charge(request, Float(params["tokens"])) if params["tokens"]
+      RatelimitWeb.refund(request, Float(params["refund"])) if params["refund"]
     when "/fail", "/pfail", "/sms", %r{\A/refund/}
       return [503, { "ok" => false }] if params["how"] == "503"
       return [200, { "ok" => true }] if params["how"] == "ok"

@@ -66,4 +66,27 @@ class SpecTest < Minitest::Test
     assert_equal CASES.dig("unknown_policy", "sqlstate"), RatelimitWeb::UNKNOWN_POLICY_SQLSTATE
     assert_equal CASES.dig("unknown_policy", "sqlite_prefixes"), RatelimitWeb::UNKNOWN_POLICY_PREFIXES
   end
+
+  # charge and refund where the HTTP cases cannot reach; the charges themselves, on Rack and
+  # Rails and both engines, are the spec's HTTP case
+  def test_charge_and_refund_outside_an_admitted_request_say_so
+    [{}, Object.new].each do |request|
+      error = assert_raises(ArgumentError) { RatelimitWeb.charge(request, 5) }
+      assert_match(/not admitted by a rate-limited route/, error.message)
+    end
+  end
+
+  def test_a_cost_must_be_a_finite_number_above_zero
+    [0, -1, Float::NAN, Float::INFINITY, "5", nil, 1i].each do |cost|
+      error = assert_raises(ArgumentError) { RatelimitWeb.amount("charge", cost) }
+      assert_equal "RatelimitWeb.charge: cost must be a finite number greater than 0, got #{cost.inspect}", error.message
+    end
+    assert_equal 2.5, RatelimitWeb.amount("refund", 2.5)
+  end
+
+  def test_binary_strings_are_bound_as_text
+    params = RatelimitWeb.as_text(["pro".b, "caf\xC3\xA9".b, 3, nil])
+    assert_equal [Encoding::UTF_8, Encoding::UTF_8], params[0, 2].map(&:encoding)
+    assert_equal ["pro", "café", 3, nil], params
+  end
 end

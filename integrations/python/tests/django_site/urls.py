@@ -7,6 +7,8 @@ urlpatterns = [
                                              "/free", "/big", "/window", "/flood", "/gone", "/extra")],
     path("api/<str:name>", views.ok),
     path("slow", views.slow),
+    path("ai", views.ai),
+    path("pai", views.ai_async),
     path("counts", views.counts),
     path("runs", views.run_counts),
     path("fail", views.fail),

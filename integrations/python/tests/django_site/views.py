@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 
-from ratelimit_web import Route
+from ratelimit_web import Route, charge, refund
 from ratelimit_web.django import rate_limit
 from ratelimit_web.rules import normalize_path
 from routes import SPEC, ran, runs, signed_in
@@ -16,6 +16,26 @@ NEVER_REFILLS = SPEC["never_refills"]
 
 def ok(request, name=None):
     ran(normalize_path(request.path))
+    return JsonResponse({"ok": True, "path": request.path})
+
+
+def ai(request):
+    """The work, then its real cost charged (or an estimate's surplus refunded): a sync view."""
+    ran(normalize_path(request.path))
+    if "tokens" in request.GET:
+        charge(request, float(request.GET["tokens"]))
+    if "refund" in request.GET:
+        refund(request, float(request.GET["refund"]))
+    return JsonResponse({"ok": True, "path": request.path})
+
+
+async def ai_async(request):
+    """The same from an async view: awaited."""
+    ran(normalize_path(request.path))
+    if "tokens" in request.GET:
+        await charge(request, float(request.GET["tokens"]))
+    if "refund" in request.GET:
+        await refund(request, float(request.GET["refund"]))
     return JsonResponse({"ok": True, "path": request.path})
 
 

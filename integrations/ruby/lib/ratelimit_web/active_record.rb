@@ -27,7 +27,7 @@ module RatelimitWeb
           RatelimitWeb.load_sqlite_extension(raw, @extension || RatelimitWeb.extension_path)
           raw.instance_variable_set(:@ratelimit_web_loaded, true)
         end
-        raw.execute(sql, params).first
+        raw.execute(sql, RatelimitWeb.as_text(params)).first
       end
     rescue ::ActiveRecord::ConnectionNotEstablished, ::ActiveRecord::ConnectionTimeoutError => e
       raise DatabaseUnavailable, e.message.strip

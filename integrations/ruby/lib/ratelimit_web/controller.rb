@@ -51,6 +51,7 @@ module RatelimitWeb
         response.headers.merge!(decision.headers)
         return render(json: decision.body, status: decision.status)
       end
+      request.env[LIMITS] = check # for RatelimitWeb.charge(request, cost) in the action
       return action.call if decision.kind == :fallback
 
       begin
@@ -60,7 +61,7 @@ module RatelimitWeb
         raise
       end
       check.give_back if check.refunds?(response.status)
-      response.headers.merge!(decision.headers)
+      response.headers.merge!(check.headers)
     end
   end
 end

@@ -54,6 +54,8 @@ module RatelimitWeb
       @take_all = "WITH c(r) AS MATERIALIZED (SELECT rl_take_all(#{p[1]})) SELECT r, rl_headers(r) FROM c"
       @refund_check = "SELECT rl_refund_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})"
       @refund_all = "SELECT rl_refund_all(#{p[1]})"
+      @charge_check = "WITH c(r) AS MATERIALIZED (SELECT rl_charge_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})) SELECT r, rl_headers(r) FROM c"
+      @charge_all = "WITH c(r) AS MATERIALIZED (SELECT rl_charge_all(#{p[1]})) SELECT r, rl_headers(r) FROM c"
       @validate = "SELECT rl_policy_validate(#{p[1]})"
       @policy_set = "SELECT rl_policy_set(#{p[1]}, #{p[2]})"
     end
@@ -75,6 +77,14 @@ module RatelimitWeb
       return [@refund_check, [route.policy, subject, cost, tier]] if route.policy
 
       [@refund_all, [JSON.generate(items(route, subject, tier, cost))]]
+    end
+
+    # Charges a cost known after the work, whatever the limits hold (into debt, past a
+    # quota): rl_charge_check for a policy, rl_charge_all over the route's items.
+    def for_charge(route, subject, tier, cost)
+      return [@charge_check, [route.policy, subject, cost, tier]] if route.policy
+
+      [@charge_all, [JSON.generate(items(route, subject, tier, cost))]]
     end
 
     # rl_refund_check for a subject of no one's finds nothing to give back: it changes
@@ -107,6 +117,11 @@ module RatelimitWeb
     end
 
     def refund(route, subject, tier, cost) = first_row(*statements.for_refund(route, subject, tier, cost))
+
+    def charge(route, subject, tier, cost)
+      row = first_row(*statements.for_charge(route, subject, tier, cost))
+      Answer.new(decoded(row[0]), decoded(row[1]))
+    end
 
     # [nil, the limits as the engine read them], or [what it refuses in them, nil].
     def validate_limits(definition)
@@ -203,7 +218,7 @@ module RatelimitWeb
 
     def first_row(sql, params)
       conn = (Thread.current[@key] ||= connect)
-      conn.execute(sql, params).first
+      conn.execute(sql, RatelimitWeb.as_text(params)).first
     rescue SQLite3::BusyException, SQLite3::LockedException, SQLite3::CantOpenException => e
       raise DatabaseUnavailable, "#{@path}: #{e.message}"
     end
@@ -233,6 +248,13 @@ module RatelimitWeb
       end
       bundled
     end
+  end
+
+  # Strings bound as SQLite text: the sqlite3 gem binds a binary string (what Rack gives
+  # for a header, and so for a tier or an identifier read from one) as a blob, which the
+  # functions refuse ("tier must be text").
+  def self.as_text(params)
+    params.map { |v| v.is_a?(String) && v.encoding != Encoding::UTF_8 ? v.dup.force_encoding(Encoding::UTF_8).scrub : v }
   end
 
   def self.load_sqlite_extension(db, extension)

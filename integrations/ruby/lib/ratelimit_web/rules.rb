@@ -300,6 +300,10 @@ module RatelimitWeb
       @log.warn("ratelimit_web: could not refund #{route.name} for #{subject}: #{error.message}")
     end
 
+    def charge_failed(route, subject, error)
+      @log.warn("ratelimit_web: could not charge #{route.name} for #{subject}: #{error.message}")
+    end
+
     private
 
     def answered(route, subject, tier, answer)
