@@ -418,7 +418,7 @@ def test_a_superuser_install_warns_and_a_dedicated_owner_does_not():
                 cur.execute(blocks("Crunchy Bridge")[0].replace("DATABASE app", f"DATABASE {name}")
                             .replace("CREATE ROLE rl_admin NOLOGIN;\n", ""))
             shell = blocks("Crunchy Bridge", "sh")[0]
-            assert "-c 'SET ROLE ratelimit_owner' -f pg_ratelimit_sql-0.4.0.sql" in shell
+            assert "-c 'SET ROLE ratelimit_owner' -f dist/pg_ratelimit_sql-0.4.0.sql" in shell
             out = run_plain_script(name, "postgres", "-c", "SET ROLE ratelimit_owner")
             assert "superuser" not in out.stderr
             with conn.cursor() as cur:

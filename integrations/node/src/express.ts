@@ -49,7 +49,7 @@ export function rateLimit(options: Options) {
     try {
       const route = core.match(req.method, req.path);
       if (!route) return next();
-      const subject = core.subject(await options.identify?.(req), req.user?.id, req.socket.remoteAddress,
+      const subject = core.subject((await route.identify?.(req)) || (await options.identify?.(req)), req.user?.id, req.socket.remoteAddress,
         req.headers["x-forwarded-for"]);
       const tier = await options.tier?.(req);
       const cost = costOf(route, req);

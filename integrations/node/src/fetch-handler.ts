@@ -64,7 +64,7 @@ export function withRateLimit(options: FetchOptions, handler: Handler): Handler 
     const route = core.match(request.method, path);
     if (!route) return handler(request, context);
     const forwarded = request.headers.get("x-forwarded-for") ?? undefined;
-    const subject = core.subject(await options.identify?.(request), undefined, options.peer(request), forwarded);
+    const subject = core.subject((await route.identify?.(request)) || (await options.identify?.(request)), undefined, options.peer(request), forwarded);
     const tier = await options.tier?.(request);
     const cost = costOf(route, request);
     const decision = await core.decide(route, subject, tier, cost);

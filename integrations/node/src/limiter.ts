@@ -21,7 +21,10 @@ export type Limit =
  * (["5xx"], [503], or a function of the status); unset, the middleware's refundOn (off
  * unless set), which a sensitive route never takes. A refund lets a client whose request
  * failed try again: never name statuses a client can cause at will on a route whose
- * handler works before it fails.
+ * handler works before it fails. `identify` chooses this route's subject in place of the
+ * middleware's (a function of the request as the middleware's `identify` gets it); an
+ * empty answer falls back to the middleware's `identify`, then the signed-in user, then
+ * the client address.
  */
 export interface Route {
   policy?: string;
@@ -32,6 +35,7 @@ export interface Route {
   fallback?: [number, number];
   name?: string;
   refundOn?: RefundOn;
+  identify?: (request: any) => string | undefined | Promise<string | undefined>;
 }
 
 /** What the database answered: the rl_check / rl_take_all result and its rl_headers. */

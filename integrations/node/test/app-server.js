@@ -24,7 +24,10 @@ const limiter = process.env.RL_WEB_ENGINE === "sqlite"
 if (limiter.pool) limiter.pool.on("error", () => {});
 
 const authorization = (req) => (typeof req.get === "function" ? req.get("authorization") : req.headers.get("authorization"));
-const routes = Object.fromEntries(Object.entries(SPEC.routes).map(([pattern, r]) => [pattern, { ...r, refundOn: r.refund_on }]));
+// identify_by_query: the route's own identify, a query parameter of Express's req or a Fetch Request
+const byQuery = (name) => (req) => (req.query ? req.query[name] : new URL(req.url).searchParams.get(name) ?? undefined);
+const routes = Object.fromEntries(Object.entries(SPEC.routes).map(([pattern, r]) => [pattern,
+  { ...r, refundOn: r.refund_on, ...(r.identify_by_query ? { identify: byQuery(r.identify_by_query) } : {}) }]));
 if (process.env.RL_WEB_EXTRA_POLICY) routes["/extra"] = { policy: process.env.RL_WEB_EXTRA_POLICY };
 if (process.env.RL_WEB_EXTRA_LIMITS) routes["/extra"] = { limits: JSON.parse(process.env.RL_WEB_EXTRA_LIMITS) };
 const options = {

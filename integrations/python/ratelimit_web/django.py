@@ -94,11 +94,11 @@ def _rules_and_limiter(routes: dict, options: dict):
     return RateLimitRules(routes, **options), limiter
 
 
-def _subject(rules: RateLimitRules, request) -> str:
+def _subject(rules: RateLimitRules, route: Route, request) -> str:
     user = getattr(request, "user", None)  # AuthenticationMiddleware, when it runs before
     signed_in = str(user.pk) if user is not None and getattr(user, "is_authenticated", False) else None
     forwarded = [request.META["HTTP_X_FORWARDED_FOR"]] if "HTTP_X_FORWARDED_FOR" in request.META else []
-    identified = rules.identify(request) if rules.identify else None
+    identified = rules.identifier(route, request)
     return rules.subject(identified, signed_in, request.META.get("REMOTE_ADDR"), forwarded)
 
 
@@ -115,7 +115,7 @@ class _Check:
 
     def __init__(self, rules: RateLimitRules, limiter: DjangoLimiter, route: Route, request):
         self.rules, self.limiter, self.route, self.request = rules, limiter, route, request
-        self.subject = _subject(rules, request)
+        self.subject = _subject(rules, route, request)
         self.tier = rules.tier(request) if rules.tier else None
         self.cost = rules.cost(route, request)
         self.limits: Optional[RequestLimits] = None

@@ -106,7 +106,11 @@ class RateLimitMiddleware:
         from starlette.requests import Request
 
         request = Request(scope, receive)
-        identified = await _maybe_await(rules.identify(request)) if rules.identify else None
+        identified = None
+        for identify in rules.identifiers(route):  # the route's own first, then the middleware's
+            identified = await _maybe_await(identify(request))
+            if identified is not None and identified != "":
+                break
         forwarded = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-forwarded-for"]
         subject = rules.subject(identified, _signed_in(scope), scope["client"][0] if scope.get("client") else None,
                                 forwarded)

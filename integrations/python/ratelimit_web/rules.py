@@ -43,7 +43,12 @@ class Route:
     (the default) takes the middleware's `refund_on`, which is off unless set; a
     sensitive route never takes the middleware's: it refunds only what it names itself. A
     refund lets a client whose request failed try again: never name statuses a client can
-    cause at will on a route whose handler does its work before it fails."""
+    cause at will on a route whose handler does its work before it fails.
+
+    `identify` chooses this route's subject in place of the middleware's (django-ratelimit's
+    `key=` per view): a function of the request as the middleware's `identify` gets it
+    (may be async under ASGI); None or an empty answer falls back to the middleware's
+    `identify`, then the signed-in user, then the client address."""
 
     policy: Optional[str] = None
     limits: Optional[list] = None
@@ -53,6 +58,7 @@ class Route:
     fallback: Optional[Tuple[float, float]] = None
     name: str = ""
     refund_on: Any = None
+    identify: Optional[Callable[[Any], Any]] = None
 
     def __post_init__(self):
         if (self.policy is None) == (self.limits is None):
@@ -353,6 +359,19 @@ class RateLimitRules:
         self.learned: Dict[tuple, Tuple[float, float]] = {}
         self.outage_since: Optional[float] = None
         self.logged_at = float("-inf")
+
+    def identifiers(self, route: Route) -> list:
+        """Who may name `route`'s subject, in order: the route's `identify`, then the
+        middleware's; the first non-empty answer wins."""
+        return [f for f in (route.identify, self.identify) if f is not None]
+
+    def identifier(self, route: Route, request):
+        """The identifier of `request` on `route` for a sync adapter (see identifiers)."""
+        for identify in self.identifiers(route):
+            value = identify(request)
+            if value is not None and value != "":
+                return value
+        return None
 
     def normalize(self, path: str) -> str:
         return normalize_path(path, case_insensitive=self.case_insensitive_paths, formats=self.path_formats)

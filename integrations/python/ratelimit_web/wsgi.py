@@ -46,7 +46,7 @@ class RateLimitWSGI:
         if route is None:
             return self.app(environ, start_response)
         forwarded = [environ["HTTP_X_FORWARDED_FOR"]] if "HTTP_X_FORWARDED_FOR" in environ else []
-        subject = rules.subject(rules.identify(environ) if rules.identify else None, environ.get("REMOTE_USER"),
+        subject = rules.subject(rules.identifier(route, environ), environ.get("REMOTE_USER"),
                                 environ.get("REMOTE_ADDR"), forwarded)
         tier = rules.tier(environ) if rules.tier else None
         cost = rules.cost(route, environ)

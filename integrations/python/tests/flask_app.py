@@ -27,6 +27,7 @@ app = Flask(__name__)
 @app.route("/flood")
 @app.route("/gone")
 @app.route("/extra")
+@app.route("/team")
 def ok(name=None):
     ran(normalize_path(request.path))
     return jsonify(ok=True, path=request.path)

@@ -40,8 +40,27 @@ def limiter_options():
     return {"timeout": TIMEOUT} if TIMEOUT is not None else {}
 
 
+def by_query(name):
+    """A route's own `identify`: a query parameter, from whichever request the framework
+    gives (a Starlette Request, a WSGI environ, a Django HttpRequest)."""
+    def identify(request):
+        if isinstance(request, dict):
+            return urllib.parse.parse_qs(request.get("QUERY_STRING", "")).get(name, [None])[0]
+        if hasattr(request, "GET"):
+            return request.GET.get(name)
+        return request.query_params.get(name)
+    return identify
+
+
+def route_of(fields):
+    fields = dict(fields)
+    if "identify_by_query" in fields:
+        fields["identify"] = by_query(fields.pop("identify_by_query"))
+    return Route(**fields)
+
+
 def routes():
-    found = {pattern: Route(**fields) for pattern, fields in SPEC["routes"].items()}
+    found = {pattern: route_of(fields) for pattern, fields in SPEC["routes"].items()}
     if os.environ.get("RL_WEB_EXTRA_POLICY"):
         found["/extra"] = Route(policy=os.environ["RL_WEB_EXTRA_POLICY"])
     if os.environ.get("RL_WEB_EXTRA_LIMITS"):

@@ -48,10 +48,20 @@ module TestApp
   end
 
   def self.routes
-    found = SPEC.fetch("routes").to_h { |pattern, fields| [pattern, R.new(**fields.transform_keys(&:to_sym))] }
+    found = SPEC.fetch("routes").to_h { |pattern, fields| [pattern, route_of(fields)] }
     found["/extra"] = R.new(policy: ENV["RL_WEB_EXTRA_POLICY"]) if ENV["RL_WEB_EXTRA_POLICY"]
     found["/extra"] = R.new(limits: JSON.parse(ENV["RL_WEB_EXTRA_LIMITS"])) if ENV["RL_WEB_EXTRA_LIMITS"]
     found
+  end
+
+  # A route of the spec; `identify_by_query` becomes the route's own identify (a query
+  # parameter of the Rack::Request).
+  def self.route_of(fields)
+    fields = fields.transform_keys(&:to_sym)
+    if (name = fields.delete(:identify_by_query))
+      fields[:identify] = ->(request) { request.params[name] }
+    end
+    R.new(**fields)
   end
 
   def self.ran(path) = RUNS_LOCK.synchronize { RUNS[RatelimitWeb.normalize_path(path, formats: true)] += 1 }

@@ -67,7 +67,9 @@ module RatelimitWeb
 
     def initialize(rules, limiter, route, request, user:, peer:, forwarded:)
       @rules, @limiter, @route = rules, limiter, route
-      @subject = rules.subject(rules.identify&.call(request), user, peer, forwarded)
+      identified = route.identify&.call(request) # the route's own first, then the middleware's
+      identified = rules.identify&.call(request) if identified.nil? || identified.to_s.empty?
+      @subject = rules.subject(identified, user, peer, forwarded)
       @tier = rules.tier&.call(request)
       @cost = rules.cost(route, request)
     end

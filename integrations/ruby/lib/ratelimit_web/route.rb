@@ -15,12 +15,16 @@ module RatelimitWeb
   # takes the middleware's `refund_on` (off unless set); a sensitive route refunds only what
   # it names itself. A refund lets a client whose request failed try again: never name
   # statuses a client can cause at will on a route whose handler works before it fails.
+  #
+  # `identify` chooses this route's subject in place of the middleware's (a callable of the
+  # request, as the middleware's `identify:` gets it); nil or an empty answer falls back to
+  # the middleware's `identify:`, then the signed-in user, then the client address.
   class Route
-    attr_reader :policy, :limits, :tiers, :cost, :sensitive, :fallback, :refund_on, :refunds
+    attr_reader :policy, :limits, :tiers, :cost, :sensitive, :fallback, :refund_on, :refunds, :identify
     attr_accessor :name
 
     def initialize(policy: nil, limits: nil, tiers: {}, cost: 1, sensitive: false, fallback: nil, name: nil,
-                   refund_on: nil)
+                   refund_on: nil, identify: nil)
       raise ArgumentError, "Route: give either policy or limits" if policy.nil? == limits.nil?
       if !limits.nil? && (!limits.is_a?(Array) || limits.empty? || !limits.all? { |l| l.is_a?(Hash) })
         raise ArgumentError, 'Route: limits must be a list of limit objects, e.g. [{burst: 5, refill_per_minute: 5}]'
@@ -28,7 +32,7 @@ module RatelimitWeb
 
       @limits = limits&.map { |l| l.transform_keys(&:to_s) }
       @policy, @tiers, @cost, @sensitive, @fallback, @name = policy, tiers.transform_keys(&:to_s), cost, sensitive, fallback, name
-      @refund_on = refund_on
+      @refund_on, @identify = refund_on, identify
       @refunds = RatelimitWeb.refund_rule(refund_on)
     end
 
