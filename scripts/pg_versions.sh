@@ -33,10 +33,11 @@ WEB_TEST_PACKAGES=("starlette==0.47.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycop
 SQLITE_VENV=/opt/pg_ratelimit/sqlite-venv
 SQLITE_TEST_PACKAGES=("pytest==8.4.*")
 # Django 6 needs Python 3.12 or later, whose builds here (pyenv) cannot load SQLite
-# extensions: its tests run on PostgreSQL only, when such a Python is found.
+# extensions: its Django tests run on PostgreSQL only, when such a Python is found, and the
+# package's SQLite paths run there through sqlean.py (test_pythons.py).
 DJANGO6_VENV=/opt/pg_ratelimit/django6-venv
 DJANGO6_TEST_PACKAGES=("django==6.0.*" "gunicorn==23.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycopg[binary]==3.2.*"
-                       "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*")
+                       "psycopg-pool==3.2.*" "pytest==8.4.*" "anyio==4.*" "sqlean.py==3.50.*")
 
 # A Python 3.12 or later, if this machine has one (Debian 12's own is 3.11).
 python312() {

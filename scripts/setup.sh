@@ -121,7 +121,7 @@ if [ "$want_pg" = 1 ]; then
     /usr/bin/python3 -m venv "$SQLITE_VENV"
     "$SQLITE_VENV/bin/pip" install --quiet --disable-pip-version-check "${SQLITE_TEST_PACKAGES[@]}"
   fi
-  if [ -x "$DJANGO6_VENV/bin/python" ] && "$DJANGO6_VENV/bin/python" -c 'import django, gunicorn, uvicorn, httpx, psycopg_pool, pytest' 2>/dev/null; then
+  if [ -x "$DJANGO6_VENV/bin/python" ] && "$DJANGO6_VENV/bin/python" -c 'import django, gunicorn, uvicorn, httpx, psycopg_pool, pytest, sqlean' 2>/dev/null; then
     log "Django 6 test packages already in $DJANGO6_VENV"
   elif py312=$(python312); then
     log "pip install Django 6 and its test packages into $DJANGO6_VENV ($py312)"

@@ -170,6 +170,8 @@ for v in "${PG_VERSIONS[@]}"; do
       "$DJANGO6_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./integrations/python
       "$DJANGO6_VENV/bin/python" -m pytest -p no:cacheprovider -v -k "postgres and django" \
         integrations/python/tests/test_middleware.py integrations/python/tests/test_django.py
+      step "the web package's SQLite paths on a Python that cannot load extensions ($("$DJANGO6_VENV/bin/python" --version)), through sqlean.py"
+      RL_EXPECT_NO_LOAD_EXTENSION=1 "$DJANGO6_VENV/bin/python" -m pytest -p no:cacheprovider -v integrations/python/tests/test_pythons.py
     else
       echo "skipped: Django 6 (no Python 3.12 or later on this machine; see setup.sh)"
     fi

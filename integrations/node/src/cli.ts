@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // `ratelimit-web`: policies and blocks from the command line, over a database URL
 // (PostgreSQL: postgresql://... or a libpq string such as dbname=app, through `pg`) or a
-// SQLite file (through better-sqlite3 and sqlite-ratelimit), the same commands as the Python
+// SQLite file (a name ending in .db, an existing file, or sqlite:PATH) (through better-sqlite3 and sqlite-ratelimit), the same commands as the Python
 // and Ruby packages' tool:
 //
 //   ratelimit-web --db app.db policy set login '{"limits": [{"burst": 5, "refill_per_minute": 5}]}'
@@ -10,6 +10,7 @@
 //
 // --db defaults to RATELIMIT_DATABASE. An error of the engine is printed as it says it,
 // with exit status 1.
+import { databaseOf } from "./core";
 
 const USAGE = "usage: ratelimit-web [--db DB] policy set NAME JSON | policy list | policy drop NAME | " +
   "block SUBJECT [--seconds N] | unblock SUBJECT | blocks";
@@ -19,10 +20,6 @@ type Row = unknown[];
 export interface Database {
   rows(sql: string, params?: unknown[]): Promise<Row[]>;
   close(): Promise<void>;
-}
-
-function isPostgres(db: string): boolean {
-  return db.startsWith("postgres://") || db.startsWith("postgresql://") || db.includes("=");
 }
 
 /** A libpq key=value string (dbname=app host=...) as node-postgres' settings. */
@@ -36,8 +33,9 @@ function libpq(text: string): Record<string, string> {
 }
 
 /** One connection to `db` (PostgreSQL through `pg`, or a SQLite file with the extension). */
-export async function open(db: string, extension?: string): Promise<Database> {
-  if (isPostgres(db)) {
+export async function open(text: string, extension?: string): Promise<Database> {
+  const [kind, db] = databaseOf(text);
+  if (kind === "postgres") {
     const { Client } = require("pg");
     const client = new Client(db.includes("://") ? { connectionString: db } : libpq(db));
     await client.connect();

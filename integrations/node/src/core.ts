@@ -184,6 +184,37 @@ export function normalizeIdentifier(value: unknown, { caseInsensitive = false } 
   return text ? bounded(text) : undefined;
 }
 
+const SQLITE_SUFFIXES = [".db", ".sqlite", ".sqlite3", ".db3"];
+
+/**
+ * What a `--db` (or an operator page's database) names, never guessed: ["postgres", the
+ * connection string] for a URL (postgresql://, postgres://) or a libpq string (dbname=app
+ * host=...); ["sqlite", the path] for sqlite:PATH (sqlite:///abs/path), a file that exists,
+ * or a name ending in .db, .sqlite, .sqlite3 or .db3. Anything else (`app`) throws an
+ * error that says both forms, rather than opening a new SQLite file.
+ */
+export function databaseOf(text: string, isFile: (path: string) => boolean = defaultIsFile): ["postgres" | "sqlite", string] {
+  const t = (text ?? "").trim();
+  if (t.startsWith("postgres://") || t.startsWith("postgresql://") || t.includes("=")) return ["postgres", t];
+  if (t.startsWith("sqlite:")) {
+    let path = t.slice("sqlite:".length);
+    if (path.startsWith("//")) path = path.slice(2);
+    if (path) return ["sqlite", path];
+  } else if (t && (isFile(t) || SQLITE_SUFFIXES.some((s) => t.toLowerCase().endsWith(s)))) {
+    return ["sqlite", t];
+  }
+  throw new TypeError(`${JSON.stringify(t)} names no database: a PostgreSQL one is postgresql://HOST/NAME or dbname=NAME, ` +
+    "a SQLite one an existing file, a name ending in .db, .sqlite or .sqlite3, or sqlite:PATH");
+}
+
+function defaultIsFile(path: string): boolean {
+  try {
+    return require("node:fs").statSync(path).isFile();
+  } catch {
+    return false;
+  }
+}
+
 /** refundOn as a predicate of the status; undefined: never. */
 export function refundRule(refundOn: RefundOn | undefined | null): ((status: number) => boolean) | undefined {
   if (refundOn === undefined || refundOn === null) return undefined;

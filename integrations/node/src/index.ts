@@ -1,4 +1,4 @@
-export { Counters, LocalBucket, RateLimitCore, RefusalCache, RequestLimits, addressSubject, bounded, charge, clientAddress,
+export { Counters, LocalBucket, RateLimitCore, RefusalCache, RequestLimits, addressSubject, bounded, charge, clientAddress, databaseOf,
   networks, normalizeIdentifier, normalizePath, parseAddress, refund, refundRule, IDENTIFIER_MAX_BYTES } from "./core";
 export type { Address, Decision, Network, Options } from "./core";
 export { rateLimit } from "./express";

@@ -8,7 +8,7 @@ const test = require("node:test");
 const assert = require("node:assert/strict");
 const net = require("node:net");
 const { clientAddress, networks, normalizeIdentifier, normalizePath, refundRule, RateLimitCore, RequestLimits,
-  DatabaseUnavailable, charge, refund, UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE } = require("..");
+  DatabaseUnavailable, charge, databaseOf, refund, UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE } = require("..");
 const { attachLimits } = require("../dist/core");
 const { SPEC, CASES, ENGINES, database, token } = require("./support");
 const { server } = require("./servers");
@@ -99,6 +99,14 @@ test("charge and refund: a request no route admitted, a cost that is no cost, a 
   assert.deepEqual(calls.map((c) => c[3]), [3, 2, 3, 3]);
   assert.deepEqual(logged, ["ratelimit-web: could not charge /ai for user:ann: connection refused",
     "ratelimit-web: could not refund /ai for user:ann: connection refused"]);
+});
+
+test("what a database string names", () => {
+  for (const c of CASES.database) {
+    const exists = (p) => Boolean(c.file_exists) && p === c.db;
+    if (c.expect === null) assert.throws(() => databaseOf(c.db, exists), /names no database: a PostgreSQL one is postgresql:/, c.db);
+    else assert.deepEqual(databaseOf(c.db, exists), c.expect, c.db);
+  }
 });
 
 test("the unknown policy's codes are the spec's", () => {

@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
 import time
 import unicodedata
 from typing import List, Optional
+
+from .rules import database_of
 
 # What a terminal must never be sent raw: controls (C0, DEL, C1, which move the cursor,
 # clear the screen, set the title or write the clipboard), format characters (bidirectional
@@ -57,24 +58,21 @@ def cell(value, width: int = CELL_CHARS) -> str:
     return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
-def is_postgres(db: str) -> bool:
-    return db.startswith(("postgres://", "postgresql://")) or "=" in db
-
-
 class Database:
     """One connection, PostgreSQL (psycopg 3) or SQLite (the extension of the sqlite-ratelimit
     package, or RATELIMIT_SQLITE_EXTENSION)."""
 
     def __init__(self, db: str, extension: Optional[str] = None):
-        if is_postgres(db):
+        kind, where = database_of(db)
+        if kind == "postgres":
             import psycopg
 
-            self.conn = psycopg.connect(db, autocommit=True)
+            self.conn = psycopg.connect(where, autocommit=True)
             self.p = "%s"
         else:
             from .limiter import _extension, _sqlite_connect
 
-            self.conn = _sqlite_connect(db, extension or os.environ.get("RATELIMIT_SQLITE_EXTENSION") or _extension(None), 5.0)
+            self.conn = _sqlite_connect(where, extension or os.environ.get("RATELIMIT_SQLITE_EXTENSION") or _extension(None), 5.0)
             self.p = "?"
 
     def rows(self, sql: str, params=()) -> list:

@@ -28,7 +28,8 @@ from django.db.backends.signals import connection_created
 from django.http import JsonResponse
 
 from .charging import KEY, RequestLimits
-from .limiter import DatabaseUnavailable, SyncLimiter, _extension, _Statements, _unavailable, load_extension
+from .limiter import (NO_EXTENSIONS, DatabaseUnavailable, SyncLimiter, _extension, _Statements, _unavailable,
+                      load_extension, sqlite_errors)
 from .rules import Decision, RateLimitRules, Route
 
 
@@ -43,6 +44,10 @@ class DjangoLimiter(SyncLimiter):
             raise ImproperlyConfigured(f"ratelimit_web: database {using!r} is {vendor}: PostgreSQL or SQLite only")
         self.statements = _Statements("%s", "%s::jsonb" if vendor == "postgresql" else "%s")
         if vendor == "sqlite":
+            if not hasattr(sqlite3.Connection, "enable_load_extension"):
+                raise ImproperlyConfigured(f"ratelimit_web: {NO_EXTENSIONS.split(': pip install')[0]}, and Django's "
+                                           "SQLite backend uses it: run a Python whose sqlite3 can load extensions "
+                                           "(Debian's and Ubuntu's python3, for one), or PostgreSQL")
             self.extension = _extension(extension)
             connection_created.connect(self._load_extension, weak=False, dispatch_uid=f"ratelimit_web:{using}")
             if connections[using].connection is not None:  # already open on this thread
@@ -78,7 +83,7 @@ class DjangoLimiter(SyncLimiter):
                     return cur.fetchone() if cur.description is not None else None
         except (OperationalError, InterfaceError) as e:
             cause = e.__cause__
-            if isinstance(cause, sqlite3.OperationalError) and not _unavailable(cause):
+            if isinstance(cause, sqlite_errors("OperationalError")) and not _unavailable(cause):
                 raise
             raise DatabaseUnavailable(f"{conn.settings_dict.get('NAME')}: {e}".strip()) from e
 

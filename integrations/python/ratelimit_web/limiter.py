@@ -8,6 +8,7 @@ import json
 import queue
 import random
 import sqlite3
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
@@ -35,7 +36,7 @@ def is_missing_policy(error: BaseException) -> bool:
             continue
         if (getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)) == UNKNOWN_POLICY_SQLSTATE:
             return True
-        if isinstance(e, sqlite3.Error) and str(e).startswith(UNKNOWN_POLICY_PREFIXES):
+        if isinstance(e, sqlite_errors("Error")) and str(e).startswith(UNKNOWN_POLICY_PREFIXES):
             return True
     return False
 
@@ -288,7 +289,39 @@ def _extension(path: Optional[str]) -> str:
     return sqlite_ratelimit.loadable_path()
 
 
-def load_extension(conn: sqlite3.Connection, extension: str) -> None:
+#: Why SQLite cannot be used here, and what to do.
+NO_EXTENSIONS = ("this Python's sqlite3 cannot load extensions (its SQLite was built without loadable-extension "
+                 "support, as pyenv's and some distributions' are): pip install sqlean.py (a maintained sqlite3 "
+                 "that can; ratelimit-web uses it when it is installed, also as the extra ratelimit-web[sqlean]), "
+                 "or run a Python whose sqlite3 can (Debian's and Ubuntu's python3, for one)")
+
+
+class ExtensionsUnsupported(RuntimeError):
+    """This Python cannot load SQLite extensions, and sqlean.py is not installed."""
+
+
+def sqlite_driver():
+    """The sqlite3 module the limiters use: the standard library's when it can load
+    extensions, else sqlean.py's (the same interface, a SQLite that can), else
+    ExtensionsUnsupported saying so."""
+    if hasattr(sqlite3.Connection, "enable_load_extension"):
+        return sqlite3
+    try:
+        import sqlean
+    except ImportError:
+        raise ExtensionsUnsupported(f"ratelimit_web: {NO_EXTENSIONS}") from None
+    return sqlean
+
+
+def sqlite_errors(name: str) -> tuple:
+    """The exception class `name` (Error, OperationalError) of every sqlite3 module in use."""
+    modules = [sqlite3] + ([sys.modules["sqlean"]] if sys.modules.get("sqlean") is not None else [])
+    return tuple(getattr(m, name) for m in modules)
+
+
+def load_extension(conn, extension: str) -> None:
+    if not hasattr(conn, "enable_load_extension"):  # a connection this Python's sqlite3 made (Django's)
+        raise ExtensionsUnsupported(f"ratelimit_web: {NO_EXTENSIONS}")
     conn.enable_load_extension(True)
     try:
         conn.load_extension(extension)
@@ -296,38 +329,39 @@ def load_extension(conn: sqlite3.Connection, extension: str) -> None:
         conn.enable_load_extension(False)
 
 
-def _sqlite_connect(path: str, extension: str, busy_timeout: float) -> sqlite3.Connection:
-    """A connection of the limiter's own, in autocommit, with the extension and WAL; an
-    error names the file."""
+def _sqlite_connect(path: str, extension: str, busy_timeout: float):
+    """A connection of the limiter's own (sqlite_driver's), in autocommit, with the
+    extension and WAL; an error names the file."""
+    driver = sqlite_driver()
     try:
-        conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+        conn = driver.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
         load_extension(conn, extension)
         conn.execute("PRAGMA journal_mode=wal")
-    except sqlite3.Error as e:
-        raise sqlite3.OperationalError(f"{path}: {e} (the database file, its folder or the extension "
+    except driver.Error as e:
+        raise driver.OperationalError(f"{path}: {e} (the database file, its folder or the extension "
                                        f"{extension})") from e
     return conn
 
 
-def _make_tables(conn: sqlite3.Connection) -> None:
+def _make_tables(conn) -> None:
     """The state tables, made before any request pays for them (a call on a new file makes
     them: tens of milliseconds): a sweep that can remove nothing (its clock is 0)."""
     conn.execute("SELECT rl_sweep(0, 1)").fetchone()
 
 
-def _unavailable(e: sqlite3.OperationalError) -> bool:
+def _unavailable(e) -> bool:
     code = getattr(e, "sqlite_errorcode", None)
     if code is None:  # Python before 3.11 gives no code: read SQLite's words
         return any(words in str(e) for words in ("database is locked", "database table is locked", "unable to open"))
     return code & 0xFF in _UNAVAILABLE_CODES
 
 
-def _sqlite_fetchone(conn: sqlite3.Connection, path: str, sql: str, params: list) -> Optional[tuple]:
+def _sqlite_fetchone(conn, path: str, sql: str, params: list) -> Optional[tuple]:
     """One statement's first row; a lock not had in time (or a file that cannot be
     opened) is DatabaseUnavailable, naming the file."""
     try:
         return conn.execute(sql, params).fetchone()
-    except sqlite3.OperationalError as e:
+    except sqlite_errors("OperationalError") as e:
         if _unavailable(e):
             raise DatabaseUnavailable(f"{path}: {e}") from e
         raise
@@ -346,7 +380,7 @@ class SQLiteLimiter(_Limiter):
         self.path, self.extension, self.size = path, _extension(extension), threads
         self.timeout = timeout if busy_timeout is None else busy_timeout
         self.threads = anyio.CapacityLimiter(threads)
-        self.idle: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()
+        self.idle: "queue.SimpleQueue" = queue.SimpleQueue()
         self.statements = _Statements("?", "?")
 
     async def open(self) -> None:

@@ -231,6 +231,34 @@ def normalize_path(path: str, *, case_insensitive: bool = False, formats: bool =
     return normalized.lower() if case_insensitive else normalized
 
 
+# -- databases -------------------------------------------------------------------------
+
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".db3")
+
+
+def database_of(text: str, is_file: Callable[[str], bool] = None) -> Tuple[str, str]:
+    """What a `--db` (or an AdminView's database) names, never guessed: ("postgres", the
+    connection string) for a URL (`postgresql://`, `postgres://`) or a libpq string
+    (`dbname=app host=...`); ("sqlite", the path) for `sqlite:PATH` (`sqlite:///abs/path`),
+    a file that exists, or a name ending in .db, .sqlite, .sqlite3 or .db3. Anything else
+    (`app`) is a ValueError that says both forms, rather than a new SQLite file."""
+    import os.path
+
+    is_file = is_file or os.path.isfile
+    text = (text or "").strip()
+    if text.startswith(("postgres://", "postgresql://")) or "=" in text:
+        return "postgres", text
+    if text.startswith("sqlite:"):
+        path = text[len("sqlite:"):]
+        path = path[2:] if path.startswith("//") else path
+        if path:
+            return "sqlite", path
+    elif text and (is_file(text) or text.lower().endswith(SQLITE_SUFFIXES)):
+        return "sqlite", text
+    raise ValueError(f"{text!r} names no database: a PostgreSQL one is postgresql://HOST/NAME or dbname=NAME, "
+                     f"a SQLite one an existing file, a name ending in .db, .sqlite or .sqlite3, or sqlite:PATH")
+
+
 # -- identifiers -----------------------------------------------------------------------
 
 #: An identifier longer than this, in UTF-8 bytes, is kept as its SHA-256 instead.

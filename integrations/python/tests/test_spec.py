@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from ratelimit_web.rules import (RateLimitRules, Route, _networks, client_address, normalize_identifier,
+from ratelimit_web.rules import (RateLimitRules, Route, _networks, client_address, database_of, normalize_identifier,
                                  normalize_path, refund_rule)
 from routes import SPEC, token
 from test_middleware import HERE, Server, db  # noqa: F401 (db: the fixture)
@@ -55,6 +55,17 @@ def test_refunds(case):
                                         sensitive=case.get("sensitive", False))}, refund_on=case.get("middleware"))
     assert rules.refunds(rules.match("GET", "/r"), case["status"]) is case["expect"]
     assert refund_rule(None) is None
+
+
+@pytest.mark.parametrize("case", CASES["database"], ids=lambda c: repr(c["db"]))
+def test_what_a_database_string_names(case):
+    exists = lambda path: case.get("file_exists", False) and path == case["db"]  # noqa: E731
+    if case["expect"] is None:
+        with pytest.raises(ValueError, match="names no database: a PostgreSQL one is postgresql://HOST/NAME or "
+                                             "dbname=NAME, a SQLite one an existing file"):
+            database_of(case["db"], exists)
+    else:
+        assert list(database_of(case["db"], exists)) == case["expect"]
 
 
 def test_unknown_policy_codes_are_the_specs():

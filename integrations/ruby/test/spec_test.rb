@@ -62,6 +62,18 @@ class SpecTest < Minitest::Test
     end
   end
 
+  CASES.fetch("database").each_with_index do |c, i|
+    define_method("test_database_#{i}") do
+      exists = ->(path) { c.fetch("file_exists", false) && path == c["db"] }
+      if c["expect"].nil?
+        error = assert_raises(ArgumentError) { RatelimitWeb.database_of(c["db"], is_file: exists) }
+        assert_match(/names no database: a PostgreSQL one is postgresql:/, error.message)
+      else
+        assert_equal c["expect"], RatelimitWeb.database_of(c["db"], is_file: exists), c.inspect
+      end
+    end
+  end
+
   def test_unknown_policy_codes_are_the_specs
     assert_equal CASES.dig("unknown_policy", "sqlstate"), RatelimitWeb::UNKNOWN_POLICY_SQLSTATE
     assert_equal CASES.dig("unknown_policy", "sqlite_prefixes"), RatelimitWeb::UNKNOWN_POLICY_PREFIXES

@@ -20,8 +20,9 @@ module RatelimitWeb
 
     # One connection: rows(sql, params) with $n placeholders on both engines.
     class Database
-      def initialize(db)
-        if db.start_with?("postgres://", "postgresql://") || db.include?("=")
+      def initialize(text)
+        kind, db = RatelimitWeb.database_of(text)
+        if kind == "postgres"
           require "pg"
           @pg = PG.connect(db)
         else

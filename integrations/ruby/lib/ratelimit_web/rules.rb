@@ -9,6 +9,28 @@ module RatelimitWeb
   # What a request comes to: :admit (run the handler, add `headers`; a status the route
   # refunds gives back what the check took), :fallback (run it, admitted by a local bucket),
   # or :answer (reply `status` with the JSON `body` and `headers`, without running it).
+  SQLITE_SUFFIXES = %w[.db .sqlite .sqlite3 .db3].freeze
+
+  # What a --db names, never guessed: ["postgres", the connection string] for a URL
+  # (postgresql://, postgres://) or a libpq string (dbname=app host=...); ["sqlite", the
+  # path] for sqlite:PATH (sqlite:///abs/path), a file that exists, or a name ending in .db,
+  # .sqlite, .sqlite3 or .db3. Anything else (`app`) raises ArgumentError saying both forms,
+  # rather than opening a new SQLite file.
+  def self.database_of(text, is_file: ->(path) { File.file?(path) })
+    t = text.to_s.strip
+    return ["postgres", t] if t.start_with?("postgres://", "postgresql://") || t.include?("=")
+
+    if t.start_with?("sqlite:")
+      path = t.delete_prefix("sqlite:")
+      path = path[2..] if path.start_with?("//")
+      return ["sqlite", path] unless path.empty?
+    elsif !t.empty? && (is_file.call(t) || t.downcase.end_with?(*SQLITE_SUFFIXES))
+      return ["sqlite", t]
+    end
+    raise ArgumentError, "#{t.inspect} names no database: a PostgreSQL one is postgresql://HOST/NAME or dbname=NAME, " \
+                         "a SQLite one an existing file, a name ending in .db, .sqlite or .sqlite3, or sqlite:PATH"
+  end
+
   Decision = Struct.new(:kind, :status, :body, :headers) do
     def self.reply(status, body, headers = {}) = new(:answer, status, body, headers)
   end
