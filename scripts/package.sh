@@ -102,7 +102,8 @@ fi
 # cargo-pgrx and no PostgreSQL.
 say() { printf '\033[1m[package]\033[0m %s\n' "$*" >&2; }
 # ratelimit-rls as a Debian package: /usr/bin/ratelimit-rls, a systemd unit that reads
-# /etc/default/ratelimit-rls, and the reference's examples under /usr/share/doc.
+# /etc/default/ratelimit-rls, and the example configurations beside the folder it reads
+# (/etc/ratelimit-rls/examples; the operator copies the ones wanted into config/).
 rls_package() {
   say "building ratelimit-rls"
   # a target folder of its own (target/rls): its build of the SQLite crate links SQLite
@@ -110,9 +111,9 @@ rls_package() {
   CARGO_TARGET_DIR=target/rls cargo build --quiet --release -p ratelimit-rls
   local root="$work/rls" name=ratelimit-rls
   mkdir -p "$root/DEBIAN" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/default" "$root/etc/$name/config" \
-    "$root/usr/share/doc/$name/examples"
+    "$root/etc/$name/examples" "$root/usr/share/doc/$name"
   install -m 755 target/rls/release/ratelimit-rls "$root/usr/bin/"
-  cp rls/config/examples/*.yaml "$root/usr/share/doc/$name/examples/"
+  cp rls/config/examples/*.yaml "$root/etc/$name/examples/"
   cp LICENSE "$root/usr/share/doc/$name/copyright"
   cp rls/envoy-types-NOTICE rls/LICENSE-envoy-types-Apache-2.0 "$root/usr/share/doc/$name/"
   cat > "$root/etc/default/$name" <<DEFAULT
@@ -141,6 +142,7 @@ TimeoutStopSec=30
 WantedBy=multi-user.target
 UNIT
   echo "/etc/default/$name" > "$root/DEBIAN/conffiles"
+  for f in "$root/etc/$name/examples/"*.yaml; do echo "/etc/$name/examples/${f##*/}" >> "$root/DEBIAN/conffiles"; done
   cat > "$root/DEBIAN/control" <<CONTROL
 Package: $name
 Version: $version

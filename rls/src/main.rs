@@ -19,6 +19,7 @@ mod config;
 mod log;
 mod metrics;
 mod plan;
+mod probe;
 mod service;
 mod store;
 mod xds;
@@ -32,6 +33,9 @@ const USAGE: &str = "ratelimit-rls: Envoy's rate limit service backed by pg_rate
 
 usage: ratelimit-rls --config DIR|FILE --database URL [--grpc ADDR] [--http ADDR] [--pool N] [--reload-seconds S]
        ratelimit-rls --check DIR|FILE     load the configuration, list its domains or say what is wrong, and stop
+       ratelimit-rls --probe DOMAIN KEY=VALUE[,KEY=VALUE...]... [--grpc ADDR] [--hits N]
+                                          send a running server one call, as Envoy would, and print its answer
+                                          (exit 0 OK, 1 OVER_LIMIT, 2 no answer)
        ratelimit-rls --version
 
   --config          a YAML file, or a folder of them (one domain each), in envoyproxy/ratelimit's format  [RLS_CONFIG]
@@ -76,6 +80,16 @@ fn options() -> Result<Options, String> {
         if flag == "--version" || flag == "-V" {
             println!("ratelimit-rls {}", env!("CARGO_PKG_VERSION"));
             std::process::exit(0);
+        }
+        if flag == "--probe" {
+            let rest: Vec<String> = args.by_ref().collect();
+            std::process::exit(match probe::parse(&rest) {
+                Ok(p) => probe::run(p),
+                Err(e) => {
+                    eprintln!("{}", serde_json::json!({"error": e}));
+                    2
+                }
+            });
         }
         if flag == "--check" {
             // load the configuration, say what it holds or what is wrong, and stop

@@ -8,6 +8,7 @@ ratelimit-rls`; PostgreSQL cases need the test cluster (PGHOST, RL_PG_DIR, RL_PG
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -545,7 +546,11 @@ def test_the_deb_as_installed(tmp_path):
                     if line and not line.startswith("#"))
     assert set(defaults) == {"RLS_CONFIG", "RLS_DATABASE_URL", "RLS_GRPC", "RLS_HTTP"}
     port, http = free_port(), free_port()
-    env = dict(os.environ, RLS_CONFIG=str(root / "usr/share/doc/ratelimit-rls/examples"),
+    assert sorted(os.listdir(root / "etc/ratelimit-rls/examples")) == sorted(os.listdir(EXAMPLES))
+    assert os.listdir(root / "etc/ratelimit-rls/config") == []
+    conffiles = subprocess.run(["dpkg-deb", "-I", deb, "conffiles"], check=True, capture_output=True, text=True).stdout
+    assert "/etc/ratelimit-rls/examples/tiers.yaml" in conffiles.split()
+    env = dict(os.environ, RLS_CONFIG=str(root / "etc/ratelimit-rls/examples"),
                RLS_DATABASE_URL="sqlite:" + str(tmp_path / "deb.db"), RLS_GRPC=f"127.0.0.1:{port}",
                RLS_HTTP=f"127.0.0.1:{http}")
     proc = subprocess.Popen([str(root / "usr/bin/ratelimit-rls")], env=env, stderr=subprocess.PIPE)
@@ -559,7 +564,7 @@ def test_the_deb_as_installed(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     checked = subprocess.run([str(root / "usr/bin/ratelimit-rls"), "--check",
-                              str(root / "usr/share/doc/ratelimit-rls/examples")], capture_output=True, text=True)
+                              str(root / "etc/ratelimit-rls/examples")], capture_output=True, text=True)
     assert checked.returncode == 0 and "13 domain(s)" in checked.stdout and "messaging" in checked.stdout, checked
     bad = tmp_path / "bad.yaml"
     bad.write_text("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n")
@@ -567,6 +572,65 @@ def test_the_deb_as_installed(tmp_path):
     assert checked.returncode == 2 and "bad.yaml" in checked.stderr and "requests_per_unit" in checked.stderr, checked
     help_text = subprocess.run([str(root / "usr/bin/ratelimit-rls"), "--help"], capture_output=True, text=True)
     assert help_text.returncode == 0 and "RLS_DATABASE_URL" in help_text.stdout
+
+
+def a_descriptor_of(rules, entries=()):
+    """The entries of the first path in a configuration's descriptors that ends at a rule
+    with a limit: each key with its value (a wildcard's `*` as "x", no value as "x")."""
+    for node in rules:
+        here = [*entries, (node["key"], str(node.get("value") or "x").replace("*", "x"))]
+        limit = node.get("rate_limit")
+        if limit and not limit.get("unlimited") and limit.get("requests_per_unit", 1) != 0:
+            return here
+        deeper = a_descriptor_of(node.get("descriptors") or (), here)
+        if deeper:
+            return deeper
+    return None
+
+
+def gateway_guide_sql():
+    """The ```sql blocks of docs/guides/gateways.md, as written."""
+    with open(os.path.join(ROOT, "docs", "guides", "gateways.md")) as f:
+        return [re.sub(r"(?m)^\s*--.*$", "", b) for b in re.findall(r"```sql\n(.*?)```", f.read(), re.S)]
+
+
+@pytest.mark.parametrize("example", sorted(os.listdir(EXAMPLES)))
+def test_every_shipped_example_answers_as_shipped_to_the_guides_first_request(db, tmp_path, example):
+    """Each file of rls/config/examples (the .deb's /etc/ratelimit-rls/examples) on a fresh
+    database, as the guide's first hour has it: whatever policies it names set by the
+    guide's own SQL, then `ratelimit-rls --probe` with a descriptor its rules count."""
+    import yaml
+
+    with open(os.path.join(EXAMPLES, example)) as f:
+        text = f.read()
+    config = yaml.safe_load(text)
+    for block in gateway_guide_sql():  # the guide's policies that this file names
+        if any(f"policy: {name}" in text for name in re.findall(r"rl_policy_set\('(\w+)'", block)):
+            db.sql(block.strip().rstrip(";"))
+    s = examples_server(db, tmp_path, example)
+    try:
+        entries = a_descriptor_of(config["descriptors"])
+        assert entries, f"{example}: no rule to ask"
+        probe = subprocess.run([BINARY, "--probe", config["domain"], ",".join(f"{k}={v}" for k, v in entries),
+                                "--grpc", f"127.0.0.1:{s.grpc_port}"], capture_output=True, text=True, timeout=30)
+        assert probe.returncode == 0, f"{example}: {probe.stdout}{probe.stderr}\n{s.text()}"
+        answer = json.loads(probe.stdout)
+        assert answer["overall_code"] == "OK" and [st["code"] for st in answer["statuses"]] == ["OK"], answer
+    finally:
+        s.stop()
+
+
+def test_the_probe_says_over_limit_and_no_answer_by_its_exit_status(tmp_path):
+    db = Database("sqlite", tmp_path)
+    s = examples_server(db, tmp_path, "edge_proxy_per_ip.yaml")
+    try:
+        ask = [BINARY, "--probe", "edge_proxy_per_ip", "remote_address=50.0.0.5", "--grpc", f"127.0.0.1:{s.grpc_port}"]
+        over = subprocess.run(ask, capture_output=True, text=True, timeout=30)
+        assert over.returncode == 1 and json.loads(over.stdout)["overall_code"] == "OVER_LIMIT", over
+    finally:
+        s.stop()
+    gone = subprocess.run(ask, capture_output=True, text=True, timeout=30)
+    assert gone.returncode == 2 and "no rate limit service at" in json.loads(gone.stderr)["error"], gone
 
 
 def test_a_database_without_the_functions_cannot_decide(tmp_path):
