@@ -276,6 +276,12 @@ def test_the_page_in_chromium_lists_refusals_and_unblocks(app, served_by):
             assert counts == ["4", "5", "0", "0"]  # admitted 2 + 2, refused 4 + 1
         else:
             assert refused == ["Nobody refused since the last reset."] and counts == ["0", "0", "0", "0"]
+        # where the counts are not the server's, the page says so and how to change it
+        note = browser.js("[document.getElementById('scope-note').hidden, document.getElementById('scope-note').innerText]")
+        if app.engine == "postgres":
+            assert note == [True, ""], note  # the test cluster preloads pg_ratelimit
+        else:
+            assert note[0] is False and "SQLite keeps them in each process" in note[1], note
         near = browser.js("[...document.querySelectorAll('#near tr')].map(r => r.innerText.split('\\t').slice(0, 5).join(' '))")
         assert near == ["team:7 month 93 100 93.0 %"], near
         # the chart appears once the page has two samples
