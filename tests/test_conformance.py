@@ -68,6 +68,21 @@ def with_derived_keys(function, args, expected):
     return expected
 
 
+def with_reset_after(expected, now_ms):
+    """A budget's `reset_after_seconds`, wherever one appears in an answer (rl_spend,
+    rl_budget, the items of rl_take_all and of a policy's check): the seconds from the
+    call's clock (its last argument) until `resets_at`, rounded up, as the contract defines
+    it. A step that states it is left as it is."""
+    if isinstance(expected, list):
+        return [with_reset_after(e, now_ms) for e in expected]
+    if not isinstance(expected, dict):
+        return expected
+    out = {k: with_reset_after(v, now_ms) for k, v in expected.items()}
+    if "period_seconds" in out and "resets_at" in out and "reset_after_seconds" not in out:
+        out["reset_after_seconds"] = max(0, -(-(out["resets_at"] * 1000 - now_ms) // 1000))
+    return out
+
+
 def item_calls(limits):
     """rl_take_all's items as the single calls they stand for: (function, arguments)."""
     calls = []
@@ -638,6 +653,8 @@ def run(engine):
             continue
         args = tuple(handed_out.get(a.prefix, a.prefix) if isinstance(a, Lease) else a for a in args)
         expected = with_derived_keys(function, args, expected)
+        if isinstance(expected, (dict, list)) and args and isinstance(args[-1], int):
+            expected = with_reset_after(expected, args[-1])
         if function == "rl_version" and not args:
             expected = getattr(engine, "version", expected)  # the SQL edition says which it is
         if isinstance(expected, tuple):

@@ -171,7 +171,7 @@ SPEND_KEYS = RESULT_KEYS["rl_spend"]
 
 def check_items(items):
     for item in items:
-        kind = "rl_window" if "window_seconds" in item else "rl_take" if "reset_after_seconds" in item else "rl_spend"
+        kind = "rl_window" if "window_seconds" in item else "rl_spend" if "resets_at" in item else "rl_take"
         check_answer(kind, item)
 
 

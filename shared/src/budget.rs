@@ -28,6 +28,9 @@ pub struct SpendDecision {
     pub quota: i64,
     pub resets_at_ms: i64,
     pub retry_after_seconds: i64,
+    /// Seconds from the call until the period turns (whole again), rounded up: what
+    /// `reset_after_seconds` means for buckets and windows too.
+    pub reset_after_seconds: i64,
     /// Refused because `cost` is above the quota: no period will admit it.
     pub exceeds_limit: bool,
     /// The length of the period answered from (a day, or that month), in ms.
@@ -52,6 +55,7 @@ pub fn spend(state: Option<&BudgetState>, period: Period, quota: i64, cost: i64,
         quota,
         resets_at_ms: resets_at,
         retry_after_seconds: if admitted { 0 } else { ceil_seconds(resets_at - now) },
+        reset_after_seconds: ceil_seconds(resets_at - now).max(0),
         exceeds_limit: !admitted && cost > quota,
         period_ms: resets_at - period.start_ms(resets_at - 1),
         new_state: admitted.then_some(BudgetState { used: total, resets_at, quota }),
@@ -141,6 +145,7 @@ pub fn charge_against(
         quota,
         resets_at_ms: c.resets_at_ms,
         retry_after_seconds: 0,
+        reset_after_seconds: ceil_seconds(c.resets_at_ms - now).max(0),
         exceeds_limit: false,
         period_ms: c.resets_at_ms - period.start_ms(c.resets_at_ms - 1),
         new_state: c.new_state.map(|s| BudgetState { quota, ..s }),

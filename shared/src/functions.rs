@@ -356,8 +356,17 @@ const BUDGET_ARGS: &[Param] = &[KEY, PERIOD, QUOTA, PEEK_AMOUNT_COST, NOW_MS];
 const ADMISSION_KEYS: [&str; 7] =
     ["admitted", "remaining", "limit", "retry_after_ms", "retry_after_seconds", "reset_after_seconds", "exceeds_limit"];
 const TAKE_KEYS: &[&str] = &admission_keys_and("refill_seconds");
-const SPEND_KEYS: &[&str] =
-    &["admitted", "used", "limit", "remaining", "resets_at", "retry_after_seconds", "exceeds_limit", "period_seconds"];
+const SPEND_KEYS: &[&str] = &[
+    "admitted",
+    "used",
+    "limit",
+    "remaining",
+    "resets_at",
+    "retry_after_seconds",
+    "reset_after_seconds",
+    "exceeds_limit",
+    "period_seconds",
+];
 const WINDOW_KEYS: &[&str] = &admission_keys_and("window_seconds");
 
 const fn admission_keys_and(last: &'static str) -> [&'static str; 8] {

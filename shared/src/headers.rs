@@ -18,8 +18,9 @@ struct Limit {
     remaining: f64,
     /// Seconds until the limit is whole again (buckets) or until a refused budget turns.
     reset_seconds: Option<i64>,
-    /// What X-RateLimit-Reset shows: seconds for buckets, the period's end (epoch seconds)
-    /// for budgets, which is all a result without a clock can tell.
+    /// What X-RateLimit-Reset shows: seconds until the limit is whole again, for every kind
+    /// (a budget's `reset_after_seconds`, until its period turns; the `resets_at` epoch
+    /// second only for a result of a release that did not carry it).
     x_reset: Option<i64>,
     retry_seconds: Option<i64>,
     /// The draft's quota unit (`qu`) when it is not requests.

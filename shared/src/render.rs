@@ -114,6 +114,7 @@ impl ToJson for SpendDecision {
             .micros("remaining", self.quota - self.used)
             .int("resets_at", self.resets_at_ms / 1000)
             .int("retry_after_seconds", self.retry_after_seconds)
+            .int("reset_after_seconds", self.reset_after_seconds)
             .bool("exceeds_limit", self.exceeds_limit)
             .int("period_seconds", self.period_ms / 1000)
             .finish()

@@ -428,6 +428,7 @@ fn result_keys_are_exactly_the_contract() {
             "remaining",
             "resets_at",
             "retry_after_seconds",
+            "reset_after_seconds",
             "exceeds_limit",
             "period_seconds"
         ]
@@ -625,7 +626,7 @@ fn tenths_are_exact() {
     .unwrap();
     assert_eq!(
         r,
-        r#"{"admitted":false,"used":1,"limit":1,"remaining":0,"resets_at":2678400,"retry_after_seconds":2678400,"exceeds_limit":false,"period_seconds":2678400}"#
+        r#"{"admitted":false,"used":1,"limit":1,"remaining":0,"resets_at":2678400,"retry_after_seconds":2678400,"reset_after_seconds":2678400,"exceeds_limit":false,"period_seconds":2678400}"#
     );
     let r = spend(&mut s, "k", "month", Arg::Integer(1), Arg::Real(0.1), 0);
     assert_eq!(r["admitted"], false);
@@ -1089,12 +1090,14 @@ fn headers_for_every_result_shape() {
     assert_eq!(
         h(&budget),
         json!({
-        "RateLimit-Policy": "\"budget\";q=2;w=86400", "RateLimit": "\"budget\";r=0",
+        "RateLimit-Policy": "\"budget\";q=2;w=86400", "RateLimit": "\"budget\";r=0;t=86400",
         "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0.5", "X-RateLimit-Reset": "86400"})
     );
     let over = spend(&mut s, "b", "day", Arg::Integer(2), Arg::Integer(1), 3_600_000);
     assert_eq!(h(&over)["Retry-After"], "82800");
     assert_eq!(h(&over)["RateLimit"], "\"budget\";r=0;t=82800");
+    // one meaning for every kind: seconds until whole again (the period's end here), as t=
+    assert_eq!(h(&over)["X-RateLimit-Reset"], "82800");
     let all = take_all(
         &mut s,
         r#"[{"key": "k", "burst": 10, "refill_per_minute": 60}, {"key": "b", "period": "day", "quota": 2}]"#,

@@ -666,6 +666,7 @@ BEGIN
     RETURN jsonb_build_object('admitted', admitted, 'used', ratelimit.rl__micros(u), 'limit', ratelimit.rl__micros(quota),
         'remaining', ratelimit.rl__micros(quota - u), 'resets_at', resets / 1000,
         'retry_after_seconds', CASE WHEN admitted THEN 0 ELSE ratelimit.rl__ceil_seconds(resets - now) END,
+        'reset_after_seconds', greatest(ratelimit.rl__ceil_seconds(resets - now), 0),
         'exceeds_limit', NOT admitted AND cost > quota,
         'period_seconds', (resets - ratelimit.rl__period_start(period, resets - 1)) / 1000);
 END
@@ -673,11 +674,12 @@ $$;
 
 -- What a charge against a known quota answers (budget::charge_against): an admitted spend,
 -- remaining below 0 past the quota.
-CREATE OR REPLACE FUNCTION ratelimit.rl__charged_answer(used bigint, resets_at bigint, period text, quota bigint)
+CREATE OR REPLACE FUNCTION ratelimit.rl__charged_answer(used bigint, resets_at bigint, period text, quota bigint,
+                                                        now bigint)
 RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_object('admitted', true, 'used', ratelimit.rl__micros(used), 'limit', ratelimit.rl__micros(quota),
         'remaining', ratelimit.rl__micros(quota - used), 'resets_at', resets_at / 1000, 'retry_after_seconds', 0,
-        'exceeds_limit', false, 'period_seconds', (resets_at - ratelimit.rl__period_start(period, resets_at - 1)) / 1000)
+        'reset_after_seconds', greatest(ratelimit.rl__ceil_seconds(resets_at - now), 0), 'exceeds_limit', false, 'period_seconds', (resets_at - ratelimit.rl__period_start(period, resets_at - 1)) / 1000)
 $$;
 
 -- What rl_refund_budget and rl_charge_budget answer (BudgetRefund, BudgetCharge): used and
@@ -729,7 +731,7 @@ BEGIN
             ELSIF op = 'charge' THEN
                 RETURN ratelimit.rl__budget_answer(true, new_used, new_resets_at);
             ELSIF op = 'charge_against' THEN
-                RETURN ratelimit.rl__charged_answer(new_used, new_resets_at, p, quota);
+                RETURN ratelimit.rl__charged_answer(new_used, new_resets_at, p, quota, now);
             END IF;
             RETURN ratelimit.rl__budget_answer(NULL, new_used, new_resets_at);
         END IF;
@@ -760,7 +762,7 @@ BEGIN
             IF op = 'charge' THEN
                 RETURN ratelimit.rl__budget_answer(true, amount, period_end);
             ELSIF op = 'charge_against' THEN
-                RETURN ratelimit.rl__charged_answer(amount, period_end, p, quota);
+                RETURN ratelimit.rl__charged_answer(amount, period_end, p, quota, now);
             END IF;
             RETURN ratelimit.rl__spend_answer(true, amount, period_end, p, quota, 0, now);
         END IF;

@@ -181,9 +181,19 @@ async function runCase(port, c) {
         assert.equal(got.headers[name.toLowerCase()], value, `${where}: ${name}`);
       }
       for (const name of step.no_headers ?? []) assert.equal(got.headers[name.toLowerCase()], undefined, `${where}: has ${name}`);
+      for (const [name, most] of Object.entries(step.headers_within ?? {})) {
+        const value = got.headers[name.toLowerCase()];
+        assert.ok(/^\d+$/.test(value ?? "") && Number(value) >= 1 && Number(value) <= most, `${where}: ${name} was ${value}`);
+      }
       if (step.body && method !== "HEAD") {
         const answer = JSON.parse(got.body);
         for (const [key, value] of Object.entries(step.body)) assert.deepEqual(answer[key], value, `${where}: body ${got.body}`);
+      }
+      if (step.body_within && method !== "HEAD") {
+        const answer = JSON.parse(got.body);
+        for (const [key, most] of Object.entries(step.body_within)) {
+          assert.ok(Number.isInteger(answer[key]) && answer[key] >= 1 && answer[key] <= most, `${where}: body ${got.body}`);
+        }
       }
     }
     if (step.statuses) assert.deepEqual(statuses, step.statuses, where);

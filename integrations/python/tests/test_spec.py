@@ -164,10 +164,17 @@ def run_case(port, case):
                 assert got.get(name.lower()) == value, f"{where}: {name} was {got.get(name.lower())!r}"
             for name in step.get("no_headers", ()):
                 assert name.lower() not in got, f"{where}: has {name}: {got[name.lower()]}"
+            for name, most in step.get("headers_within", {}).items():
+                value = got.get(name.lower(), "")
+                assert value.isdigit() and 1 <= int(value) <= most, f"{where}: {name} was {value!r}"
             if "body" in step and method != "HEAD":
                 answer = json.loads(body)
                 for key, value in step["body"].items():
                     assert answer.get(key) == value, f"{where}: body {answer}"
+            if "body_within" in step and method != "HEAD":
+                answer = json.loads(body)
+                for key, most in step["body_within"].items():
+                    assert isinstance(answer.get(key), int) and 1 <= answer[key] <= most, f"{where}: body {answer}"
         if "statuses" in step:
             assert statuses == step["statuses"], f"{where}: answered {statuses}"
 
