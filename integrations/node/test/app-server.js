@@ -117,8 +117,12 @@ const fetchServer = http.createServer(async (req, res) => {
   }
 });
 
+// Idle keep-alive connections last a minute: with Node's 5 s, a test that pauses (stopping
+// PostgreSQL on a busy machine took that long) had its next request sent on a connection
+// the server was closing at that moment, and fetch failed before the server saw it
 const expressServer = app.listen(0, "127.0.0.1", () => {
   fetchServer.listen(0, "127.0.0.1", () => {
     console.log(`listening ${expressServer.address().port} ${fetchServer.address().port}`);
   });
 });
+for (const s of [expressServer, fetchServer]) Object.assign(s, { keepAliveTimeout: 60_000, headersTimeout: 65_000 });
