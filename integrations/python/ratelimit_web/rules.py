@@ -11,6 +11,7 @@ import hashlib
 import ipaddress
 import logging
 import math
+import os.path
 import re
 import threading
 import time
@@ -242,8 +243,6 @@ def database_of(text: str, is_file: Callable[[str], bool] = None) -> Tuple[str, 
     (`dbname=app host=...`); ("sqlite", the path) for `sqlite:PATH` (`sqlite:///abs/path`),
     a file that exists, or a name ending in .db, .sqlite, .sqlite3 or .db3. Anything else
     (`app`) is a ValueError that says both forms, rather than a new SQLite file."""
-    import os.path
-
     is_file = is_file or os.path.isfile
     text = (text or "").strip()
     if text.startswith(("postgres://", "postgresql://")) or "=" in text:

@@ -254,7 +254,10 @@ module RatelimitWeb
   # for a header, and so for a tier or an identifier read from one) as a blob, which the
   # functions refuse ("tier must be text").
   def self.as_text(params)
-    params.map { |v| v.is_a?(String) && v.encoding != Encoding::UTF_8 ? v.dup.force_encoding(Encoding::UTF_8).scrub : v }
+    binary = ->(v) { v.is_a?(String) && v.encoding != Encoding::UTF_8 }
+    return params unless params.any?(&binary) # the usual check: nothing to copy
+
+    params.map { |v| binary.call(v) ? v.dup.force_encoding(Encoding::UTF_8).scrub : v }
   end
 
   def self.load_sqlite_extension(db, extension)
