@@ -24,6 +24,8 @@ COMMENT ON FUNCTION rl_refund_all(jsonb, double precision) IS
   'give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
 COMMENT ON FUNCTION rl_charge_all(jsonb, double precision) IS
   'charge each limit of an rl_take_all list its cost whatever it holds (a cost known after the work), in one unit: buckets into debt, budgets past their quota, windows past their limit; returns jsonb (remaining below 0 where a limit went past)';
+COMMENT ON FUNCTION rl_check_limits(text, text, jsonb, double precision) IS
+  'rl_take_all of explicit limits, counted as rl_check counts a policy: the outcome under name in rl_policy_stats, a refused subject in rl_top_refused(name) (a route''s name, the web packages'' way to show routes without a policy to operators); returns rl_take_all''s jsonb';
 COMMENT ON FUNCTION rl_window(text, double precision, double precision, double precision, double precision) IS
   'exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb';
 COMMENT ON FUNCTION rl_window_peek(text, double precision, double precision, double precision, double precision) IS
@@ -61,11 +63,11 @@ COMMENT ON FUNCTION rl_block(text, double precision, double precision) IS
 COMMENT ON FUNCTION rl_unblock(text, double precision) IS
   'lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)';
 COMMENT ON FUNCTION rl_policy_stats() IS
-  'counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked) since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)';
+  'counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked), and of rl_check_limits per name, since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)';
 COMMENT ON FUNCTION rl_stats_reset() IS
   'forget the counts of rl_policy_stats and the subjects of rl_top_refused; returns how many policies had counts (rl_admin only)';
 COMMENT ON FUNCTION rl_top_refused(text, bigint) IS
-  'the n (1 to 64) subjects rl_check refused most under policy since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
+  'the n (1 to 64) subjects rl_check refused most under policy (or rl_check_limits under that name) since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
 COMMENT ON FUNCTION rl_budgets_near(double precision, bigint, double precision) IS
   'the budgets of the current period that used at least fraction of their quota (the quota the last rl_spend, rl_take_all or rl_check gave), the largest share first, at most n (1 to 10000): key, period, used, quota, resets_at; a scan of every budget row (rl_admin only)';
 COMMENT ON FUNCTION rl_headers(jsonb) IS
@@ -150,6 +152,7 @@ BEGIN
          'rl_take_all(jsonb, double precision)',
          'rl_refund_all(jsonb, double precision)',
          'rl_charge_all(jsonb, double precision)',
+         'rl_check_limits(text, text, jsonb, double precision)',
          'rl_window(text, double precision, double precision, double precision, double precision)',
          'rl_window_peek(text, double precision, double precision, double precision, double precision)',
          'rl_acquire(text, bigint, double precision, double precision)',

@@ -52,9 +52,10 @@ def with_derived_keys(function, args, expected):
     refill_per_minute) or a budget's `period_seconds`. A step that states them is left as it is."""
     if not isinstance(expected, dict) or "exceeds_limit" in expected:
         return expected
-    if function == "rl_take_all":
+    if function in ("rl_take_all", "rl_check_limits"):
+        limits = args[2] if function == "rl_check_limits" else args[0]
         items = [with_derived_keys(kind, args_of, item) for (kind, args_of), item
-                 in zip(item_calls(args[0]), expected["items"])]
+                 in zip(item_calls(limits), expected["items"])]
         return {**expected, "items": items}
     cost = args[3] if len(args) > 3 else 1
     if function in ("rl_take", "rl_peek", "rl_charge"):
@@ -298,6 +299,17 @@ STEPS = [
      ("error", "rl_take_all: item 1: period must be 'day' or 'month', got 'hour'")),
     ("rl_take_all", ('[]', 0), ("error", "rl_take_all: limits must hold 1 to 64 items, got 0")),
     ("rl_take_all", (None, 0), ("error", "rl_take_all: limits must be a JSON array, got NULL")),
+    # rl_check_limits: rl_take_all's answer, counted under a name (tests/test_policies.py)
+    ("rl_check_limits", ("POST /ai", "ann", '[{"key":"cl","burst":1,"refill_per_minute":60}]', 0),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0, "items": [take(True, 0, 1, 0, 1)]}),
+    ("rl_check_limits", ("POST /ai", "ann", '[{"key":"cl","burst":1,"refill_per_minute":60}]', 0),
+     {"admitted": False, "retry_after_ms": 1000, "retry_after_seconds": 1, "items": [take(False, 0, 1, 1000, 1)]}),
+    ("rl_check_limits", ("", "ann", '[{"key":"cl","burst":1,"refill_per_minute":60}]', 0),
+     ("error", "rl_check_limits: name must not be empty")),
+    ("rl_check_limits", ("POST /ai", None, '[{"key":"cl","burst":1,"refill_per_minute":60}]', 0),
+     ("error", "rl_check_limits: subject must be text, got NULL")),
+    ("rl_check_limits", ("POST /ai", "ann", None, 0), ("error", "rl_check_limits: limits must be a JSON array, got NULL")),
+    ("rl_check_limits", ("POST /ai", "ann", '[]', 0), ("error", "rl_check_limits: limits must hold 1 to 64 items, got 0")),
     # headers from any result
     ("rl_headers", ('{"admitted":false,"remaining":0,"limit":3,"retry_after_ms":1,"retry_after_seconds":1,"reset_after_seconds":3}',),
      {"RateLimit-Policy": '"bucket";q=3', "RateLimit": '"bucket";r=0;t=3', "X-RateLimit-Limit": "3",

@@ -37,7 +37,7 @@ def valid_call(rng):
     cost = rng.choice([1, 1, 2, 0.5, 2.5, 7])
     function = rng.choice(["rl_take", "rl_take", "rl_peek", "rl_refund", "rl_charge", "rl_spend", "rl_spend", "rl_budget",
                            "rl_refund_budget", "rl_charge_budget", "rl_window", "rl_window", "rl_window_peek",
-                           "rl_acquire", "rl_release", "rl_renew", "rl_in_flight", "rl_take_all", "rl_refund_all", "rl_charge_all", "rl_check", "rl_check",
+                           "rl_acquire", "rl_release", "rl_renew", "rl_in_flight", "rl_take_all", "rl_refund_all", "rl_charge_all", "rl_check_limits", "rl_check", "rl_check",
                            "rl_charge_check", "rl_peek_check",
                            "rl_refund_check", "rl_policy_set", "rl_penalize", "rl_block", "rl_unblock", "rl_sweep",
                            "rl_headers", "rl_reset", "rl_policy_drop", "rl_budgets_near"])
@@ -55,6 +55,8 @@ def valid_call(rng):
         "rl_take_all": ['[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
                         '{"key": "%s", "period": "day", "quota": 10, "cost": %s}, '
                         '{"key": "%s", "limit": 4, "window_seconds": 90}]' % (key, burst, rate, cost, key, cost, key)],
+        "rl_check_limits": ["POST /x", subject, '[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
+                            '{"key": "%s", "limit": 4, "window_seconds": 90}]' % (key, burst, rate, cost, key)],
         "rl_refund_all": ['[{"key": "%s", "limit": 4, "window_seconds": 90, "cost": %s}, '
                           '{"key": "%s", "period": "day", "quota": 10, "cost": %s}, '
                           '{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}]'

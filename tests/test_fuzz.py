@@ -86,7 +86,7 @@ def random_call(rng, functions):
         args = [keys(rng) for _ in range(rng.randint(1, 4))]
     elif function == "rl_reset":
         args = [keys(rng)]
-    elif function in ("rl_take_all", "rl_refund_all", "rl_charge_all"):
+    elif function in ("rl_take_all", "rl_refund_all", "rl_charge_all", "rl_check_limits"):
         if rng.random() < 0.5:
             items = [rng.choice([
                 {"key": rng.choice(["a", "b", "c"]), "burst": rng.choice([1, 3, 2.5, 1e308]),
@@ -99,6 +99,8 @@ def random_call(rng, functions):
         else:
             limits = json_text(rng)
         args = [limits] + ([rng.choice(CLOCKS)] if rng.random() < 0.5 else [])
+        if function == "rl_check_limits":
+            args = [rng.choice(POLICIES + [None, ""]), keys(rng)] + args
     elif function == "rl_headers":
         args = [json_text(rng)]
     elif function in ("rl_refund", "rl_charge"):
@@ -267,7 +269,7 @@ def check_answer(function, value):
     if function == "rl_charge":
         assert sorted(r) == sorted(TAKE_KEYS) and r["admitted"] is True and r["remaining"] <= r["limit"]
         return
-    if function == "rl_take_all":
+    if function in ("rl_take_all", "rl_check_limits"):
         assert sorted(r) == sorted(RESULT_KEYS[function])
         assert r["admitted"] == all(i["admitted"] for i in r["items"])
         assert (r["retry_after_ms"] == 0) == r["admitted"]

@@ -145,6 +145,50 @@ def test_sqlite_lists_the_subjects_refused_most(tmp_path):
     assert a.execute("SELECT count(*) FROM rl_refused").fetchone()[0] == 0
 
 
+ROUTE_LIMITS = '[{"key": "web:ai", "burst": 2, "refill_per_minute": 0.000001}, {"key": "web:ai", "period": "day", "quota": 100}]'
+
+
+def test_sqlite_counts_explicit_limits_under_their_name(tmp_path):
+    """rl_check_limits: rl_take_all's answer, its outcome counted under a name (a route's)
+    in rl_stats and a refused subject in rl_refused, beside the policies'."""
+    path = str(tmp_path / "n.db")
+    a, b = sqlite_connect(path), sqlite_connect(path)
+    a.execute("SELECT rl_stats_reset()")
+    answers = [json.loads(conn.execute("SELECT rl_check_limits('POST /ai', 'ip:1', ?, 0)", (ROUTE_LIMITS,)).fetchone()[0])
+               for conn in (a, b, a)]
+    assert [r["admitted"] for r in answers] == [True, True, False]
+    assert answers[2] == json.loads(a.execute("SELECT rl_take_all(?, 0)", (ROUTE_LIMITS,)).fetchone()[0])
+    a.execute("SELECT rl_policy_set('login', ?)", (COUNTED,))
+    refuse(a, "login", "ip:1", 3)
+    rows = a.execute("SELECT * FROM rl_stats").fetchall()
+    assert counts(rows, "POST /ai") == (2, 1, 0, 0) and counts(rows, "login") == (2, 1, 0, 0)
+    assert a.execute("SELECT policy, subject, refusals FROM rl_refused ORDER BY policy").fetchall() == [
+        ("POST /ai", "ip:1", 1), ("login", "ip:1", 1)]
+    with pytest.raises(sqlite3.Error, match="rl_check_limits: name must not be empty"):
+        a.execute("SELECT rl_check_limits('', 'ip:1', ?)", (ROUTE_LIMITS,))
+
+
+def test_postgres_counts_explicit_limits_of_an_application_role_for_rl_admin(pg_db, roles):
+    conn, _ = pg_db
+    app, admin = roles
+    with conn.cursor() as cur:
+        cur.execute("SELECT rl_stats_reset()")
+        cur.execute(f"SET ROLE {app}")
+        for subject, calls in (("ip:1", 5), ("ip:2", 3)):
+            for _ in range(calls):
+                cur.execute("SELECT rl_check_limits('POST /ai', %s, %s)", (subject, ROUTE_LIMITS.replace("web:ai", subject)))
+        cur.execute("SELECT rl_check_limits('POST /ai', 'ip:1', %s)", (ROUTE_LIMITS.replace("web:ai", "ip:1"),))
+        assert cur.fetchone()[0]["admitted"] is False
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            cur.execute("SELECT * FROM rl_stats")
+        cur.execute(f"SET ROLE {admin}")
+        cur.execute("SELECT admitted, refused FROM rl_stats WHERE policy = 'POST /ai'")
+        assert cur.fetchone() == (4, 5)
+        cur.execute("SELECT subject, refusals, error FROM rl_refused WHERE policy = 'POST /ai' ORDER BY refusals DESC")
+        assert cur.fetchall() == [("ip:1", 4, 0), ("ip:2", 1, 0)]
+        cur.execute("SELECT rl_stats_reset()")
+
+
 def test_postgres_lists_the_subjects_refused_most_to_rl_admin_only(pg_db, roles):
     conn, _ = pg_db
     app, admin = roles

@@ -13,6 +13,8 @@
 -- rl_refund_all(limits, now_ms): the inverse of rl_take_all; rl_charge_all(limits, now_ms)
 -- and rl_charge_check(policy, subject, amount, tier, now_ms): costs known after the work;
 -- rl_peek_check(policy, subject, cost, tier, now_ms): rl_check's answer, charging nothing.
+-- rl_check_limits(name, subject, limits, now_ms): rl_take_all counted under a name as
+-- rl_check counts a policy (the web packages' routes with explicit limits).
 
 -- complain if this script is run in psql rather than by ALTER EXTENSION
 \echo Use "ALTER EXTENSION pg_ratelimit UPDATE TO '0.4.0'" to load this file. \quit
@@ -22,7 +24,7 @@ DO $rl_existing$ BEGIN
     PERFORM pg_catalog.set_config('pg_ratelimit_install.existing_functions', coalesce((
         SELECT pg_catalog.string_agg(p.oid::text, ' ') FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
-          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_charge_all', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_charge_check', 'rl_peek_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
+          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_charge_all', 'rl_check_limits', 'rl_window', 'rl_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_charge_check', 'rl_peek_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
 END $rl_existing$;
 -- end generated
 
@@ -49,7 +51,9 @@ CREATE FUNCTION "rl_top_refused"("policy" text, "n" bigint DEFAULT 10) RETURNS j
 VOLATILE PARALLEL RESTRICTED
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_top_refused_wrapper';
 COMMENT ON FUNCTION rl_top_refused(text, bigint) IS
-  'the n (1 to 64) subjects rl_check refused most under policy since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
+  'the n (1 to 64) subjects rl_check refused most under policy (or rl_check_limits under that name) since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
+COMMENT ON FUNCTION rl_policy_stats() IS
+  'counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked), and of rl_check_limits per name, since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)';
 COMMENT ON FUNCTION rl_stats_reset() IS
   'forget the counts of rl_policy_stats and the subjects of rl_top_refused; returns how many policies had counts (rl_admin only)';
 -- The subjects rl_check refused most, every policy's (after rl_top_refused, which it reads).
@@ -109,6 +113,14 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'rl_peek_check_wrapper';
 COMMENT ON FUNCTION rl_peek_check(text, text, double precision, text, double precision) IS
   'what rl_check with the same arguments would return, charging and counting nothing (cost 0 reads what is left)';
 
+-- Explicit limits counted under a name, as rl_check counts a policy.
+CREATE FUNCTION "rl_check_limits"("name" text, "subject" text, "limits" jsonb,
+                                  "now_ms" double precision DEFAULT NULL) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_check_limits_wrapper';
+COMMENT ON FUNCTION rl_check_limits(text, text, jsonb, double precision) IS
+  'rl_take_all of explicit limits, counted as rl_check counts a policy: the outcome under name in rl_policy_stats, a refused subject in rl_top_refused(name) (a route''s name, the web packages'' way to show routes without a policy to operators); returns rl_take_all''s jsonb';
+
 -- generated: privileges (shared/src/privileges.rs; RL_BLESS=1 cargo test -p ratelimit_core --test generated)
 -- Privileges: exactly what the extension intends, whatever ALTER DEFAULT PRIVILEGES granted
 -- when these objects were created (generated by shared/src/privileges.rs).
@@ -167,6 +179,7 @@ BEGIN
          'rl_take_all(jsonb, double precision)',
          'rl_refund_all(jsonb, double precision)',
          'rl_charge_all(jsonb, double precision)',
+         'rl_check_limits(text, text, jsonb, double precision)',
          'rl_window(text, double precision, double precision, double precision, double precision)',
          'rl_window_peek(text, double precision, double precision, double precision, double precision)',
          'rl_acquire(text, bigint, double precision, double precision)',

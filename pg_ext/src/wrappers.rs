@@ -178,6 +178,17 @@ limits_wrappers! {
     rl_charge_all => RL_CHARGE_ALL;
 }
 
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_check_limits(
+    name: Option<&str>,
+    subject: Option<&str>,
+    limits: Option<JsonbArg>,
+    now_ms: default!(Option<f64>, "NULL"),
+) -> JsonbResult {
+    let limits = json_text(&f::RL_CHECK_LIMITS, "limits", limits);
+    run(&f::RL_CHECK_LIMITS, &[text(name), text(subject), text(limits.as_deref()), real(now_ms)])
+}
+
 #[pg_extern(immutable, parallel_safe)]
 fn rl_version() -> String {
     run(&f::RL_VERSION, &[])

@@ -95,7 +95,7 @@ impl<'c, 'a> CallArgs<'c, 'a> {
     }
 
     /// A name-like argument (a policy, a subject, a tier) under its parameter's name.
-    fn name(&self, param: &str) -> Result<&'a str> {
+    pub(crate) fn name(&self, param: &str) -> Result<&'a str> {
         name(param, &self.get(param).arg)
     }
 }

@@ -107,6 +107,11 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
             let limits = call_args::limits_json(call)?;
             json(&protocol::charge_all(store, &TakeAllArgs::parse(&limits, call, clock)?)?)
         }
+        StateCall::CheckLimits => {
+            let (name, subject) = (call.name("name")?, call.name("subject")?);
+            let limits = call_args::limits_json(call)?;
+            json(&protocol::check_limits(store, name, subject, &TakeAllArgs::parse(&limits, call, clock)?)?)
+        }
         StateCall::Window => json(&protocol::window(store, &WindowArgs::parse(call, clock)?)?),
         StateCall::WindowPeek => json(&protocol::window_peek(store, &WindowArgs::parse(call, clock)?)?),
         StateCall::Acquire => json(&protocol::acquire(store, &AcquireArgs::parse(call, clock)?)?),

@@ -154,6 +154,7 @@ pub enum StateCall {
     TakeAll,
     RefundAll,
     ChargeAll,
+    CheckLimits,
     Window,
     WindowPeek,
     Acquire,
@@ -189,6 +190,7 @@ impl StateCall {
                 | StateCall::TakeAll
                 | StateCall::RefundAll
                 | StateCall::ChargeAll
+                | StateCall::CheckLimits
                 | StateCall::Check
                 | StateCall::RefundCheck
                 | StateCall::ChargeCheck
@@ -432,6 +434,10 @@ mod table {
     pub const RL_CHARGE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
         ..state("rl_charge_all", StateCall::ChargeAll, &[required("limits", Jsonb), NOW_MS],
         "charge each limit of an rl_take_all list its cost whatever it holds (a cost known after the work), in one unit: buckets into debt, budgets past their quota, windows past their limit; returns jsonb (remaining below 0 where a limit went past)") };
+    pub const RL_CHECK_LIMITS: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
+        ..state("rl_check_limits", StateCall::CheckLimits,
+        &[ruled(required("name", Text), Rule::Name), SUBJECT, required("limits", Jsonb), NOW_MS],
+        "rl_take_all of explicit limits, counted as rl_check counts a policy: the outcome under name in rl_policy_stats, a refused subject in rl_top_refused(name) (a route's name, the web packages' way to show routes without a policy to operators); returns rl_take_all's jsonb") };
     pub const RL_WINDOW: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window", StateCall::Window, WINDOW_ARGS,
         "exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb") };
     pub const RL_WINDOW_PEEK: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window_peek", StateCall::WindowPeek, WINDOW_PEEK_ARGS,
@@ -494,13 +500,13 @@ mod table {
         "lift the block on subject and forget its strikes; returns whether it was blocked (rl_admin only)") };
     pub const RL_POLICY_STATS: Function = Function { admin_only: true,
         ..function("rl_policy_stats", Entry::Process(ProcessCall::PolicyStats), &[], Jsonb, NOT_AN_OBJECT,
-        "counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked) since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)") };
+        "counts of rl_check per policy (admitted, refused, would_refuse in shadow mode, refused_blocked), and of rl_check_limits per name, since the last reset, and their scope: server (PostgreSQL, preloaded), session (PostgreSQL, not preloaded) or process (SQLite); the view rl_stats lists them (rl_admin only)") };
     pub const RL_STATS_RESET: Function = Function { admin_only: true,
         ..function("rl_stats_reset", Entry::Process(ProcessCall::StatsReset), &[], Int8, NOT_AN_OBJECT,
         "forget the counts of rl_policy_stats and the subjects of rl_top_refused; returns how many policies had counts (rl_admin only)") };
     pub const RL_TOP_REFUSED: Function = Function { result_keys: &["policy", "scope", "subjects"], admin_only: true,
         ..function("rl_top_refused", Entry::Process(ProcessCall::TopRefused), &[POLICY, optional("n", Int8, "10")], Jsonb, NOT_AN_OBJECT,
-        "the n (1 to 64) subjects rl_check refused most under policy since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy's (rl_admin only)") };
+        "the n (1 to 64) subjects rl_check refused most under policy (or rl_check_limits under that name) since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy's (rl_admin only)") };
     pub const RL_BUDGETS_NEAR: Function = Function { result_keys: &["fraction", "budgets"], admin_only: true,
         ..state("rl_budgets_near", StateCall::BudgetsNear,
         &[required("fraction", Float8), optional("n", Int8, "100"), NOW_MS],
@@ -562,6 +568,7 @@ pub const ALL: &[Function] = &[
     RL_TAKE_ALL,
     RL_REFUND_ALL,
     RL_CHARGE_ALL,
+    RL_CHECK_LIMITS,
     RL_WINDOW,
     RL_WINDOW_PEEK,
     RL_ACQUIRE,

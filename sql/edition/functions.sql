@@ -196,6 +196,26 @@ BEGIN
     RETURN '@VERSION@-sql';
 END
 
+-- function: rl_check_limits
+DECLARE
+    fn CONSTANT text := 'rl_check_limits';
+    n text := ratelimit.rl__name(fn, 'name', name);
+    s text := ratelimit.rl__name(fn, 'subject', subject);
+    now bigint;
+    d jsonb;
+BEGIN
+    PERFORM ratelimit.rl__json_arg(fn, 'limits', limits, 'a JSON array');
+    now := ratelimit.rl__now(fn, now_ms);
+    d := ratelimit.rl__take_all(fn, ratelimit.rl__limit_items(fn, limits), now);
+    IF (d ->> 'admitted')::boolean THEN
+        PERFORM ratelimit.rl__count(n, 'admitted');
+    ELSIF d IS NOT NULL THEN
+        PERFORM ratelimit.rl__count(n, 'refused');
+        PERFORM ratelimit.rl__refuse(n, s, now);
+    END IF;
+    RETURN d;
+END
+
 -- function: rl_window
 DECLARE
     fn CONSTANT text := 'rl_window';

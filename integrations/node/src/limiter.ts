@@ -128,7 +128,10 @@ class Statements {
   constructor(p: (n: number) => string, jsonParam: string) {
     // MATERIALIZED: the limit is taken once, then its headers are read
     this.check = `WITH c(r) AS MATERIALIZED (SELECT rl_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)})) SELECT r, rl_headers(r) AS h FROM c`;
-    this.takeAll = `WITH c(r) AS MATERIALIZED (SELECT rl_take_all(${jsonParam})) SELECT r, rl_headers(r) AS h FROM c`;
+    // rl_check_limits: rl_take_all counted under the route's name, as rl_check counts a
+    // policy, so the operator's page, `top` and the exporter show the route too
+    const cast = jsonParam.endsWith("::jsonb") ? "::jsonb" : "";
+    this.takeAll = `WITH c(r) AS MATERIALIZED (SELECT rl_check_limits(${p(1)}, ${p(2)}, ${p(3)}${cast})) SELECT r, rl_headers(r) AS h FROM c`;
     this.refundCheck = `SELECT rl_refund_check(${p(1)}, ${p(2)}, ${p(3)}, ${p(4)}) AS r`;
     // the inverse of rl_take_all, over the same items
     this.refundAll = `SELECT rl_refund_all(${jsonParam}) AS r`;
@@ -136,7 +139,7 @@ class Statements {
     this.chargeAll = `WITH c(r) AS MATERIALIZED (SELECT rl_charge_all(${jsonParam})) SELECT r, rl_headers(r) AS h FROM c`;
     this.validate = `SELECT rl_policy_validate(${jsonParam}) AS r`;
     // a jsonb parameter in second place: $2::jsonb on PostgreSQL, ? on SQLite
-    this.policySet = `SELECT rl_policy_set(${p(1)}, ${p(2)}${jsonParam.endsWith("::jsonb") ? "::jsonb" : ""}) AS r`;
+    this.policySet = `SELECT rl_policy_set(${p(1)}, ${p(2)}${cast}) AS r`;
   }
   readonly validate: string;
   readonly policySet: string;
@@ -159,7 +162,7 @@ abstract class SqlLimiter implements Limiter {
   async check(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Answer> {
     const row = route.policy !== undefined
       ? await this.run(this.statements.check, [route.policy, subject, cost, tier ?? null])
-      : await this.run(this.statements.takeAll, [JSON.stringify(takeItems(route, subject, tier, cost))]);
+      : await this.run(this.statements.takeAll, [route.name || "unnamed route", subject, JSON.stringify(takeItems(route, subject, tier, cost))]);
     return answerOf(row!);
   }
 

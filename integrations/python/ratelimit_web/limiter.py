@@ -84,7 +84,9 @@ class _Statements:
         # may inline a call that writes).
         self.check = (f"WITH c(r) AS MATERIALIZED (SELECT rl_check({p}, {p}, {p}, {p})) "
                       "SELECT r, rl_headers(r) FROM c")
-        self.take_all = (f"WITH c(r) AS MATERIALIZED (SELECT rl_take_all({json_param})) "
+        # rl_check_limits: rl_take_all counted under the route's name, as rl_check counts
+        # a policy, so the operator's page, `top` and the exporter show the route too
+        self.take_all = (f"WITH c(r) AS MATERIALIZED (SELECT rl_check_limits({p}, {p}, {json_param})) "
                          "SELECT r, rl_headers(r) FROM c")
         self.refund_check = f"SELECT rl_refund_check({p}, {p}, {p}, {p})"
         self.refund_all = f"SELECT rl_refund_all({json_param})"
@@ -100,7 +102,8 @@ class _Statements:
         becomes an Answer by `answer_of`."""
         if route.policy is not None:
             return self.check, [route.policy, subject, cost, tier]
-        return self.take_all, [json.dumps(take_items(route, subject, route.multiplier(tier), cost))]
+        items = json.dumps(take_items(route, subject, route.multiplier(tier), cost))
+        return self.take_all, [route.name or "unnamed route", subject, items]
 
     def for_refund(self, route, subject: str, tier: Optional[str], cost: float) -> tuple:
         """Gives back what an admitted check took (a handler failed): rl_refund_check for a

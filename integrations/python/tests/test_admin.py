@@ -81,6 +81,16 @@ class App:
         for subject, calls in (("ip:203.0.113.9", 6), ("ip:198.51.100.7", 3)):
             for _ in range(calls):
                 run("SELECT rl_check('login', ?)", subject)
+        # a route with explicit limits (no policy), checked as the middleware checks it
+        # (rl_check_limits): its refusals show beside the policies'
+        from ratelimit_web import Route, SyncPostgresLimiter, SyncSQLiteLimiter
+
+        limiter = (SyncSQLiteLimiter(self.url, extension=EXTENSION) if engine == "sqlite"
+                   else SyncPostgresLimiter(self.app_url, min_size=1, max_size=1, timeout=10))
+        route = Route(name="POST /ai", limits=[{"burst": 2, "refill_per_minute": 0.001}])
+        assert [limiter.check(route, "user:bob", None, 1).admitted for _ in range(3)] == [True, True, False]
+        if engine != "sqlite":
+            limiter.close()
         run("SELECT rl_block('ip:192.0.2.66', NULL)")
         run("SELECT rl_block('user:mallory', 3600)")
         run("SELECT rl_spend('team:7', 'month', 100, 93)")  # near its quota
@@ -270,12 +280,13 @@ def test_the_page_in_chromium_lists_refusals_and_unblocks(app, served_by):
         text = browser.js("document.body.innerText")
         assert "login" in text and "2 burst" in text
         refused = browser.js("[...document.querySelectorAll('#refused tr')].map(r => r.innerText.split('\\t').slice(0, 4).join(' '))")
-        counts = browser.js("[...document.querySelectorAll('#policies td')].slice(2).map(td => td.innerText)")
+        rows = browser.js("[...document.querySelectorAll('#policies tr')].map(r => [...r.cells].map(td => td.innerText))")
         if counted:
-            assert refused[:2] == ["login ip:203.0.113.9 4 0", "login ip:198.51.100.7 1 0"]
-            assert counts == ["4", "5", "0", "0"]  # admitted 2 + 2, refused 4 + 1
+            assert refused[:3] == ["login ip:203.0.113.9 4 0", "POST /ai user:bob 1 0", "login ip:198.51.100.7 1 0"]
+            assert rows == [["POST /ai", "its own (no policy of this name)", "2", "1", "0", "0"],  # the route
+                            ["login", "2 burst, 0.001/min", "4", "5", "0", "0"]]  # admitted 2 + 2, refused 4 + 1
         else:
-            assert refused == ["Nobody refused since the last reset."] and counts == ["0", "0", "0", "0"]
+            assert refused == ["Nobody refused since the last reset."] and rows == [["login", "2 burst, 0.001/min", "0", "0", "0", "0"]]
         # where the counts are not the server's, the page says so and how to change it
         note = browser.js("[document.getElementById('scope-note').hidden, document.getElementById('scope-note').innerText]")
         if app.engine == "postgres":
@@ -387,7 +398,7 @@ def test_the_wsgi_and_django_forms_of_the_page(app):
     view, factory = django_view(admin), RequestFactory()
     assert view(factory.get("/ratelimit/state"), "state").status_code == 403
     answer = view(factory.get("/ratelimit/state", HTTP_COOKIE=TOKEN), "state")
-    assert json.loads(answer.content)["policies"][0]["name"] == "login"
+    assert [p["name"] for p in json.loads(answer.content)["policies"]] == ["POST /ai", "login"]
     answer = view(factory.post("/ratelimit/unblock", data=json.dumps({"subject": "ip:192.0.2.66"}),
                                content_type="application/json", HTTP_COOKIE=TOKEN), "unblock")
     assert json.loads(answer.content) == {"subject": "ip:192.0.2.66", "unblocked": True}

@@ -118,3 +118,31 @@ def test_top_shows_hostile_subjects_escaped_in_a_real_terminal(hostile_db):
         assert "pwned" not in tmux("display-message", "-p", "-t", "top", "#{pane_title}")
     finally:
         tmux("kill-server")
+
+
+@pytest.mark.skipif(not os.environ.get("PGHOST"), reason="needs PostgreSQL (the server's counters)")
+def test_top_lists_a_route_with_explicit_limits_beside_the_policies():
+    """A route with its own limits (no policy), checked as the middleware checks it
+    (rl_check_limits under the route's name), shows in `top` with the subject it refused."""
+    import psycopg
+
+    from ratelimit_web import Route, SyncPostgresLimiter
+
+    name = "rl_cli_top"
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    with psycopg.connect(dbname=name, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION pg_ratelimit")
+        conn.execute("""SELECT rl_policy_set('login', '{"limits": [{"burst": 1, "refill_per_minute": 0.001}]}')""")
+    limiter = SyncPostgresLimiter(f"dbname={name}", min_size=1, max_size=1, timeout=10)
+    route = Route(name="POST /top-route", limits=[{"burst": 1, "refill_per_minute": 0.001}])
+    try:
+        assert [limiter.check(route, "user:bob", None, 1).admitted for _ in range(3)] == [True, False, False]
+    finally:
+        limiter.close()
+    once = run(clis()["python"], f"dbname={name}", "top", "--once")
+    assert once.returncode == 0, once.stderr
+    policies = once.stdout.split("MOST REFUSED")[0]
+    assert re.search(r"POST /top-route\s+1\s+2\s", policies), once.stdout  # admitted 1, refused 2
+    assert re.search(r"POST /top-route\s+user:bob\s+2\s", once.stdout.split("MOST REFUSED")[1]), once.stdout

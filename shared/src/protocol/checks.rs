@@ -57,6 +57,25 @@ pub fn check<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -> Result<CheckDeci
     Ok(d)
 }
 
+/// rl_check_limits: rl_take_all of explicit limits, its outcome counted under `name` as
+/// rl_check counts a policy's (admitted or refused; no shadow, no blocks), and a refused
+/// `subject` noted for rl_top_refused(name).
+pub fn check_limits<'i, 'a, S: Store>(
+    store: &mut S,
+    name: &str,
+    subject: &str,
+    a: &'i TakeAllArgs<'a>,
+) -> Result<TakeAllDecision<'i, 'a>> {
+    let decision = take_all(store, a)?;
+    if decision.admitted {
+        stats::sink().count(name, Outcome::Admitted);
+    } else {
+        stats::sink().count(name, Outcome::Refused);
+        stats::sink().refuse(name, subject, a.now_ms);
+    }
+    Ok(decision)
+}
+
 /// A policy as stored now, parsed (or from the connection's cache when unchanged). At a
 /// checks epoch this thread has not listed the blocked subjects at, it lists them too, for
 /// rl_check's one-statement path.

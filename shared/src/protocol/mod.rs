@@ -8,7 +8,9 @@ mod checks;
 mod rows;
 mod take_all;
 
-pub use checks::{block, charge_check, check, peek_check, penalize, policy_drop, policy_set, refund_check, unblock};
+pub use checks::{
+    block, charge_check, check, check_limits, peek_check, penalize, policy_drop, policy_set, refund_check, unblock,
+};
 pub use rows::{
     acquire, budgets_near, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew,
     reset, spend, sweep, take, window, window_peek,

@@ -51,7 +51,9 @@ module RatelimitWeb
       p = placeholder
       # MATERIALIZED: the limit is taken once, then its headers are read
       @check = "WITH c(r) AS MATERIALIZED (SELECT rl_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})) SELECT r, rl_headers(r) FROM c"
-      @take_all = "WITH c(r) AS MATERIALIZED (SELECT rl_take_all(#{p[1]})) SELECT r, rl_headers(r) FROM c"
+      # rl_check_limits: rl_take_all counted under the route's name, as rl_check counts a
+      # policy, so the operator's page, `top` and the exporter show the route too
+      @take_all = "WITH c(r) AS MATERIALIZED (SELECT rl_check_limits(#{p[1]}, #{p[2]}, #{p[3]})) SELECT r, rl_headers(r) FROM c"
       @refund_check = "SELECT rl_refund_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})"
       @refund_all = "SELECT rl_refund_all(#{p[1]})"
       @charge_check = "WITH c(r) AS MATERIALIZED (SELECT rl_charge_check(#{p[1]}, #{p[2]}, #{p[3]}, #{p[4]})) SELECT r, rl_headers(r) FROM c"
@@ -68,7 +70,7 @@ module RatelimitWeb
     def for_check(route, subject, tier, cost)
       return [@check, [route.policy, subject, cost, tier]] if route.policy
 
-      [@take_all, [JSON.generate(items(route, subject, tier, cost))]]
+      [@take_all, [route.name.to_s.empty? ? "unnamed route" : route.name, subject, JSON.generate(items(route, subject, tier, cost))]]
     end
 
     # Gives back what an admitted check took: rl_refund_check for a policy, rl_refund_all
