@@ -88,13 +88,13 @@ def item_calls(limits):
     """rl_take_all's items as the single calls they stand for: (function, arguments)."""
     calls = []
     for item in json.loads(limits):
-        cost = item.get("cost", 1)
+        cost, m = item.get("cost", 1), item.get("multiplier", 1)  # a multiplier scales the limit
         if "period" in item:
-            calls.append(("rl_spend", (item["key"], item["period"], item["quota"], cost)))
+            calls.append(("rl_spend", (item["key"], item["period"], item["quota"] * m, cost)))
         elif "window_seconds" in item:
-            calls.append(("rl_window", (item["key"], item["limit"], item["window_seconds"], cost)))
+            calls.append(("rl_window", (item["key"], item["limit"] * m, item["window_seconds"], cost)))
         else:
-            calls.append(("rl_take", (item["key"], item["burst"], item["refill_per_minute"], cost)))
+            calls.append(("rl_take", (item["key"], item["burst"] * m, item["refill_per_minute"] * m, cost)))
     return calls
 
 
@@ -460,7 +460,26 @@ STEPS = [
     ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":1},{"key":"x","limit":2,"window_seconds":1}]', 0),
      ("error", "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)")),
     ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":1,"burst":1}]', 0),
-     ("error", 'rl_take_all: item 1: unknown field "burst" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost; a window key, limit, window_seconds, cost)')),
+     ("error", 'rl_take_all: item 1: unknown field "burst" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier)')),
+    # an item's multiplier scales its limit as a policy's tier does (so a caller passes
+    # limits through whatever their kind): the same answers as the scaled limits
+    ("rl_take_all", ('[{"key":"mu","burst":2,"refill_per_minute":60,"multiplier":2.5},'
+                     '{"key":"mu","period":"day","quota":2,"multiplier":2.5},'
+                     '{"key":"mu","limit":1,"window_seconds":60,"multiplier":2.5}]', 0),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
+      "items": [take(True, 4, 5, 0, 1), spend(True, 1, 5, ms(1970, 1, 2), 0), window(True, 1, 2.5, 0, 60, 60)]}),
+    ("rl_refund_all", ('[{"key":"mu","burst":2,"refill_per_minute":60,"multiplier":2.5}]', 0),
+     {"items": [{"remaining": 5, "limit": 5, "reset_after_seconds": 0}]}),
+    ("rl_check_limits", ("mu", "ann", '[{"key":"mu","period":"day","quota":2,"multiplier":0.5,"cost":2}]', 0),
+     {"admitted": False, "retry_after_ms": 86_400_000, "retry_after_seconds": 86_400,
+      "items": [spend(False, 1, 1, ms(1970, 1, 2), 86_400)]}),
+    ("rl_take_all", ('[{"key":"mu","burst":2,"refill_per_minute":60,"multiplier":0}]', 0),
+     ("error", "rl_take_all: item 1: multiplier must be a finite number greater than 0, got 0")),
+    ("rl_charge_all", ('[{"key":"mu","limit":1,"window_seconds":60,"multiplier":null}]', 0),
+     ("error", "rl_charge_all: item 1: multiplier must be a finite number greater than 0, got NULL")),
+    ("rl_take_all", ('[{"key":"mu","period":"month","quota":1,"multiplier":1e-7}]', 0),
+     ("error", "rl_take_all: item 1: multiplier takes this limit out of range (a bucket's burst and refill "
+               "must stay above 0 and at most 1000000000000000, a quota or window limit from 0.000001 to 1000000000)")),
     # headers for windows and leases (the draft's concurrent-requests quota unit)
     ("rl_headers", ('{"admitted":false,"remaining":0,"limit":3,"retry_after_ms":1,"retry_after_seconds":1,"reset_after_seconds":7,"window_seconds":10}',),
      {"RateLimit-Policy": '"window";q=3;w=10', "RateLimit": '"window";r=0;t=7', "X-RateLimit-Limit": "3",

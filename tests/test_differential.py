@@ -42,6 +42,7 @@ def valid_call(rng):
                            "rl_refund_check", "rl_policy_set", "rl_penalize", "rl_block", "rl_unblock", "rl_sweep",
                            "rl_headers", "rl_reset", "rl_policy_drop", "rl_budgets_near"])
     burst, rate = rng.choice([(5, 30), (3, 6), (10, 0.5)])
+    m = rng.choice([1, 1, 2.5, 0.3, 1e-7, 7])  # an item's multiplier (1e-7: out of range for some)
     args = {
         "rl_take": [key, burst, rate, cost], "rl_peek": [key, burst, rate, rng.choice([0, cost])],
         "rl_refund": [key, burst, rate, cost], "rl_charge": [key, burst, rate, cost],
@@ -52,9 +53,10 @@ def valid_call(rng):
         "rl_window_peek": [key, 4, 90, rng.choice([0, cost])],
         "rl_acquire": [key, rng.choice([1, 2, 3]), rng.choice([1, 30])], "rl_release": [key, LAST_LEASE],
         "rl_renew": [key, LAST_LEASE, 30], "rl_in_flight": [key],
-        "rl_take_all": ['[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
-                        '{"key": "%s", "period": "day", "quota": 10, "cost": %s}, '
-                        '{"key": "%s", "limit": 4, "window_seconds": 90}]' % (key, burst, rate, cost, key, cost, key)],
+        "rl_take_all": ['[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s, "multiplier": %s}, '
+                        '{"key": "%s", "period": "day", "quota": 10, "cost": %s, "multiplier": %s}, '
+                        '{"key": "%s", "limit": 4, "window_seconds": 90, "multiplier": %s}]'
+                        % (key, burst, rate, cost, m, key, cost, m, key, m)],
         "rl_check_limits": ["POST /x", subject, '[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
                             '{"key": "%s", "limit": 4, "window_seconds": 90}]' % (key, burst, rate, cost, key)],
         "rl_refund_all": ['[{"key": "%s", "limit": 4, "window_seconds": 90, "cost": %s}, '

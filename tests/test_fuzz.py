@@ -95,6 +95,9 @@ def random_call(rng, functions):
                  "cost": rng.choice([1, 0.5, 3])},
                 {"key": rng.choice(["a", "b"]), "limit": rng.choice([1, 2.5, 1e9]), "window_seconds": rng.choice([0.001, 1, 60]),
                  "cost": rng.choice([1, 0.5, 3])}]) for _ in range(rng.randint(1, 3))]
+            for item in items:
+                if rng.random() < 0.3:
+                    item["multiplier"] = rng.choice([2, 0.5, 1e-9, 0, -1, None, "x", 1e308, 3.3])
             limits = json.dumps(items)
         else:
             limits = json_text(rng)

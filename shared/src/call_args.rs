@@ -434,25 +434,39 @@ impl<'a> TakeAllArgs<'a> {
     }
 }
 
-/// One item of rl_take_all: a key, a limit (by the parser policies share) and a cost.
+/// One item of rl_take_all: a key, a limit (by the parser policies share), a cost, and a
+/// multiplier that scales the limit as a policy's tier does.
 fn item<'a>(position: usize, v: &'a Value) -> Result<Limit<'a>> {
     let o = limit_json::object(v, &limit_json::ITEM)?;
     let key = key(&o.get("key").map_or(Arg::Null, json_arg))?;
     let shape = limit_json::shape(o)?;
     let cost = o.get("cost").map(json_arg);
-    let micros = |cost: Option<Arg>| cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros("cost", &c));
+    let (tokens, micros) = match shape {
+        LimitShape::Bucket { .. } => (cost.map_or(Ok(1.0), |c| token_number("cost", &c))?, 0),
+        _ => (0.0, cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros("cost", &c))?),
+    };
+    let shape = match o.get("multiplier") {
+        None => shape,
+        Some(m) => {
+            let m = crate::args::positive_number("multiplier", &json_arg(m))?;
+            if !shape.scales_by(m) {
+                return Err(Error::invalid(
+                    msg::ITEM_MULTIPLIER_OUT_OF_RANGE
+                        .render(&[&(crate::units::MAX_TOKENS as i64), &(crate::units::MAX_AMOUNT as i64)]),
+                ));
+            }
+            shape.scaled(m)
+        }
+    };
     Ok(match shape {
         LimitShape::Window { limit, window_ms } => {
-            Limit::Window(WindowItem { position, key, limits: WindowLimits { limit, window_ms }, cost: micros(cost)? })
+            Limit::Window(WindowItem { position, key, limits: WindowLimits { limit, window_ms }, cost: micros })
         }
         LimitShape::Budget { period, quota } => {
-            Limit::Budget(BudgetItem { position, key, period, quota, cost: micros(cost)? })
+            Limit::Budget(BudgetItem { position, key, period, quota, cost: micros })
         }
-        LimitShape::Bucket { burst, refill_per_minute } => Limit::Bucket(BucketItem {
-            position,
-            key,
-            limits: BucketLimits { burst, refill_per_minute },
-            cost: cost.map_or(Ok(1.0), |c| token_number("cost", &c))?,
-        }),
+        LimitShape::Bucket { burst, refill_per_minute } => {
+            Limit::Bucket(BucketItem { position, key, limits: BucketLimits { burst, refill_per_minute }, cost: tokens })
+        }
     })
 }

@@ -36,8 +36,9 @@ pub struct Extra {
     pub after: &'static [&'static str],
 }
 
-/// rl_take_all's items: a key, the limit, and an optional cost.
-pub const ITEM: Extra = Extra { before: &["key"], after: &["cost"] };
+/// rl_take_all's items: a key, the limit, an optional cost and an optional multiplier (the
+/// limit scaled as a policy's tier scales it, so a caller passes limits through).
+pub const ITEM: Extra = Extra { before: &["key"], after: &["cost", "multiplier"] };
 /// A policy's limits: the limit alone (the subject gives the key, each check the cost).
 pub const POLICY: Extra = Extra { before: &[], after: &[] };
 

@@ -117,6 +117,8 @@ messages! {
     TIER_NAME_EMPTY = "definition.tiers: a tier name must not be empty";
     /// (the tier, its multiplier, the limit's place from 1, the most tokens, the largest amount)
     MULTIPLIER_OUT_OF_RANGE = "definition.tiers.{}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay above 0 and at most {}, a quota or window limit from 0.000001 to {})";
+    /// (the most tokens, the largest amount)
+    ITEM_MULTIPLIER_OUT_OF_RANGE = "multiplier takes this limit out of range (a bucket's burst and refill must stay above 0 and at most {}, a quota or window limit from 0.000001 to {})";
     /// (what was given, as JSON)
     SHADOW = "definition.shadow must be true or false, got {}";
     /// (the tier given, the policy's tiers by name)

@@ -75,7 +75,7 @@ use crate::units::POLICY_KEY_MARK;
 
 impl LimitShape {
     /// Whether the limit times `m` is still a valid limit.
-    fn scales_by(&self, m: f64) -> bool {
+    pub(crate) fn scales_by(&self, m: f64) -> bool {
         let amount = |micros: i64| {
             let scaled = (micros as f64 * m).round();
             (1.0..=MAX_AMOUNT * MICROS_PER_UNIT as f64).contains(&scaled)
@@ -85,6 +85,20 @@ impl LimitShape {
             LimitShape::Bucket { burst, refill_per_minute } => rate(burst) && rate(refill_per_minute),
             LimitShape::Budget { quota, .. } => amount(quota),
             LimitShape::Window { limit, .. } => amount(limit),
+        }
+    }
+
+    /// The limit times `m` (a tier's multiplier, or an rl_take_all item's): a bucket's burst
+    /// and refill, a budget's quota or a window's limit (in millionths, rounded, at least
+    /// one); a period or a window's length never scales. Valid where [`Self::scales_by`].
+    pub(crate) fn scaled(&self, m: f64) -> LimitShape {
+        let micros = |v: i64| ((v as f64) * m).round().max(1.0) as i64;
+        match *self {
+            LimitShape::Bucket { burst, refill_per_minute } => {
+                LimitShape::Bucket { burst: burst * m, refill_per_minute: refill_per_minute * m }
+            }
+            LimitShape::Budget { period, quota } => LimitShape::Budget { period, quota: micros(quota) },
+            LimitShape::Window { limit, window_ms } => LimitShape::Window { limit: micros(limit), window_ms },
         }
     }
 }
@@ -211,29 +225,22 @@ impl Policy {
     /// [`Policy::key`]), scaled by `multiplier`, each charged `cost` (millionths for
     /// budgets and windows).
     pub fn items<'k>(&self, keys: &'k [String], multiplier: f64, cost: f64) -> Vec<Limit<'k>> {
-        let micros = |v: i64| ((v as f64) * multiplier).round().max(1.0) as i64;
         let cost_micros = (cost * MICROS_PER_UNIT as f64).round() as i64;
         self.limits
             .iter()
             .zip(keys)
             .enumerate()
-            .map(|(position, (l, key))| match *l {
-                LimitShape::Bucket { burst, refill_per_minute } => Limit::Bucket(BucketItem {
-                    position,
-                    key,
-                    limits: BucketLimits {
-                        burst: burst * multiplier,
-                        refill_per_minute: refill_per_minute * multiplier,
-                    },
-                    cost,
-                }),
+            .map(|(position, (l, key))| match l.scaled(multiplier) {
+                LimitShape::Bucket { burst, refill_per_minute } => {
+                    Limit::Bucket(BucketItem { position, key, limits: BucketLimits { burst, refill_per_minute }, cost })
+                }
                 LimitShape::Budget { period, quota } => {
-                    Limit::Budget(BudgetItem { position, key, period, quota: micros(quota), cost: cost_micros })
+                    Limit::Budget(BudgetItem { position, key, period, quota, cost: cost_micros })
                 }
                 LimitShape::Window { limit, window_ms } => Limit::Window(WindowItem {
                     position,
                     key,
-                    limits: WindowLimits { limit: micros(limit), window_ms },
+                    limits: WindowLimits { limit, window_ms },
                     cost: cost_micros,
                 }),
             })

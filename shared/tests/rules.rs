@@ -1036,6 +1036,21 @@ fn take_all_charges_every_item_or_none() {
 }
 
 #[test]
+fn an_items_multiplier_scales_its_limit_as_a_tier_does() {
+    // a policy with tier "pro" (3x) and the same limits passed as items with multiplier 3
+    // answer alike, kind by kind
+    let mut s = MapStore::default();
+    let items = r#"[{"key": "m", "burst": 2, "refill_per_minute": 2, "multiplier": 3},
+                    {"key": "m", "period": "day", "quota": 2.5, "multiplier": 3},
+                    {"key": "m", "limit": 1, "window_seconds": 60, "multiplier": 3}]"#;
+    let r = take_all(&mut s, items, 0).unwrap();
+    let limits: Vec<_> = r["items"].as_array().unwrap().iter().map(|i| i["limit"].clone()).collect();
+    assert_eq!(limits, [serde_json::json!(6), serde_json::json!(7.5), serde_json::json!(3)]);
+    let remaining: Vec<_> = r["items"].as_array().unwrap().iter().map(|i| i["remaining"].clone()).collect();
+    assert_eq!(remaining, [serde_json::json!(5), serde_json::json!(6.5), serde_json::json!(2)]);
+}
+
+#[test]
 fn take_all_rejects_bad_lists() {
     let mut s = MapStore::default();
     let cases = [
@@ -1047,10 +1062,18 @@ fn take_all_rejects_bad_lists() {
         (r#"[{"key": "a", "burst": 0, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got 0"),
         (r#"[{"key": "a", "period": "day", "quota": 1}, {"key": "", "period": "day", "quota": 1}]"#, "rl_take_all: item 2: key must not be empty"),
         (r#"[{"key": "a", "burst": 1, "refil_per_minute": 1}]"#,
-         "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost; a budget key, period, quota, cost; a window key, limit, window_seconds, cost)"),
+         "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier)"),
         (r#"[{"key": "a", "period": "year", "quota": 1}]"#, "rl_take_all: item 1: period must be 'day' or 'month', got 'year'"),
         (r#"[{"key": "a", "burst": true, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got a blob of 7 bytes"),
         (r#"[1]"#, "rl_take_all: item 1: must be a JSON object"),
+        (r#"[{"key": "a", "burst": 1, "refill_per_minute": 1, "multiplier": 0}]"#,
+         "rl_take_all: item 1: multiplier must be a finite number greater than 0, got 0"),
+        (r#"[{"key": "a", "burst": 1, "refill_per_minute": 1, "cost": 0, "multiplier": 0}]"#,
+         "rl_take_all: item 1: cost must be a finite number greater than 0, got 0"),
+        (r#"[{"key": "a", "period": "day", "quota": 1, "multiplier": 1e-7}]"#,
+         "rl_take_all: item 1: multiplier takes this limit out of range (a bucket's burst and refill must stay above 0 and at most 1000000000000000, a quota or window limit from 0.000001 to 1000000000)"),
+        (r#"[{"key": "a", "burst": 1e15, "refill_per_minute": 1, "multiplier": 2}]"#,
+         "rl_take_all: item 1: multiplier takes this limit out of range (a bucket's burst and refill must stay above 0 and at most 1000000000000000, a quota or window limit from 0.000001 to 1000000000)"),
     ];
     for (limits, message) in cases {
         assert_eq!(take_all(&mut s, limits, 0).unwrap_err().to_string(), message.replace("\\\"", "\""));

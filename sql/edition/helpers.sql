@@ -1427,16 +1427,20 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     allowed text[];
     extra text;
+    m double precision;
+    scaled double precision;
+    in_range boolean;
 BEGIN
     IF jsonb_typeof(v) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
     kind := CASE WHEN v ? 'period' THEN 1 WHEN v ? 'window_seconds' THEN 2 ELSE 0 END;
-    allowed := CASE kind WHEN 1 THEN ARRAY['key', 'period', 'quota', 'cost']
-                         WHEN 2 THEN ARRAY['key', 'limit', 'window_seconds', 'cost']
-                         ELSE ARRAY['key', 'burst', 'refill_per_minute', 'cost'] END;
+    allowed := CASE kind WHEN 1 THEN ARRAY['key', 'period', 'quota', 'cost', 'multiplier']
+                         WHEN 2 THEN ARRAY['key', 'limit', 'window_seconds', 'cost', 'multiplier']
+                         ELSE ARRAY['key', 'burst', 'refill_per_minute', 'cost', 'multiplier'] END;
     SELECT k INTO extra FROM jsonb_each(v) WITH ORDINALITY AS e(k, x, n) WHERE NOT k = ANY (allowed) ORDER BY n LIMIT 1;
     IF extra IS NOT NULL THEN
         PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
-            'key, burst, refill_per_minute, cost', 'key, period, quota, cost', 'key, limit, window_seconds, cost'));
+            'key, burst, refill_per_minute, cost, multiplier', 'key, period, quota, cost, multiplier',
+            'key, limit, window_seconds, cost, multiplier'));
     END IF;
     key := ratelimit.rl__json_key(prefix, v -> 'key');
     IF kind = 2 THEN
@@ -1451,6 +1455,23 @@ BEGIN
         burst := ratelimit.rl__json_tokens(prefix, 'burst', v -> 'burst');
         rate := ratelimit.rl__json_tokens(prefix, 'refill_per_minute', v -> 'refill_per_minute');
         cost := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_tokens(prefix, 'cost', v -> 'cost') ELSE 1 END;
+    END IF;
+    IF v ? 'multiplier' THEN
+        -- the limit scaled as a policy's tier scales it (LimitShape::scales_by, ::scaled)
+        m := ratelimit.rl__json_positive(prefix, 'multiplier', v -> 'multiplier');
+        IF kind = 0 THEN
+            scaled := ratelimit.rl__mul(burst, m);
+            rate := ratelimit.rl__mul(rate, m);
+            burst := scaled;
+            in_range := burst > 0 AND burst <= @MAX_TOKENS@ AND rate > 0 AND rate <= @MAX_TOKENS@;
+        ELSE
+            scaled := ratelimit.rl__round(ratelimit.rl__mul(quota::float8, m));
+            in_range := scaled >= 1 AND scaled <= @MAX_TOKENS@;
+            quota := CASE WHEN in_range THEN scaled::bigint END;
+        END IF;
+        IF NOT in_range THEN
+            PERFORM ratelimit.rl__invalid(prefix, format(@MSG_ITEM_MULTIPLIER_OUT_OF_RANGE@, @MAX_TOKENS@, @MAX_AMOUNT@));
+        END IF;
     END IF;
 END
 $$;

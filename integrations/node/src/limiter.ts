@@ -110,14 +110,15 @@ export function multiplier(route: Route, tier: string | undefined): number {
 
 type Item = { key: string; cost: number } & Record<string, unknown>;
 
+/**
+ * The route's limits as rl_take_all items, passed through whatever their kind: each with its
+ * key, the cost and the tier's multiplier, which the engine applies as a policy's tier.
+ */
 function takeItems(route: Route, subject: string, tier: string | undefined, cost: number): Item[] {
   const m = multiplier(route, tier);
-  return (route.limits ?? []).map((limit, i) => {
-    const key = limitKey(route.name ?? "", subject, i);
-    if ("period" in limit) return { key, cost, period: limit.period, quota: Number(limit.quota) * m };
-    if ("window_seconds" in limit) return { key, cost, limit: Number(limit.limit) * m, window_seconds: limit.window_seconds };
-    return { key, cost, burst: Number(limit.burst) * m, refill_per_minute: Number(limit.refill_per_minute) * m };
-  });
+  return (route.limits ?? []).map((limit, i) => ({
+    ...limit, key: limitKey(route.name ?? "", subject, i), cost, ...(m === 1 ? {} : { multiplier: m }),
+  }));
 }
 
 /** The SQL texts, for one engine's placeholders ($n or ?). */

@@ -61,18 +61,12 @@ def limit_key(route_name: str, subject: str, index: int) -> str:
 
 
 def take_items(route, subject: str, multiplier: float, cost: float) -> list:
-    """The rl_take_all items of a route with explicit limits, scaled by the tier."""
-    items = []
-    for i, limit in enumerate(route.limits):
-        item = {"key": limit_key(route.name, subject, i), "cost": cost}
-        if "period" in limit:
-            item.update(period=limit["period"], quota=limit["quota"] * multiplier)
-        elif "window_seconds" in limit:
-            item.update(limit=limit["limit"] * multiplier, window_seconds=limit["window_seconds"])
-        else:
-            item.update(burst=limit["burst"] * multiplier, refill_per_minute=limit["refill_per_minute"] * multiplier)
-        items.append(item)
-    return items
+    """The rl_take_all items of a route with explicit limits, passed through whatever their
+    kind: each limit with its key, the cost and the tier's multiplier, which the engine
+    applies as it applies a policy's tier."""
+    scale = {} if multiplier == 1 else {"multiplier": multiplier}
+    return [{**limit, "key": limit_key(route.name, subject, i), "cost": cost, **scale}
+            for i, limit in enumerate(route.limits)]
 
 
 class _Statements:

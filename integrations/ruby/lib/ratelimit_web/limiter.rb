@@ -95,17 +95,13 @@ module RatelimitWeb
 
     private
 
+    # The route's limits as rl_take_all items, passed through whatever their kind: each with
+    # its key, the cost and the tier's multiplier, which the engine applies as a policy's.
     def items(route, subject, tier, cost)
       m = route.multiplier(tier)
       route.limits.each_with_index.map do |limit, i|
-        item = { "key" => RatelimitWeb.limit_key(route.name, subject, i), "cost" => cost }
-        if limit.key?("period")
-          item.merge("period" => limit["period"], "quota" => limit["quota"] * m)
-        elsif limit.key?("window_seconds")
-          item.merge("limit" => limit["limit"] * m, "window_seconds" => limit["window_seconds"])
-        else
-          item.merge("burst" => limit["burst"] * m, "refill_per_minute" => limit["refill_per_minute"] * m)
-        end
+        item = limit.merge("key" => RatelimitWeb.limit_key(route.name, subject, i), "cost" => cost)
+        m == 1 ? item : item.merge("multiplier" => m)
       end
     end
   end
