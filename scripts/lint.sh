@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n\033[1m== [%s, %ds] %s\033[0m\n' "$(date +%T)" "$SECONDS" "$*"; }
 step "lint: cargo fmt --check"
 cargo fmt --all --check
-for crate in ratelimit_core sqlite_ratelimit pg_ratelimit ratelimit-rls; do
+for crate in ratelimit_core ratelimit_codegen sqlite_ratelimit pg_ratelimit ratelimit-rls; do
   step "lint: clippy -p $crate"
   cargo clippy -q -p "$crate" --all-targets -- -D warnings
 done

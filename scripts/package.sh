@@ -50,16 +50,16 @@ publish_copy() { local t; t=$(staging "$2"); cp "$1" "$t"; publish "$t" "$2"; ch
 # Moves every file of the folder $1 into dist/, each by one rename.
 publish_all() { local f t; for f in "$1"/*; do t=$(staging "dist/${f##*/}"); cp "$f" "$t"; publish "$t" "dist/${f##*/}"; done; }
 
-# The SQL edition: the script shared/src/sql_edition.rs writes, and pg_tle's registration
+# The SQL edition: the script codegen/src/sql_edition.rs writes, and pg_tle's registration
 # of its extension form (the body between dollar quotes no script of ours contains).
 sql_edition() {
 local plain tle
 plain=$(staging "dist/pg_ratelimit_sql-$version.sql")
-cargo run --quiet -p ratelimit_core --example sql_edition -- plain > "$plain"
+cargo run --quiet -p ratelimit_codegen --example sql_edition -- plain > "$plain"
 # A server with no release of it registered gets this one; one with an earlier release gets
 # this version's script and an update path from each earlier one (the script is idempotent, so
 # it serves as the update too), then ALTER EXTENSION pg_ratelimit_sql UPDATE.
-extension_script=$(cargo run --quiet -p ratelimit_core --example sql_edition -- extension)
+extension_script=$(cargo run --quiet -p ratelimit_codegen --example sql_edition -- extension)
 q='$_pg_ratelimit_sql_$'
 tle=$(staging "dist/pg_ratelimit_sql-$version.pg_tle.sql")
 cat > "$tle" <<TLE

@@ -39,7 +39,7 @@ if [ "${1:-}" = "--fast" ]; then
   done
   /usr/bin/python3 -c 'import pytest' 2>/dev/null || { echo "needs python3-pytest: run bash scripts/setup.sh once as root" >&2; exit 1; }
   step "core: unit and property tests"
-  cargo test -q -p ratelimit_core
+  cargo test -q -p ratelimit_core -p ratelimit_codegen
   step "build: SQLite extension"
   cargo build --release -p sqlite_ratelimit
   step "SQLite client tests (PostgreSQL ones skip)"
@@ -90,7 +90,7 @@ npm_config_better_sqlite3_local_prebuilds=$(bash scripts/better_sqlite3.sh)
 export npm_config_better_sqlite3_local_prebuilds
 
 step "core: unit and property tests"
-cargo test -p ratelimit_core
+cargo test -p ratelimit_core -p ratelimit_codegen
 
 step "Rust: register(&conn) on an application's own rusqlite connection (its own build)"
 cargo test -p sqlite_ratelimit --no-default-features

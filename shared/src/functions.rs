@@ -4,7 +4,7 @@
 //! in-server test compares PostgreSQL's catalog with it, so a wrapper that drifts fails.
 //!
 //! Adding a function: a descriptor here (and in [`ALL`]), its entry in [`crate::calls`],
-//! one pgrx wrapper, tests; then `RL_BLESS=1 cargo test -p ratelimit_core --test generated`
+//! one pgrx wrapper, tests; then `RL_BLESS=1 cargo test -p ratelimit_codegen --test generated`
 //! rewrites the generated files.
 
 use crate::error::Result;

@@ -1,7 +1,7 @@
 -- The bodies of the SQL edition's public functions, one section per function, each
 -- opened by a marker line: two dashes, "function:" and the name. Their CREATE FUNCTION lines (arguments,
 -- defaults, volatility, security), comments and grants are generated from the native
--- library's function table (shared/src/sql_edition.rs), so both editions declare the
+-- library's function table (codegen/src/sql_edition.rs), so both editions declare the
 -- same functions. Arguments are checked in the order the native one parses them, so the
 -- first bad one is the one named. A body's `@ARGUMENTS@` line becomes one DECLARE line per
 -- argument with a rule in the function table (functions::Rule; sql_edition::arguments),

@@ -1,8 +1,8 @@
 //! Files generated from the function table (`shared/src/functions.rs`) and checked in, so
 //! that the SQL and the client tests read them as plain files. This test fails when one is
-//! stale; `RL_BLESS=1 cargo test -p ratelimit_core --test generated` rewrites them.
+//! stale; `RL_BLESS=1 cargo test -p ratelimit_codegen --test generated` rewrites them.
 
-use ratelimit_core::generated;
+use ratelimit_codegen::generated;
 use std::path::Path;
 
 fn check(relative: &str, generated: String) {
@@ -14,7 +14,7 @@ fn check(relative: &str, generated: String) {
     let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         on_disk == generated,
-        "{relative} is not what shared/src/functions.rs generates: run RL_BLESS=1 cargo test -p ratelimit_core --test generated"
+        "{relative} is not what shared/src/functions.rs generates: run RL_BLESS=1 cargo test -p ratelimit_codegen --test generated"
     );
 }
 

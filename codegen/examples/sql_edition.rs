@@ -4,7 +4,7 @@
 fn main() {
     let form = std::env::args().nth(1).unwrap_or_default();
     match form.as_str() {
-        "plain" | "extension" => print!("{}", ratelimit_core::sql_edition::script(form == "extension")),
+        "plain" | "extension" => print!("{}", ratelimit_codegen::sql_edition::script(form == "extension")),
         _ => {
             eprintln!("usage: sql_edition plain|extension");
             std::process::exit(2);

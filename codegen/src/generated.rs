@@ -1,16 +1,16 @@
-//! The files generated from the function table ([`crate::functions`]): `sql/pg_finalize.sql`
+//! The files generated from the function table ([`ratelimit_core::functions`]): `sql/pg_finalize.sql`
 //! (comments and privileges of the PostgreSQL extension) and `tests/functions.json` (what
-//! the client tests read). `RL_BLESS=1 cargo test -p ratelimit_core --test generated`
+//! the client tests read). `RL_BLESS=1 cargo test -p ratelimit_codegen --test generated`
 //! rewrites them; the same test fails while either differs from the table.
 
-use crate::functions::{Entry, ALL};
+use ratelimit_core::functions::{Entry, ALL};
 
 /// `sql/pg_finalize.sql`: the comment on every function and the privileges of every object
 /// ([`crate::privileges`]), written after pgrx has created them.
 pub fn pg_finalize_sql() -> String {
     let quote = |s: &str| s.replace('\'', "''");
     let mut out = String::from(
-        "-- Generated from shared/src/functions.rs (RL_BLESS=1 cargo test -p ratelimit_core --test generated).\n\
+        "-- Generated from shared/src/functions.rs (RL_BLESS=1 cargo test -p ratelimit_codegen --test generated).\n\
          -- Deliberate declarations of every function's purpose.\n",
     );
     for f in ALL {
@@ -77,10 +77,10 @@ pub fn tests_json() -> String {
 /// does, its parameters and defaults, the keys of its answer, who may call it and where it
 /// exists), then the administrators' views.
 pub fn reference_md() -> String {
-    use crate::functions::{Function, ServerCall};
+    use ratelimit_core::functions::{Function, ServerCall};
     let mut out = String::from(
         "# Reference\n\n\
-         Generated from the function table, `shared/src/functions.rs` (`RL_BLESS=1 cargo test -p ratelimit_core \
+         Generated from the function table, `shared/src/functions.rs` (`RL_BLESS=1 cargo test -p ratelimit_codegen \
          --test generated` rewrites it; a test fails while it is stale). The same functions, arguments, answers \
          and errors on SQLite, the PostgreSQL extension and the SQL edition, unless a function says otherwise. \
          How each kind of limit behaves, with examples: [guides/limits.md](guides/limits.md); which to choose: \
