@@ -21,6 +21,9 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("MAX_TOKENS", (units::MAX_TOKENS as i64).to_string()),
         ("MAX_AMOUNT", (units::MAX_AMOUNT as i64).to_string()),
         ("MICROS_PER_UNIT", units::MICROS_PER_UNIT.to_string()),
+        ("MS_PER_DAY", units::MS_PER_DAY.to_string()),
+        ("MS_PER_MINUTE", (units::MS_PER_MINUTE as i64).to_string()),
+        ("MAX_FREE_STRIKES", ratelimit_core::penalty::MAX_FREE_STRIKES.to_string()),
         ("MAX_DURATION_SECONDS", (units::MAX_DURATION_SECONDS as i64).to_string()),
         ("MAX_WAIT_MS", units::MAX_WAIT_MS.to_string()),
         ("MAX_NOW_MS", units::MAX_NOW_MS.to_string()),
@@ -280,6 +283,31 @@ mod tests {
             assert!(body.trim_start().starts_with("DECLARE") || body.trim_start().starts_with("BEGIN"), "{name}");
             assert!(body.trim_end().ends_with("END"), "{name}");
         }
+    }
+
+    #[test]
+    fn the_editions_sql_names_the_cores_constants_instead_of_repeating_them() {
+        // outside comments, each constant the core defines reaches the SQL as `@NAME@`
+        let repeated = |value: &str| {
+            [HELPERS, BODIES]
+                .iter()
+                .flat_map(|text| text.lines())
+                .filter(|line| !line.trim_start().starts_with("--"))
+                .filter(|line| {
+                    line.match_indices(value).any(|(at, _)| {
+                        let digit = |c: Option<char>| c.is_some_and(|c| c.is_ascii_digit() || c == '.');
+                        !digit(line[..at].chars().next_back()) && !digit(line[at + value.len()..].chars().next())
+                    })
+                })
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let literal: Vec<String> = constants()
+            .into_iter()
+            .filter(|(_, value)| value.len() >= 5) // 1000 is also milliseconds per second
+            .flat_map(|(name, value)| repeated(&value).into_iter().map(move |line| format!("{name}: {}", line.trim())))
+            .collect();
+        assert_eq!(literal, Vec::<String>::new(), "constants written as literals");
     }
 
     #[test]

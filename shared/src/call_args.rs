@@ -303,7 +303,7 @@ impl<'a> PenalizeArgs<'a> {
                 free_strikes: match call.get("free_strikes").passed() {
                     None => 3,
                     Some(a) => match as_integer(&a) {
-                        Some(n) if (0..=1_000_000).contains(&n) => n,
+                        Some(n) if (0..=crate::penalty::MAX_FREE_STRIKES).contains(&n) => n,
                         _ => return Err(Error::invalid(msg::FREE_STRIKES.render(&[&a.describe()]))),
                     },
                 },

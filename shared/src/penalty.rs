@@ -6,6 +6,9 @@ use serde_json::{json, Value};
 
 use crate::units::{ceil_seconds, MAX_WAIT_MS};
 
+/// Most strikes rl_penalize may let pass before it blocks (`free_strikes`).
+pub const MAX_FREE_STRIKES: i64 = 1_000_000;
+
 /// How long a subject is blocked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Block {

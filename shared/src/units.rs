@@ -3,7 +3,7 @@
 use chrono::{DateTime, Datelike, NaiveDate};
 
 pub const MS_PER_MINUTE: f64 = 60_000.0;
-const MS_PER_DAY: i64 = 86_400_000;
+pub const MS_PER_DAY: i64 = 86_400_000;
 
 /// Longest wait ever reported (2^53 - 1 ms, about 285,000 years): keeps every reported
 /// time an exact integer in any JSON reader, and times far from overflow.

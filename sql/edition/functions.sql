@@ -129,7 +129,7 @@ DECLARE
 BEGIN
     -- an explicit clock needs no permission here: the cutoff is never later than real time
     IF now_ms IS NOT NULL AND NOT (now_ms = trunc(now_ms) AND abs(now_ms) < 9e15 AND now_ms >= 0
-                                   AND now_ms <= 253402300799999) THEN
+                                   AND now_ms <= @MAX_NOW_MS@) THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_NOW_MS_RANGE@, @MAX_NOW_MS@, ratelimit.rl__describe(now_ms)));
     END IF;
     cutoff := least(coalesce(now_ms::bigint, wall), wall);
@@ -296,7 +296,7 @@ DECLARE
     window_ms bigint;
     now bigint;
 BEGIN
-    IF free_strikes IS NULL OR free_strikes < 0 OR free_strikes > 1000000 THEN
+    IF free_strikes IS NULL OR free_strikes < 0 OR free_strikes > @MAX_FREE_STRIKES@ THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_FREE_STRIKES@, coalesce(free_strikes::text, 'NULL')));
     END IF;
     base_ms := ratelimit.rl__duration_ms(fn, 'base_seconds', base_seconds);

@@ -318,17 +318,17 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_end(period text, now bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE period
-        WHEN 'day' THEN (now / 86400000 + 1) * 86400000
-        ELSE (ratelimit.rl__month_start(ratelimit.rl__month_start(date '1970-01-01' + (now / 86400000)::int) + 32)
-              - date '1970-01-01')::bigint * 86400000 END
+        WHEN 'day' THEN (now / @MS_PER_DAY@ + 1) * @MS_PER_DAY@
+        ELSE (ratelimit.rl__month_start(ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) + 32)
+              - date '1970-01-01')::bigint * @MS_PER_DAY@ END
 $$;
 
 -- The start of the UTC calendar period containing now, epoch ms (units::Period::start_ms).
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_start(period text, now bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE period
-        WHEN 'day' THEN (now / 86400000) * 86400000
-        ELSE (ratelimit.rl__month_start(date '1970-01-01' + (now / 86400000)::int) - date '1970-01-01')::bigint * 86400000 END
+        WHEN 'day' THEN (now / @MS_PER_DAY@) * @MS_PER_DAY@
+        ELSE (ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) - date '1970-01-01')::bigint * @MS_PER_DAY@ END
 $$;
 
 -- a / b and a * b as IEEE doubles give them, infinite past the largest double (PostgreSQL
@@ -353,7 +353,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__level_at(has_row boolean, level double 
 RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN NOT has_row THEN burst
         ELSE least(CASE WHEN level IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN 0 ELSE level END
-                   + greatest(t - refilled_at, 0)::float8 * rate / 60000::float8, burst) END
+                   + greatest(t - refilled_at, 0)::float8 * rate / @MS_PER_MINUTE@::float8, burst) END
 $$;
 
 -- Milliseconds from now until the bucket holds target tokens (bucket::wait_for), capped
@@ -373,7 +373,7 @@ BEGIN
     IF NOT has_row OR target > burst THEN RETURN max_wait; END IF;
     start := greatest(refilled_at, now);
     deficit := target - ratelimit.rl__level_at(has_row, level, refilled_at, burst, rate, start);
-    estimate := (start - now)::float8 + ceil(ratelimit.rl__div(deficit * 60000::float8, rate));
+    estimate := (start - now)::float8 + ceil(ratelimit.rl__div(deficit * @MS_PER_MINUTE@::float8, rate));
     IF estimate = 'NaN'::float8 OR estimate >= max_wait::float8 THEN RETURN max_wait; END IF;
     wait := greatest(trunc(estimate)::bigint, 1);
     FOR i IN 1..64 LOOP
@@ -394,7 +394,7 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__refilled_level(level double precision, refilled_at bigint,
                                                         burst double precision, rate double precision, now bigint)
 RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
-    SELECT least(level + greatest(now - refilled_at, 0)::float8 * rate / 60000::float8, burst)
+    SELECT least(level + greatest(now - refilled_at, 0)::float8 * rate / @MS_PER_MINUTE@::float8, burst)
 $$;
 
 -- The level a take of cost leaves in a row whose level is finite.
@@ -414,7 +414,7 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__taken_full_at(level double precision, r
                                                        cost double precision, now bigint)
 RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
     SELECT greatest(refilled_at, now) + least(ceil((burst - ratelimit.rl__taken_level(level, refilled_at, burst, rate,
-        cost, now)) * 60000::float8 / greatest(rate, 1e-280::float8)), @MAX_WAIT_MS@::float8)::bigint
+        cost, now)) * @MS_PER_MINUTE@::float8 / greatest(rate, 1e-280::float8)), @MAX_WAIT_MS@::float8)::bigint
 $$;
 
 -- Whether a row written at now (refilled_at not before it) holds full_at = now +
@@ -427,8 +427,8 @@ CREATE OR REPLACE FUNCTION ratelimit.rl__full_at_is_edge(level double precision,
                                                          burst double precision, rate double precision, now bigint)
 RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
     SELECT level < burst AND full_at - now < @MAX_WAIT_MS@
-        AND level + (full_at - refilled_at)::float8 * rate / 60000::float8 >= burst
-        AND level + (full_at - refilled_at - 1)::float8 * rate / 60000::float8 < burst
+        AND level + (full_at - refilled_at)::float8 * rate / @MS_PER_MINUTE@::float8 >= burst
+        AND level + (full_at - refilled_at - 1)::float8 * rate / @MS_PER_MINUTE@::float8 < burst
 $$;
 
 -- Seconds an empty bucket takes to fill, capped as every wait is (BucketLimits::refill_seconds).
@@ -519,7 +519,7 @@ BEGIN
     END IF;
     admitted := false;
     IF cost > burst THEN
-        full_ms := ceil(ratelimit.rl__div(burst * 60000::float8, rate));
+        full_ms := ceil(ratelimit.rl__div(burst * @MS_PER_MINUTE@::float8, rate));
         retry := CASE WHEN full_ms < max_wait::float8 THEN greatest(full_ms::bigint, 1) ELSE max_wait END;
     ELSE
         retry := ratelimit.rl__wait_for(has_row, level, refilled_at, burst, rate, now, cost);
@@ -1348,20 +1348,20 @@ BEGIN
     IF n > @MAX_AMOUNT@ THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_AT_MOST@, what, @MAX_AMOUNT@, ratelimit.rl__json_describe(v)));
     END IF;
-    IF n < 1.0::float8 / 1000000 THEN
+    IF n < 1.0::float8 / @MICROS_PER_UNIT@ THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_BELOW_A_MILLIONTH@, what, ratelimit.rl__json_describe(v)));
     END IF;
     IF jsonb_typeof(v) = 'number' AND ratelimit.rl__int(v::text) IS NOT NULL THEN
-        RETURN ratelimit.rl__int(v::text) * 1000000;
+        RETURN ratelimit.rl__int(v::text) * @MICROS_PER_UNIT@;
     END IF;
     IF jsonb_typeof(v) = 'string' THEN
         t := regexp_replace(btrim(v #>> '{}'), '^\+', '');
         IF t ~ '^[0-9]*(\.[0-9]{0,6})?$' THEN
-            RETURN coalesce(nullif(split_part(t, '.', 1), '')::bigint, 0) * 1000000
+            RETURN coalesce(nullif(split_part(t, '.', 1), '')::bigint, 0) * @MICROS_PER_UNIT@
                  + coalesce(nullif(rpad(split_part(t, '.', 2), 6, '0'), '000000')::bigint, 0);
         END IF;
     END IF;
-    RETURN ratelimit.rl__round(n * 1000000)::bigint;
+    RETURN ratelimit.rl__round(n * @MICROS_PER_UNIT@)::bigint;
 END
 $$;
 
@@ -1371,7 +1371,7 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     n double precision := ratelimit.rl__json_positive(fn, what, v);
 BEGIN
-    IF n > 31536000 THEN
+    IF n > @MAX_DURATION_SECONDS@ THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_DURATION_TOO_LONG@, what, @MAX_DURATION_SECONDS@, ratelimit.rl__json_describe(v)));
     END IF;
     RETURN greatest(ratelimit.rl__round(n * 1000)::bigint, 1);
@@ -1446,11 +1446,11 @@ BEGIN
     IF kind = 2 THEN
         quota := ratelimit.rl__json_micros(prefix, 'limit', v -> 'limit');
         window_ms := ratelimit.rl__json_duration_ms(prefix, 'window_seconds', v -> 'window_seconds');
-        micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE 1000000 END;
+        micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE @MICROS_PER_UNIT@ END;
     ELSIF kind = 1 THEN
         period := ratelimit.rl__json_period(prefix, v -> 'period');
         quota := ratelimit.rl__json_micros(prefix, 'quota', v -> 'quota');
-        micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE 1000000 END;
+        micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE @MICROS_PER_UNIT@ END;
     ELSE
         burst := ratelimit.rl__json_tokens(prefix, 'burst', v -> 'burst');
         rate := ratelimit.rl__json_tokens(prefix, 'refill_per_minute', v -> 'refill_per_minute');
@@ -1840,7 +1840,7 @@ DECLARE
     m double precision := 1;
     l jsonb;
     q double precision;
-    cost_micros double precision := cost * 1000000;
+    cost_micros double precision := cost * @MICROS_PER_UNIT@;
 BEGIN
     SELECT t.definition INTO stored FROM ratelimit.rl_policy AS t WHERE t.name = policy;
     IF NOT FOUND THEN
