@@ -16,7 +16,7 @@ const BODIES: &str = include_str!("../../sql/edition/functions.sql");
 /// is written, so the two editions cannot disagree on them.
 pub fn constants() -> Vec<(&'static str, String)> {
     use ratelimit_core::units;
-    vec![
+    let mut out = vec![
         ("MAX_KEY_BYTES", units::MAX_KEY_BYTES.to_string()),
         ("MAX_TOKENS", (units::MAX_TOKENS as i64).to_string()),
         ("MAX_AMOUNT", (units::MAX_AMOUNT as i64).to_string()),
@@ -39,7 +39,30 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("MAX_LIMITS", ratelimit_core::policy::MAX_LIMITS.to_string()),
         ("MAX_USED_UNITS", (ratelimit_core::budget::MAX_USED / units::MICROS_PER_UNIT).to_string()),
         ("MAX_NEAR_FRACTION", (ratelimit_core::budget::MAX_NEAR_FRACTION as i64).to_string()),
-    ]
+    ];
+    out.extend(kind_constants());
+    out
+}
+
+/// Each kind of limit as the edition's parsers name it (limit_json::Kind): its number
+/// (`KIND_BUCKET`), and the fields an rl_take_all item (`ITEM_FIELDS_BUCKET`, an SQL list of
+/// literals; `ITEM_FIELD_LIST_BUCKET`, the text an error lists) and a policy's limit
+/// (`POLICY_FIELDS_...`, `POLICY_FIELD_LIST_...`) may hold.
+fn kind_constants() -> Vec<(&'static str, String)> {
+    use ratelimit_core::limit_json::{Kind, ITEM, POLICY};
+    let name = |prefix: &str, kind: Kind| -> &'static str {
+        Box::leak(format!("{prefix}_{}", kind.name().to_uppercase()).into_boxed_str())
+    };
+    let literals = |fields: Vec<&str>| fields.iter().map(|f| format!("'{f}'")).collect::<Vec<_>>().join(", ");
+    let mut out = Vec::new();
+    for (number, kind) in Kind::ALL.into_iter().enumerate() {
+        out.push((name("KIND", kind), number.to_string()));
+        for (prefix, extra) in [("ITEM", &ITEM), ("POLICY", &POLICY)] {
+            out.push((name(&format!("{prefix}_FIELDS"), kind), literals(kind.allowed(extra))));
+            out.push((name(&format!("{prefix}_FIELD_LIST"), kind), format!("'{}'", kind.allowed(extra).join(", "))));
+        }
+    }
+    out
 }
 
 /// The PL/pgSQL variable a checked argument is kept in, by the parameter's name.

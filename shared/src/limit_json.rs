@@ -42,14 +42,31 @@ pub const ITEM: Extra = Extra { before: &["key"], after: &["cost", "multiplier"]
 /// A policy's limits: the limit alone (the subject gives the key, each check the cost).
 pub const POLICY: Extra = Extra { before: &[], after: &[] };
 
-#[derive(Clone, Copy)]
-enum Kind {
+/// A kind of limit as JSON names it. Its place in [`Kind::ALL`] is the number the SQL
+/// edition keeps it under (`kind` of its parsed items).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
     Bucket,
     Budget,
     Window,
 }
 
 impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Bucket, Kind::Budget, Kind::Window];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Bucket => "bucket",
+            Kind::Budget => "budget",
+            Kind::Window => "window",
+        }
+    }
+
+    /// The fields a limit object of this kind may hold, in the order errors list them.
+    pub fn allowed(self, extra: &Extra) -> Vec<&'static str> {
+        extra.before.iter().chain(self.fields()).chain(extra.after).copied().collect()
+    }
+
     /// A budget has a period; a window, window_seconds; anything else is a bucket.
     fn of(o: &Map<String, Value>) -> Kind {
         if o.contains_key("period") {
@@ -73,9 +90,8 @@ impl Kind {
 /// `v` as a limit object that holds no field but its kind's and `extra`'s.
 pub fn object<'v>(v: &'v Value, extra: &Extra) -> Result<&'v Map<String, Value>> {
     let o = v.as_object().ok_or_else(|| Error::invalid(crate::messages::NOT_AN_OBJECT.template))?;
-    let allowed = |kind: Kind| extra.before.iter().chain(kind.fields()).chain(extra.after).copied();
-    if let Some(unknown) = o.keys().find(|k| !allowed(Kind::of(o)).any(|a| a == k.as_str())) {
-        let list = |kind: Kind| allowed(kind).collect::<Vec<_>>().join(", ");
+    if let Some(unknown) = o.keys().find(|k| !Kind::of(o).allowed(extra).contains(&k.as_str())) {
+        let list = |kind: Kind| kind.allowed(extra).join(", ");
         return Err(Error::invalid(crate::messages::UNKNOWN_LIMIT_FIELD.render(&[
             &format!("\"{unknown}\""),
             &list(Kind::Bucket),

@@ -1432,22 +1432,21 @@ DECLARE
     in_range boolean;
 BEGIN
     IF jsonb_typeof(v) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
-    kind := CASE WHEN v ? 'period' THEN 1 WHEN v ? 'window_seconds' THEN 2 ELSE 0 END;
-    allowed := CASE kind WHEN 1 THEN ARRAY['key', 'period', 'quota', 'cost', 'multiplier']
-                         WHEN 2 THEN ARRAY['key', 'limit', 'window_seconds', 'cost', 'multiplier']
-                         ELSE ARRAY['key', 'burst', 'refill_per_minute', 'cost', 'multiplier'] END;
+    kind := CASE WHEN v ? 'period' THEN @KIND_BUDGET@ WHEN v ? 'window_seconds' THEN @KIND_WINDOW@ ELSE @KIND_BUCKET@ END;
+    allowed := CASE kind WHEN @KIND_BUDGET@ THEN ARRAY[@ITEM_FIELDS_BUDGET@]
+                         WHEN @KIND_WINDOW@ THEN ARRAY[@ITEM_FIELDS_WINDOW@]
+                         ELSE ARRAY[@ITEM_FIELDS_BUCKET@] END;
     SELECT k INTO extra FROM jsonb_each(v) WITH ORDINALITY AS e(k, x, n) WHERE NOT k = ANY (allowed) ORDER BY n LIMIT 1;
     IF extra IS NOT NULL THEN
         PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
-            'key, burst, refill_per_minute, cost, multiplier', 'key, period, quota, cost, multiplier',
-            'key, limit, window_seconds, cost, multiplier'));
+            @ITEM_FIELD_LIST_BUCKET@, @ITEM_FIELD_LIST_BUDGET@, @ITEM_FIELD_LIST_WINDOW@));
     END IF;
     key := ratelimit.rl__json_key(prefix, v -> 'key');
-    IF kind = 2 THEN
+    IF kind = @KIND_WINDOW@ THEN
         quota := ratelimit.rl__json_micros(prefix, 'limit', v -> 'limit');
         window_ms := ratelimit.rl__json_duration_ms(prefix, 'window_seconds', v -> 'window_seconds');
         micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE @MICROS_PER_UNIT@ END;
-    ELSIF kind = 1 THEN
+    ELSIF kind = @KIND_BUDGET@ THEN
         period := ratelimit.rl__json_period(prefix, v -> 'period');
         quota := ratelimit.rl__json_micros(prefix, 'quota', v -> 'quota');
         micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE @MICROS_PER_UNIT@ END;
@@ -1459,7 +1458,7 @@ BEGIN
     IF v ? 'multiplier' THEN
         -- the limit scaled as a policy's tier scales it (LimitShape::scales_by, ::scaled)
         m := ratelimit.rl__json_positive(prefix, 'multiplier', v -> 'multiplier');
-        IF kind = 0 THEN
+        IF kind = @KIND_BUCKET@ THEN
             scaled := ratelimit.rl__mul(burst, m);
             rate := ratelimit.rl__mul(rate, m);
             burst := scaled;
@@ -1519,11 +1518,11 @@ BEGIN
             it := items -> (i - 1);
             IF held THEN
                 CASE (it ->> 'kind')::int
-                    WHEN 1 THEN
+                    WHEN @KIND_BUDGET@ THEN
                         INSERT INTO ratelimit.rl_budget (key, period, used, resets_at)
                         VALUES (it ->> 'key', it ->> 'period', 0, ratelimit.rl__period_end(it ->> 'period', now))
                         ON CONFLICT (key, period) DO NOTHING;
-                    WHEN 2 THEN
+                    WHEN @KIND_WINDOW@ THEN
                         INSERT INTO ratelimit.rl_entries (key, kind, entries, empty_at) VALUES (it ->> 'key', 'window', '', 0)
                         ON CONFLICT (key, kind) DO NOTHING;
                     ELSE NULL;
@@ -1534,8 +1533,8 @@ BEGIN
             -- held rows are locked budgets first, then windows, then buckets
             FOR i IN 1..n LOOP
                 it := items -> (i - 1);
-                CONTINUE WHEN (CASE (it ->> 'kind')::int WHEN 1 THEN 1 WHEN 2 THEN 2 ELSE 3 END) <> pass;
-                IF (it ->> 'kind')::int = 1 THEN
+                CONTINUE WHEN (CASE (it ->> 'kind')::int WHEN @KIND_BUDGET@ THEN 1 WHEN @KIND_WINDOW@ THEN 2 ELSE 3 END) <> pass;
+                IF (it ->> 'kind')::int = @KIND_BUDGET@ THEN
                     IF held THEN
                         SELECT t.used, t.resets_at INTO x FROM ratelimit.rl_budget AS t
                         WHERE t.key = it ->> 'key' AND t.period = it ->> 'period' FOR UPDATE;
@@ -1544,7 +1543,7 @@ BEGIN
                         WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
                     END IF;
                     r_found[i] := FOUND; r_used[i] := x.used; r_resets[i] := x.resets_at;
-                ELSIF (it ->> 'kind')::int = 2 THEN
+                ELSIF (it ->> 'kind')::int = @KIND_WINDOW@ THEN
                     IF held THEN
                         SELECT t.entries INTO x FROM ratelimit.rl_entries AS t
                         WHERE t.key = it ->> 'key' AND t.kind = 'window' FOR UPDATE;
@@ -1569,12 +1568,12 @@ BEGIN
         retry := 0;
         FOR i IN 1..n LOOP
             it := items -> (i - 1);
-            IF (it ->> 'kind')::int = 1 THEN
+            IF (it ->> 'kind')::int = @KIND_BUDGET@ THEN
                 d := ratelimit.rl__spend_decision(r_found[i], r_used[i], r_resets[i], it ->> 'period',
                     (it ->> 'quota')::bigint, (it ->> 'micros')::bigint, now);
                 new_used[i] := d.new_used; new_resets[i] := d.new_resets_at;
                 wait := CASE WHEN d.admitted THEN 0 ELSE d.new_resets_at - now END;
-            ELSIF (it ->> 'kind')::int = 2 THEN
+            ELSIF (it ->> 'kind')::int = @KIND_WINDOW@ THEN
                 d := ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint, (it ->> 'window_ms')::bigint,
                     (it ->> 'micros')::bigint, now, false);
                 new_entries[i] := d.new_entries; new_empty[i] := d.new_empty_at; too_many[i] := d.too_many;
@@ -1595,11 +1594,11 @@ BEGIN
     IF admitted_all AND NOT decide_only THEN
         FOR i IN 1..n LOOP
             it := items -> (i - 1);
-            IF (it ->> 'kind')::int = 1 THEN
+            IF (it ->> 'kind')::int = @KIND_BUDGET@ THEN
                 UPDATE ratelimit.rl_budget AS t SET used = new_used[i], resets_at = new_resets[i],
                     quota = (it ->> 'quota')::bigint
                 WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
-            ELSIF (it ->> 'kind')::int = 2 THEN
+            ELSIF (it ->> 'kind')::int = @KIND_WINDOW@ THEN
                 IF too_many[i] THEN PERFORM ratelimit.rl__window_too_full(fn); END IF;
                 UPDATE ratelimit.rl_entries AS t SET entries = new_entries[i], empty_at = new_empty[i]
                 WHERE t.key = it ->> 'key' AND t.kind = 'window';
@@ -1615,9 +1614,9 @@ BEGIN
             CONTINUE WHEN NOT (answers[i] ->> 'admitted')::boolean;
             it := items -> (i - 1);
             answers[i] := CASE (it ->> 'kind')::int
-                WHEN 1 THEN ratelimit.rl__spend_answer(r_found[i], r_used[i], r_resets[i], it ->> 'period',
+                WHEN @KIND_BUDGET@ THEN ratelimit.rl__spend_answer(r_found[i], r_used[i], r_resets[i], it ->> 'period',
                                                        (it ->> 'quota')::bigint, 0, now)
-                WHEN 2 THEN (ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint,
+                WHEN @KIND_WINDOW@ THEN (ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint,
                                                            (it ->> 'window_ms')::bigint, 0, now, false)).answer
                 ELSE (ratelimit.rl__take_decision(r_found[i], r_level[i], r_refilled[i], (it ->> 'burst')::float8,
                                                   (it ->> 'rate')::float8, 0, now)).answer END;
@@ -1695,12 +1694,12 @@ DECLARE
     charge CONSTANT boolean := op = 'charge';
 BEGIN
     FOR it IN SELECT i FROM jsonb_array_elements(items) AS i
-              ORDER BY CASE (i ->> 'kind')::int WHEN 1 THEN 0 WHEN 2 THEN 1 ELSE 2 END,
+              ORDER BY CASE (i ->> 'kind')::int WHEN @KIND_BUDGET@ THEN 0 WHEN @KIND_WINDOW@ THEN 1 ELSE 2 END,
                        (i ->> 'key') COLLATE "C", i ->> 'period' LOOP
         answers := answers || jsonb_build_object(it ->> 'pos', CASE (it ->> 'kind')::int
-            WHEN 0 THEN ratelimit.rl__bucket_change(fn, op, it ->> 'key', (it ->> 'burst')::float8,
+            WHEN @KIND_BUCKET@ THEN ratelimit.rl__bucket_change(fn, op, it ->> 'key', (it ->> 'burst')::float8,
                                                     (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)
-            WHEN 1 THEN ratelimit.rl__budget_change(fn, CASE WHEN charge THEN 'charge_against' ELSE 'refund' END,
+            WHEN @KIND_BUDGET@ THEN ratelimit.rl__budget_change(fn, CASE WHEN charge THEN 'charge_against' ELSE 'refund' END,
                                                     it ->> 'key', it ->> 'period',
                                                     CASE WHEN charge THEN (it ->> 'quota')::bigint END,
                                                     (it ->> 'micros')::bigint, now)
@@ -1753,27 +1752,27 @@ BEGIN
         item := definition -> 'limits' -> (i - 1);
         prefix := fn || ': definition.limits item ' || i;
         IF jsonb_typeof(item) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
-        kind := CASE WHEN item ? 'period' THEN 1 WHEN item ? 'window_seconds' THEN 2 ELSE 0 END;
-        allowed := CASE kind WHEN 1 THEN ARRAY['period', 'quota'] WHEN 2 THEN ARRAY['limit', 'window_seconds']
-                             ELSE ARRAY['burst', 'refill_per_minute'] END;
+        kind := CASE WHEN item ? 'period' THEN @KIND_BUDGET@ WHEN item ? 'window_seconds' THEN @KIND_WINDOW@ ELSE @KIND_BUCKET@ END;
+        allowed := CASE kind WHEN @KIND_BUDGET@ THEN ARRAY[@POLICY_FIELDS_BUDGET@] WHEN @KIND_WINDOW@ THEN ARRAY[@POLICY_FIELDS_WINDOW@]
+                             ELSE ARRAY[@POLICY_FIELDS_BUCKET@] END;
         SELECT k INTO extra FROM jsonb_object_keys(item) WITH ORDINALITY AS e(k, n) WHERE NOT k = ANY (allowed)
         ORDER BY n LIMIT 1;
         IF extra IS NOT NULL THEN
             PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
-                'burst, refill_per_minute', 'period, quota', 'limit, window_seconds'));
+                @POLICY_FIELD_LIST_BUCKET@, @POLICY_FIELD_LIST_BUDGET@, @POLICY_FIELD_LIST_WINDOW@));
         END IF;
-        IF kind = 1 THEN
-            limits := limits || jsonb_build_object('kind', 1, 'period', ratelimit.rl__json_period(prefix, item -> 'period'),
+        IF kind = @KIND_BUDGET@ THEN
+            limits := limits || jsonb_build_object('kind', @KIND_BUDGET@, 'period', ratelimit.rl__json_period(prefix, item -> 'period'),
                 'quota', ratelimit.rl__json_micros(prefix, 'quota', item -> 'quota'));
             texts := texts || format('{"period":%s,"quota":%s}', to_jsonb(limits -> -1 ->> 'period')::text,
                                      ratelimit.rl__micros((limits -> -1 ->> 'quota')::bigint)::text);
-        ELSIF kind = 2 THEN
-            limits := limits || jsonb_build_object('kind', 2, 'quota', ratelimit.rl__json_micros(prefix, 'limit', item -> 'limit'),
+        ELSIF kind = @KIND_WINDOW@ THEN
+            limits := limits || jsonb_build_object('kind', @KIND_WINDOW@, 'quota', ratelimit.rl__json_micros(prefix, 'limit', item -> 'limit'),
                 'window_ms', ratelimit.rl__json_duration_ms(prefix, 'window_seconds', item -> 'window_seconds'));
             texts := texts || format('{"limit":%s,"window_seconds":%s}', ratelimit.rl__micros((limits -> -1 ->> 'quota')::bigint)::text,
                                      ratelimit.rl__number((limits -> -1 ->> 'window_ms')::float8 / 1000)::text);
         ELSE
-            limits := limits || jsonb_build_object('kind', 0, 'burst', ratelimit.rl__json_tokens(prefix, 'burst', item -> 'burst'),
+            limits := limits || jsonb_build_object('kind', @KIND_BUCKET@, 'burst', ratelimit.rl__json_tokens(prefix, 'burst', item -> 'burst'),
                 'rate', ratelimit.rl__json_tokens(prefix, 'refill_per_minute', item -> 'refill_per_minute'));
             texts := texts || format('{"burst":%s,"refill_per_minute":%s}',
                                      ratelimit.rl__number((limits -> -1 ->> 'burst')::float8)::text,
@@ -1794,7 +1793,7 @@ BEGIN
             m := (t.value #>> '{}')::float8;
             FOR i IN 1..jsonb_array_length(limits) LOOP
                 item := limits -> (i - 1);
-                IF (item ->> 'kind')::int = 0 THEN
+                IF (item ->> 'kind')::int = @KIND_BUCKET@ THEN
                     v := ratelimit.rl__mul((item ->> 'burst')::float8, m);
                     scaled := ratelimit.rl__mul((item ->> 'rate')::float8, m);
                     CONTINUE WHEN v > 0 AND v <= @MAX_TOKENS@ AND scaled > 0 AND scaled <= @MAX_TOKENS@;
@@ -1860,8 +1859,8 @@ BEGIN
     items := '[]';
     FOR i IN 1..jsonb_array_length(p.limits) LOOP
         l := p.limits -> (i - 1);
-        IF (l ->> 'kind')::int = 0 THEN
-            items := items || jsonb_build_object('pos', i, 'kind', 0, 'key', ratelimit.rl__policy_key(policy, subject, i - 1),
+        IF (l ->> 'kind')::int = @KIND_BUCKET@ THEN
+            items := items || jsonb_build_object('pos', i, 'kind', @KIND_BUCKET@, 'key', ratelimit.rl__policy_key(policy, subject, i - 1),
                 'burst', (l ->> 'burst')::float8 * m, 'rate', (l ->> 'rate')::float8 * m, 'cost', cost);
         ELSE
             q := (l ->> 'quota')::bigint::float8 * m;
