@@ -26,7 +26,9 @@ WEB_TEST_PACKAGES=("starlette==0.47.*" "uvicorn==0.35.*" "httpx==0.28.*" "psycop
                    # ratelimit-rls's tests: Envoy's protos generated for Python, and gRPC
                    "grpcio==1.85.*" "grpcio-health-checking==1.85.*" "xds-protos==1.85.*"
                    # the reference's tests ported as data (rls/tests/reference/cases.yaml)
-                   "pyyaml==6.*")
+                   "pyyaml==6.*"
+                   # the web packages' spec files checked against their JSON Schemas
+                   "jsonschema==4.*")
 # The SQLite-only suite as a SQLite user runs it: Debian's python3 (its sqlite3 loads
 # extensions) with pytest alone, no system packages, so no psycopg2 (test.sh runs it as an
 # unprivileged user).

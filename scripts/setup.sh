@@ -107,7 +107,7 @@ fi
 # gunicorn, httpx and psycopg 3 from PyPI in a virtualenv of Debian's python3 (whose sqlite3
 # can load extensions).
 if [ "$want_pg" = 1 ]; then
-  if [ -x "$WEB_VENV/bin/python" ] && "$WEB_VENV/bin/python" -c 'import starlette, uvicorn, httpx, psycopg_pool, pytest, prometheus_client, django, flask, gunicorn, grpc_health.v1.health_pb2, envoy.service.ratelimit.v3.rls_pb2, yaml' 2>/dev/null; then
+  if [ -x "$WEB_VENV/bin/python" ] && "$WEB_VENV/bin/python" -c 'import starlette, uvicorn, httpx, psycopg_pool, pytest, prometheus_client, django, flask, gunicorn, grpc_health.v1.health_pb2, envoy.service.ratelimit.v3.rls_pb2, yaml, jsonschema' 2>/dev/null; then
     log "web test packages already in $WEB_VENV"
   else
     log "pip install the web test packages into $WEB_VENV"

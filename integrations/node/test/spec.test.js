@@ -51,6 +51,11 @@ test("identifiers", () => {
   }
 });
 
+test("the keys of explicit limits", () => {
+  const { limitKey } = require("..");
+  for (const c of CASES.key) assert.equal(limitKey(c.route, c.subject, c.index), c.expect, JSON.stringify(c));
+});
+
 test("refunds", () => {
   for (const c of CASES.refund) {
     const core = new RateLimitCore({ limiter, refundOn: c.middleware ?? undefined,

@@ -68,6 +68,46 @@ def test_what_a_database_string_names(case):
         assert list(database_of(case["db"], exists)) == case["expect"]
 
 
+@pytest.mark.parametrize("case", CASES["key"], ids=lambda c: f"{c['route']} {c['subject']!r}")
+def test_the_keys_of_explicit_limits(case):
+    from ratelimit_web.limiter import limit_key
+
+    assert limit_key(case["route"], case["subject"], case["index"]) == case["expect"]
+
+
+def test_the_keys_of_explicit_limits_are_the_engines_rl_key():
+    """What every package writes is what rl_key('web', route, subject, index) answers, so
+    an operator finds a route's rows with rl_key (here: the SQLite library)."""
+    import sqlite3
+
+    root = os.path.join(HERE, "..", "..", "..")
+    conn = sqlite3.connect(":memory:")
+    conn.enable_load_extension(True)
+    conn.load_extension(os.environ.get("RATELIMIT_SQLITE_EXTENSION", os.path.join(root, "target", "release", "libratelimit")))
+    for case in CASES["key"]:
+        got = conn.execute("SELECT rl_key('web', ?, ?, ?)", (case["route"], case["subject"], str(case["index"]))).fetchone()
+        assert got[0] == case["expect"], case
+
+
+def test_the_spec_files_follow_their_schemas():
+    """cases.json and app.json against cases.schema.json and app.schema.json, which refuse
+    unknown fields: a misspelt field in a case is an error, not a check silently skipped."""
+    import jsonschema
+
+    spec = os.path.join(HERE, "..", "..", "spec")
+    for name in ("cases", "app"):
+        with open(os.path.join(spec, f"{name}.schema.json")) as f:
+            schema = json.load(f)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        with open(os.path.join(spec, f"{name}.json")) as f:
+            jsonschema.Draft202012Validator(schema).validate(json.load(f))
+    with open(os.path.join(spec, "cases.schema.json")) as f:
+        validator = jsonschema.Draft202012Validator(json.load(f))
+    misspelt = json.loads(json.dumps(CASES))
+    misspelt["http"][0]["steps"][0]["statsus"] = [200]
+    assert not validator.is_valid(misspelt)
+
+
 def test_unknown_policy_codes_are_the_specs():
     from ratelimit_web.limiter import UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE
 

@@ -29,6 +29,12 @@ class SpecTest < Minitest::Test
     end
   end
 
+  CASES.fetch("key").each_with_index do |c, i|
+    define_method("test_key_#{i}") do
+      assert_equal c["expect"], RatelimitWeb.limit_key(c["route"], c["subject"], c["index"]), c.inspect
+    end
+  end
+
   CASES.fetch("match").each_with_index do |c, i|
     define_method("test_match_#{i}") do
       routes = c["routes"].to_h { |r| [r, RatelimitWeb::Route.new(limits: BUCKET)] }
