@@ -1,4 +1,4 @@
--- Generated from shared/src/functions.rs (RL_BLESS=1 cargo test -p ratelimit_codegen --test generated).
+-- Generated from shared/src/surface/functions.rs (RL_BLESS=1 cargo test -p ratelimit_codegen --test generated).
 -- Deliberate declarations of every function's purpose.
 COMMENT ON FUNCTION rl_take(text, double precision, double precision, double precision, double precision) IS
   'token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb';

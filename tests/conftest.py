@@ -18,7 +18,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SQLITE_EXT = os.environ.get("RL_SQLITE_EXT", os.path.join(ROOT, "target", "release", "libratelimit"))
 
-# Every SQL function as the core's table describes it (generated from shared/src/functions.rs).
+# Every SQL function as the core's table describes it (generated from shared/src/surface/functions.rs).
 with open(os.path.join(ROOT, "tests", "functions.json")) as f:
     FUNCTIONS = json.load(f)
 PUBLIC = [f["name"] for f in FUNCTIONS if f["kind"] != "internal"]

@@ -10,7 +10,7 @@ use ratelimit_core::functions::{Entry, ALL};
 pub fn pg_finalize_sql() -> String {
     let quote = |s: &str| s.replace('\'', "''");
     let mut out = String::from(
-        "-- Generated from shared/src/functions.rs (RL_BLESS=1 cargo test -p ratelimit_codegen --test generated).\n\
+        "-- Generated from shared/src/surface/functions.rs (RL_BLESS=1 cargo test -p ratelimit_codegen --test generated).\n\
          -- Deliberate declarations of every function's purpose.\n",
     );
     for f in ALL {
@@ -80,7 +80,7 @@ pub fn reference_md() -> String {
     use ratelimit_core::functions::{Function, ServerCall};
     let mut out = String::from(
         "# Reference\n\n\
-         Generated from the function table, `shared/src/functions.rs` (`RL_BLESS=1 cargo test -p ratelimit_codegen \
+         Generated from the function table, `shared/src/surface/functions.rs` (`RL_BLESS=1 cargo test -p ratelimit_codegen \
          --test generated` rewrites it; a test fails while it is stale). The same functions, arguments, answers \
          and errors on SQLite, the PostgreSQL extension and the SQL edition, unless a function says otherwise. \
          How each kind of limit behaves, with examples: [guides/limits.md](guides/limits.md); which to choose: \

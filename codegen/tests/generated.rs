@@ -1,4 +1,4 @@
-//! Files generated from the function table (`shared/src/functions.rs`) and checked in, so
+//! Files generated from the function table (`shared/src/surface/functions.rs`) and checked in, so
 //! that the SQL and the client tests read them as plain files. This test fails when one is
 //! stale; `RL_BLESS=1 cargo test -p ratelimit_codegen --test generated` rewrites them.
 
@@ -14,7 +14,7 @@ fn check(relative: &str, generated: String) {
     let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         on_disk == generated,
-        "{relative} is not what shared/src/functions.rs generates: run RL_BLESS=1 cargo test -p ratelimit_codegen --test generated"
+        "{relative} is not what shared/src/surface/functions.rs generates: run RL_BLESS=1 cargo test -p ratelimit_codegen --test generated"
     );
 }
 

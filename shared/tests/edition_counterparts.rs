@@ -10,10 +10,16 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The Rust source of module `name` of the core (`name.rs`, or every file of `name/`),
-/// None when the core has no such module.
+/// The Rust source of module `name` of the core (`name.rs`, or every file of `name/`, in
+/// `shared/src` or one of its groups: `kinds/`, `storage/` and the rest), None when the
+/// core has no such module.
 fn module_source(name: &str) -> Option<String> {
-    let src = root().join("shared/src");
+    let top = root().join("shared/src");
+    let groups = fs::read_dir(&top).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir());
+    let src = std::iter::once(top.clone())
+        .chain(groups)
+        .find(|dir| dir.join(format!("{name}.rs")).exists() || dir.join(name).is_dir())
+        .unwrap_or(top);
     let file = src.join(format!("{name}.rs"));
     let dir = src.join(name);
     let mut text = fs::read_to_string(&file).unwrap_or_default();
