@@ -23,7 +23,7 @@ APP = {"sql": [f for f in FUNCTIONS if f["kind"] not in ("internal", "server")],
        "native": [f for f in FUNCTIONS if f["kind"] != "internal"]}
 ADMIN_VIEWS = ("rl_policies", "rl_blocks", "rl_stats", "rl_refused")
 BROWSER_ROLES = ("anon", "authenticated", "service_role")
-RELEASED = os.path.join(ROOT, "sql", "edition", "released")
+RELEASED = os.path.join(ROOT, "sql", "released", "edition")
 
 
 def blocks(platform, language="sql"):

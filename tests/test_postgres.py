@@ -130,7 +130,7 @@ def catalog(cur):
     return functions, tables, cur.fetchall()
 
 
-RELEASED = os.path.join(os.path.dirname(__file__), "..", "pg_ext", "released")
+RELEASED = os.path.join(os.path.dirname(__file__), "..", "sql", "released", "extension")
 
 
 @native_only

@@ -1,11 +1,11 @@
-//! The files generated from the function table ([`ratelimit_core::functions`]): `sql/pg_finalize.sql`
+//! The files generated from the function table ([`ratelimit_core::functions`]): `sql/schema/pg_finalize.sql`
 //! (comments and privileges of the PostgreSQL extension) and `tests/functions.json` (what
 //! the client tests read). `RL_BLESS=1 cargo test -p ratelimit_codegen --test generated`
 //! rewrites them; the same test fails while either differs from the table.
 
 use ratelimit_core::functions::{Entry, ALL};
 
-/// `sql/pg_finalize.sql`: the comment on every function and the privileges of every object
+/// `sql/schema/pg_finalize.sql`: the comment on every function and the privileges of every object
 /// ([`crate::privileges`]), written after pgrx has created them.
 pub fn pg_finalize_sql() -> String {
     let quote = |s: &str| s.replace('\'', "''");

@@ -1,5 +1,5 @@
 //! The privileges every installed object ends with, written once for both editions
-//! (`sql/pg_finalize.sql` of the native extension, the SQL edition's script and the
+//! (`sql/schema/pg_finalize.sql` of the native extension, the SQL edition's script and the
 //! upgrade scripts), whatever the platform's default privileges granted when the objects
 //! were created. A managed service's `ALTER DEFAULT PRIVILEGES` (Supabase's grants ALL on
 //! every new function, table and view in `public` and `extensions` to `anon`,

@@ -20,7 +20,7 @@ fn check(relative: &str, generated: String) {
 
 #[test]
 fn pg_finalize_sql_is_generated_from_the_table() {
-    check("sql/pg_finalize.sql", generated::pg_finalize_sql());
+    check("sql/schema/pg_finalize.sql", generated::pg_finalize_sql());
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! looked up in the primary key, the decision made on the row the statement's snapshot
 //! sees, `heap_update` (which waits for a concurrent writer, as an UPDATE does), and where
 //! another transaction changed the row first, its newest version locked and decided on
-//! again: what EvalPlanQual gives the guarded UPDATE (`sql/bucket_change.sql`). This skips
+//! again: what EvalPlanQual gives the guarded UPDATE (`sql/statements/bucket_change.sql`). This skips
 //! that statement's plan cache, executor start-up and four SQL function calls.
 //!
 //! Only where the two cannot differ ([`Shape`] names each condition): a read committed
@@ -31,7 +31,7 @@ use ratelimit_core::store::{ChangeResult, Changed};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The columns of rl_bucket, in order (sql/pg_schema.sql).
+/// The columns of rl_bucket, in order (sql/schema/pg_schema.sql).
 const COLUMNS: [pg_sys::Oid; 4] = [pg_sys::TEXTOID, pg_sys::FLOAT8OID, pg_sys::INT8OID, pg_sys::INT8OID];
 
 /// The table's shape as last judged: the oid of rl_bucket, the user it was judged for,
@@ -106,7 +106,7 @@ struct Shape {
     plain_heap: bool,
     /// no row trigger, rule or row security: the UPDATE would run or obey them
     nothing_fires: bool,
-    /// the four columns of sql/pg_schema.sql, no identity or generated column
+    /// the four columns of sql/schema/pg_schema.sql, no identity or generated column
     columns: bool,
     /// no CHECK constraint, valid or NOT VALID: the UPDATE checks every one
     no_checks: bool,

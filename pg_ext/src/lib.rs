@@ -31,13 +31,13 @@ use pgrx::prelude::*;
 
 ::pgrx::pg_module_magic!(name, version);
 
-pgrx::extension_sql_file!("../../sql/pg_schema.sql", name = "schema", bootstrap);
+pgrx::extension_sql_file!("../../sql/schema/pg_schema.sql", name = "schema", bootstrap);
 pgrx::extension_sql_file!(
-    "../../sql/pg_stats_view.sql",
+    "../../sql/schema/pg_stats_view.sql",
     name = "stats_view",
     requires = [wrappers::rl_policy_stats, wrappers::rl_top_refused]
 );
-pgrx::extension_sql_file!("../../sql/pg_finalize.sql", name = "comments", finalize);
+pgrx::extension_sql_file!("../../sql/schema/pg_finalize.sql", name = "comments", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -247,8 +247,8 @@ fn rl_key(parts: Option<VariadicArray<'_, &str>>) -> String {
     run(&f::RL_KEY, &args)
 }
 
-// The internal functions of the guarded UPDATEs (sql/bucket_change.sql,
-// sql/budget_change.sql; see ratelimit_core::decision_slot). A high cost keeps the guards
+// The internal functions of the guarded UPDATEs (sql/statements/bucket_change.sql,
+// sql/statements/budget_change.sql; see ratelimit_core::decision_slot). A high cost keeps the guards
 // after the key comparison. Nobody else can call them (no privileges on schema ratelimit),
 // and outside those statements they fail.
 #[pg_schema]

@@ -588,7 +588,7 @@ BEGIN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_INTEGER_RANGE@, 'n', @MAX_NEAR@, coalesce(n::text, 'NULL')));
     END IF;
     now := ratelimit.rl__now(fn, now_ms);
-    -- sql/budgets_near.sql: a scan of every budget row, the largest share of the quota first
+    -- sql/statements/budgets_near.sql: a scan of every budget row, the largest share of the quota first
     RETURN jsonb_build_object('fraction', ratelimit.rl__number(fraction), 'budgets', coalesce((
         SELECT jsonb_agg(jsonb_build_object('key', x.key, 'period', x.period, 'used', ratelimit.rl__micros(x.used),
                                             'quota', ratelimit.rl__micros(x.quota), 'resets_at', x.resets_at / 1000)

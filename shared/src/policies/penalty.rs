@@ -92,7 +92,7 @@ impl Strikes {
 /// Whether a write from `old` to `new` gives the subject a recorded block it did not have
 /// (ended or not): the change that must move the checks epoch, since a thread's list of
 /// blocked subjects holds every subject with a recorded block when it was made.
-/// (SQLite's triggers, in sql/sqlite_schema.sql, apply the same rule to the stored JSON.)
+/// (SQLite's triggers, in sql/schema/sqlite_schema.sql, apply the same rule to the stored JSON.)
 pub fn records_new_block(old: Option<&Strikes>, new: &Strikes) -> bool {
     new.block.is_some() && old.is_none_or(|o| o.block.is_none())
 }

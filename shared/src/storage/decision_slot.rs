@@ -1,6 +1,6 @@
 //! How one SQL statement reaches the decision of the call in progress.
 //!
-//! A single-row call is one guarded UPDATE (`sql/bucket_change.sql`): its WHERE clause
+//! A single-row call is one guarded UPDATE (`sql/statements/bucket_change.sql`): its WHERE clause
 //! calls an internal SQL function with the row the engine is about to change, and its SET
 //! clause calls others for the row to write. Those functions reach the call's decision
 //! through a per-thread slot that holds it only while that statement runs:

@@ -12,7 +12,7 @@
 
 use crate::functions::SqlType;
 
-pub const SQLITE_SCHEMA: &str = include_str!("../../../sql/sqlite_schema.sql");
+pub const SQLITE_SCHEMA: &str = include_str!("../../../sql/schema/sqlite_schema.sql");
 
 /// A value bound to a statement parameter, or read from a result column.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,7 +94,7 @@ macro_rules! statements {
             /// guarded UPDATEs (see [`crate::decision_slot`]).
             pub const fn text(self) -> &'static str {
                 match self {
-                    $(Statement::$name => include_str!(concat!("../../../sql/", $file, ".sql")),)*
+                    $(Statement::$name => include_str!(concat!("../../../sql/statements/", $file, ".sql")),)*
                 }
             }
         }

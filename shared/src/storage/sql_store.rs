@@ -64,7 +64,7 @@ pub trait SqlEngine {
 /// tests cover it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BucketWrite {
-    /// `sql/bucket_change.sql`: one UPDATE whose WHERE and SET clauses ask the decision of
+    /// `sql/statements/bucket_change.sql`: one UPDATE whose WHERE and SET clauses ask the decision of
     /// the call in progress ([`decision_slot`]). SQLite always; PostgreSQL by default.
     GuardedUpdate,
     /// The engine changes the row itself as the guarded UPDATE would

@@ -160,7 +160,7 @@ fn internal<T>(r: std::result::Result<T, NotInStatement>) -> Result<T> {
     r.map_err(|e| Error::not_in_statement(e.to_string()))
 }
 
-/// `rl_bucket_guard(level, refilled_at, full_at)`: the WHERE clause of sql/bucket_change.sql.
+/// `rl_bucket_guard(level, refilled_at, full_at)`: the WHERE clause of sql/statements/bucket_change.sql.
 fn bucket_guard(args: &[Arg]) -> Result<Answer> {
     let row = BucketState {
         level: args::stored_real(&args::nth(args, 0)),
@@ -170,7 +170,7 @@ fn bucket_guard(args: &[Arg]) -> Result<Answer> {
     internal(decision_slot::decide_row(&decision_slot::BUCKET, &row)).map(Answer::Bool)
 }
 
-/// `rl_budget_guard(used, resets_at, quota)`: the WHERE clause of sql/budget_change.sql.
+/// `rl_budget_guard(used, resets_at, quota)`: the WHERE clause of sql/statements/budget_change.sql.
 fn budget_guard(args: &[Arg]) -> Result<Answer> {
     let row = BudgetState {
         used: args::stored_integer(&args::nth(args, 0)),

@@ -1,5 +1,5 @@
 //! Every SQL function of the extension, described once. The SQLite extension registers
-//! from this table, `sql/pg_finalize.sql` (comments, privileges) is generated from it, the
+//! from this table, `sql/schema/pg_finalize.sql` (comments, privileges) is generated from it, the
 //! client tests read their function lists from its copy `tests/functions.json`, and an
 //! in-server test compares PostgreSQL's catalog with it, so a wrapper that drifts fails.
 //!
@@ -524,8 +524,8 @@ mod table {
         &[required("result", Jsonb)], Jsonb, NOT_AN_OBJECT,
         "HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result");
 
-    // The internal functions of the guarded UPDATEs (sql/bucket_change.sql,
-    // sql/budget_change.sql; see crate::decision_slot).
+    // The internal functions of the guarded UPDATEs (sql/statements/bucket_change.sql,
+    // sql/statements/budget_change.sql; see crate::decision_slot).
     pub const RL_BUCKET_GUARD: Function = function("rl_bucket_guard", Entry::Internal(InternalCall::BucketGuard),
         &[required("level", Float8), required("refilled_at", Int8), required("full_at", Int8)], Bool, NOT_AN_OBJECT,
         "internal: hands a bucket row to the decision of the rl_* call in progress; true when it writes");
