@@ -37,11 +37,14 @@ def spend(admitted, used, limit, resets_at_ms, retry_s):
 
 
 def period_seconds(period, resets_at):
-    """The length of the UTC day or month that ends at resets_at (epoch seconds)."""
-    if period == "day":
-        return 86400
+    """The length of the UTC hour, day, ISO week, month or year that ends at resets_at
+    (epoch seconds)."""
+    fixed = {"hour": 3600, "day": 86400, "week": 7 * 86400}
+    if period in fixed:
+        return fixed[period]
     end = datetime.datetime.fromtimestamp(resets_at, datetime.timezone.utc)
-    start = (end - datetime.timedelta(days=1)).replace(day=1)
+    last = end - datetime.timedelta(days=1)
+    start = last.replace(day=1) if period == "month" else last.replace(month=1, day=1)
     return int((end - start).total_seconds())
 
 
@@ -239,12 +242,22 @@ STEPS = [
     ("rl_take", ("k", 3, 60, None), ("error", "rl_take: cost must be a finite number greater than 0, got NULL")),
     ("rl_take", ("k", 3, 60, 1, -1), ("error", "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got -1")),
     ("rl_take", ("k", 3, 60, 1, 1.5), ("error", "rl_take: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5")),
-    ("rl_spend", ("k", "week", 3), ("error", "rl_spend: period must be 'day' or 'month', got 'week'")),
-    ("rl_spend", ("k", None, 3), ("error", "rl_spend: period must be 'day' or 'month', got NULL")),
+    # hours, ISO weeks (from Monday) and years, in UTC: 1970-01-01 was a Thursday
+    ("rl_spend", ("ph", "hour", 2, 1, ms(2026, 12, 6) + 3_599_999), spend(True, 1, 2, ms(2026, 12, 6, 1), 0)),
+    ("rl_spend", ("ph", "hour", 2, 1, ms(2026, 12, 6, 1)), spend(True, 1, 2, ms(2026, 12, 6, 2), 0)),
+    ("rl_spend", ("pw", "week", 2, 2, 0), spend(True, 2, 2, ms(1970, 1, 5), 0)),
+    ("rl_spend", ("pw", "week", 2, 1, 0), spend(False, 2, 2, ms(1970, 1, 5), 4 * 86400)),
+    ("rl_spend", ("pw", "week", 2, 1, ms(1970, 1, 5)), spend(True, 1, 2, ms(1970, 1, 12), 0)),
+    ("rl_spend", ("py", "year", 10, 4, ms(2028, 2, 29)), spend(True, 4, 10, ms(2029, 1, 1), 0)),
+    ("rl_budget", ("py", "year", 10, 0, ms(2028, 12, 31, 23)), spend(True, 4, 10, ms(2029, 1, 1), 0)),
+    ("rl_budget", ("py", "year", 10, 0, ms(2029, 1, 1)), spend(True, 0, 10, ms(2030, 1, 1), 0)),
+    ("rl_spend", ("pw", "day", 2, 1, 0), spend(True, 1, 2, ms(1970, 1, 2), 0)),  # a day beside the week
+    ("rl_spend", ("k", "fortnight", 3), ("error", "rl_spend: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'")),
+    ("rl_spend", ("k", None, 3), ("error", "rl_spend: period must be 'hour', 'day', 'week', 'month' or 'year', got NULL")),
     ("rl_spend", ("k", "day", 0), ("error", "rl_spend: quota must be a finite number greater than 0, got 0")),
     ("rl_spend", ("k", "day", 3, -0.5), ("error", "rl_spend: cost must be a finite number greater than 0, got -0.5")),
     ("rl_spend", (None, "day", 3), ("error", "rl_spend: key must be text, got NULL")),
-    ("rl_budget", ("k", "Day", 3), ("error", "rl_budget: period must be 'day' or 'month', got 'Day'")),
+    ("rl_budget", ("k", "Day", 3), ("error", "rl_budget: period must be 'hour', 'day', 'week', 'month' or 'year', got 'Day'")),
     ("rl_budget", ("k", "day", None), ("error", "rl_budget: quota must be a finite number greater than 0, got NULL")),
     ("rl_sweep", (-1,), ("error", "rl_sweep: now_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got -1")),
     ("rl_key", ("a", None), ("error", "rl_key: part 2 must not be NULL")),
@@ -277,7 +290,7 @@ STEPS = [
     ("rl_refund_budget", ("p", "day", 0.2, 0), {"used": 0.5, "resets_at": 86400}),
     ("rl_refund_budget", ("p", "day", 9, 0), {"used": 0, "resets_at": 86400}),
     ("rl_refund", ("p", 3, 60, 0), ("error", "rl_refund: amount must be a finite number greater than 0, got 0")),
-    ("rl_refund_budget", ("p", "week", 1), ("error", "rl_refund_budget: period must be 'day' or 'month', got 'week'")),
+    ("rl_refund_budget", ("p", "fortnight", 1), ("error", "rl_refund_budget: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'")),
     # reset: every bucket and budget under the key
     ("rl_spend", ("p", "month", 1, 1, 0), spend(True, 1, 1, ms(1970, 2, 1), 0)),
     ("rl_reset", ("p",), 3),
@@ -295,8 +308,8 @@ STEPS = [
      {"admitted": False, "retry_after_ms": 500, "retry_after_seconds": 1, "items": [take(False, 0, 2, 500, 2)]}),
     ("rl_take_all", ('[{"key":"x","burst":1,"refill_per_minute":1},{"key":"x","burst":1,"refill_per_minute":1}]', 0),
      ("error", "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)")),
-    ("rl_take_all", ('[{"key":"x","quota":1,"period":"hour"}]', 0),
-     ("error", "rl_take_all: item 1: period must be 'day' or 'month', got 'hour'")),
+    ("rl_take_all", ('[{"key":"x","quota":1,"period":"fortnight"}]', 0),
+     ("error", "rl_take_all: item 1: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'")),
     ("rl_take_all", ('[]', 0), ("error", "rl_take_all: limits must hold 1 to 64 items, got 0")),
     ("rl_take_all", (None, 0), ("error", "rl_take_all: limits must be a JSON array, got NULL")),
     # rl_check_limits: rl_take_all's answer, counted under a name (tests/test_policies.py)
@@ -402,7 +415,7 @@ STEPS = [
     ("rl_spend", ("chb", "day", 10, 0.5, 0), spend(False, 12, 10, ms(1970, 1, 2), 86400)),
     ("rl_refund_budget", ("chb", "day", 3, 0), {"used": 9, "resets_at": 86400}),
     ("rl_spend", ("chb", "day", 10, 1, 0), spend(True, 10, 10, ms(1970, 1, 2), 0)),
-    ("rl_charge_budget", ("chb", "week", 1), ("error", "rl_charge_budget: period must be 'day' or 'month', got 'week'")),
+    ("rl_charge_budget", ("chb", "fortnight", 1), ("error", "rl_charge_budget: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'")),
     # rl_take_all takes window items; all or nothing across kinds
     ("rl_take_all", ('[{"key":"tw","limit":2,"window_seconds":60},{"key":"tw","burst":5,"refill_per_minute":60}]', 0),
      {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
@@ -603,8 +616,8 @@ STEPS = [
     # a number written as text is read as the number, as every argument is; the answer has it as one
     ("rl_policy_validate", ('{"limits": [{"burst": "3", "refill_per_minute": 5}]}',),
      {"limits": [{"burst": 3, "refill_per_minute": 5}], "tiers": {}, "shadow": False}),
-    ("rl_policy_validate", ('{"limits": [{"period": "hour", "quota": 5}]}',),
-     ("error", "rl_policy_validate: definition.limits item 1: period must be 'day' or 'month', got 'hour'")),
+    ("rl_policy_validate", ('{"limits": [{"period": "fortnight", "quota": 5}]}',),
+     ("error", "rl_policy_validate: definition.limits item 1: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'")),
     ("rl_policy_validate", ("[]",), ("error", "rl_policy_validate: definition must be a JSON object with limits, and optionally tiers and shadow")),
     ("rl_policy_validate", (None,), ("error", "rl_policy_validate: definition must be JSON, got NULL")),
     # rl_top_refused: n from 1 to the summary's 64 entries; the policy is a name
@@ -620,8 +633,8 @@ STEPS = [
     ("rl_policy_set", ("x", '{"limits": []}'), ("error", "rl_policy_set: definition.limits must hold 1 to 16 items, got 0")),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 0, "refill_per_minute": 5}]}'),
      ("error", "rl_policy_set: definition.limits item 1: burst must be a finite number greater than 0, got 0")),
-    ("rl_policy_set", ("x", '{"limits": [{"period": "week", "quota": 5}]}'),
-     ("error", "rl_policy_set: definition.limits item 1: period must be 'day' or 'month', got 'week'")),
+    ("rl_policy_set", ("x", '{"limits": [{"period": "fortnight", "quota": 5}]}'),
+     ("error", "rl_policy_set: definition.limits item 1: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'")),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 1, "refill_per_minute": 1, "key": "k"}]}'),
      ("error", 'rl_policy_set: definition.limits item 1: unknown field "key" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds)')),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 1, "refill_per_minute": 1}], "tiers": {"pro": 0}}'),

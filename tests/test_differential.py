@@ -31,6 +31,9 @@ DEFINITIONS = [
 ]
 
 
+PERIODS = ["hour", "day", "day", "week", "month", "month", "year"]
+
+
 def valid_call(rng):
     """A well-formed call on a few keys, subjects and policies, so that calls meet state."""
     key, subject, policy = rng.choice(KEYS), rng.choice(SUBJECTS), rng.choice(POLICIES)
@@ -46,17 +49,17 @@ def valid_call(rng):
     args = {
         "rl_take": [key, burst, rate, cost], "rl_peek": [key, burst, rate, rng.choice([0, cost])],
         "rl_refund": [key, burst, rate, cost], "rl_charge": [key, burst, rate, cost],
-        "rl_spend": [key, rng.choice(["day", "month"]), rng.choice([10, 2.5]), cost],
-        "rl_budget": [key, rng.choice(["day", "month"]), 10, rng.choice([0, cost])],
+        "rl_spend": [key, rng.choice(PERIODS), rng.choice([10, 2.5]), cost],
+        "rl_budget": [key, rng.choice(PERIODS), 10, rng.choice([0, cost])],
         "rl_refund_budget": [key, "day", cost], "rl_charge_budget": [key, "month", cost],
         "rl_window": [key, rng.choice([4, 10]), rng.choice([1, 90]), cost],
         "rl_window_peek": [key, 4, 90, rng.choice([0, cost])],
         "rl_acquire": [key, rng.choice([1, 2, 3]), rng.choice([1, 30])], "rl_release": [key, LAST_LEASE],
         "rl_renew": [key, LAST_LEASE, 30], "rl_in_flight": [key],
         "rl_take_all": ['[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s, "multiplier": %s}, '
-                        '{"key": "%s", "period": "day", "quota": 10, "cost": %s, "multiplier": %s}, '
+                        '{"key": "%s", "period": "%s", "quota": 10, "cost": %s, "multiplier": %s}, '
                         '{"key": "%s", "limit": 4, "window_seconds": 90, "multiplier": %s}]'
-                        % (key, burst, rate, cost, m, key, cost, m, key, m)],
+                        % (key, burst, rate, cost, m, key, rng.choice(PERIODS), cost, m, key, m)],
         "rl_check_limits": ["POST /x", subject, '[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
                             '{"key": "%s", "limit": 4, "window_seconds": 90}]' % (key, burst, rate, cost, key)],
         "rl_refund_all": ['[{"key": "%s", "limit": 4, "window_seconds": 90, "cost": %s}, '

@@ -24,7 +24,7 @@ MAX_NOW = 253402300799999
 NUMBERS = [None, float("nan"), float("inf"), float("-inf"), 0, -1, -0.5, 1, 2, 3, 0.1, 0.5, 7, 60,
            1e308, 1e-300, 5e-7, 1e9, 1e9 + 1, I64_MAX, I64_MIN, "3", "0.25", "abc", "", " 1 ", "1e3", "-2"]
 CLOCKS = [None, 0, 1, 999, 1000, 86_399_999, MAX_NOW, MAX_NOW + 1, -1, 1.5, I64_MAX, I64_MIN, float("nan"), "5", "x"]
-PERIODS = [None, "day", "month", "week", "DAY", "", "month ", 1]
+PERIODS = [None, "day", "month", "week", "hour", "year", "DAY", "", "month ", 1, "fortnight"]
 POLICIES = ["p1", "p2", "missing", "x" * 1025]
 LEASES = [None, "", "x", "0-1", "1-1", "-1", "1-", "0-1-0000000000000000", "0-1-ffffffffffffffff", "0-1-+1",
           "0-1-x", 5, 2.5, b"\xff"]
@@ -91,7 +91,7 @@ def random_call(rng, functions):
             items = [rng.choice([
                 {"key": rng.choice(["a", "b", "c"]), "burst": rng.choice([1, 3, 2.5, 1e308]),
                  "refill_per_minute": rng.choice([1, 60, 1e-300])},
-                {"key": rng.choice(["a", "b"]), "period": rng.choice(["day", "month"]), "quota": rng.choice([1, 2.5, 1e9]),
+                {"key": rng.choice(["a", "b"]), "period": rng.choice(["day", "month", "hour", "week", "year"]), "quota": rng.choice([1, 2.5, 1e9]),
                  "cost": rng.choice([1, 0.5, 3])},
                 {"key": rng.choice(["a", "b"]), "limit": rng.choice([1, 2.5, 1e9]), "window_seconds": rng.choice([0.001, 1, 60]),
                  "cost": rng.choice([1, 0.5, 3])}]) for _ in range(rng.randint(1, 3))]
@@ -121,7 +121,7 @@ def random_call(rng, functions):
     elif function in ("rl_policy_set", "rl_policy_validate"):
         if rng.random() < 0.5:
             limits = [rng.choice([{"burst": rng.choice([1, 3, 1e308, 0]), "refill_per_minute": rng.choice([1, 60])},
-                                  {"period": rng.choice(["day", "month", "year"]), "quota": rng.choice([1, 2.5])},
+                                  {"period": rng.choice(["day", "month", "year", "fortnight"]), "quota": rng.choice([1, 2.5])},
                                   {"limit": rng.choice([1, 5]), "window_seconds": rng.choice([1, 60, 0])}])
                       for _ in range(rng.randint(0, 3))]
             definition = {"limits": limits, "tiers": rng.choice([{}, {"pro": 5}, {"x": 0}]), "shadow": rng.choice([True, False, 1])}

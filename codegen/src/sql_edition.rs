@@ -22,6 +22,8 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("MAX_AMOUNT", (units::MAX_AMOUNT as i64).to_string()),
         ("MICROS_PER_UNIT", units::MICROS_PER_UNIT.to_string()),
         ("MS_PER_DAY", units::MS_PER_DAY.to_string()),
+        ("MS_PER_HOUR", units::MS_PER_HOUR.to_string()),
+        ("PERIODS", units::Period::ALL.iter().map(|p| format!("'{}'", p.as_str())).collect::<Vec<_>>().join(", ")),
         ("MS_PER_MINUTE", (units::MS_PER_MINUTE as i64).to_string()),
         ("MAX_FREE_STRIKES", ratelimit_core::penalty::MAX_FREE_STRIKES.to_string()),
         ("MAX_DURATION_SECONDS", (units::MAX_DURATION_SECONDS as i64).to_string()),

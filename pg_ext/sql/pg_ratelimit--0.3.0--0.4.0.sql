@@ -14,7 +14,8 @@
 -- and rl_charge_check(policy, subject, amount, tier, now_ms): costs known after the work;
 -- rl_peek_check(policy, subject, cost, tier, now_ms): rl_check's answer, charging nothing.
 -- rl_check_limits(name, subject, limits, now_ms): rl_take_all counted under a name as
--- rl_check counts a policy (the web packages' routes with explicit limits).
+-- rl_check counts a policy (the web packages' routes with explicit limits). Budgets take
+-- the periods 'hour', 'week' (ISO, from Monday) and 'year' beside 'day' and 'month' (UTC).
 
 -- complain if this script is run in psql rather than by ALTER EXTENSION
 \echo Use "ALTER EXTENSION pg_ratelimit UPDATE TO '0.4.0'" to load this file. \quit
@@ -50,6 +51,8 @@ COMMENT ON FUNCTION rl_self_test() IS
 CREATE FUNCTION "rl_top_refused"("policy" text, "n" bigint DEFAULT 10) RETURNS jsonb
 VOLATILE PARALLEL RESTRICTED
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_top_refused_wrapper';
+COMMENT ON FUNCTION rl_spend(text, text, double precision, double precision, double precision) IS
+  'calendar budget (a UTC hour, day, ISO week from Monday, month or year): spend cost (all or nothing) against quota; returns jsonb';
 COMMENT ON FUNCTION rl_top_refused(text, bigint) IS
   'the n (1 to 64) subjects rl_check refused most under policy (or rl_check_limits under that name) since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
 COMMENT ON FUNCTION rl_policy_stats() IS

@@ -688,8 +688,8 @@ fn rule_of(rl: RateLimitDoc, doc: &NodeDoc, at: &str) -> Result<Rule, String> {
             Algorithm::parse(a).ok_or_else(|| format!("{at}: algorithm must be bucket, budget or window, got {a:?}"))?
         }
     };
-    if algorithm == Algorithm::Budget && !matches!(unit, Unit::Day | Unit::Month) {
-        return Err(format!("{at}: algorithm budget needs unit day or month (UTC calendar periods)"));
+    if algorithm == Algorithm::Budget && matches!(unit, Unit::Second | Unit::Minute) {
+        return Err(format!("{at}: algorithm budget needs unit hour, day, week, month or year (UTC calendar periods)"));
     }
     if algorithm == Algorithm::Bucket && matches!(unit, Unit::Month | Unit::Year) {
         return Err(format!("{at}: algorithm bucket takes units second to week; use budget or window"));
@@ -850,7 +850,7 @@ descriptors:
         let cases = [
             ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "invalid rate limit unit 'fortnight'"),
             ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1}\n", "invalid rate limit unit ''"),
-            ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: budget}\n", "budget needs unit day or month"),
+            ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: budget}\n", "budget needs unit hour, day, week, month or year"),
             ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", "duplicate descriptor composite key 'd.k'"),
             ("domain: d\ndescriptors:\n  - key: k\n    colour: red\n", "config error, unknown key 'colour'"),
             ("domain: d\non_database_error: maybe\n", "on_database_error must be"),

@@ -77,11 +77,14 @@ impl Item {
     }
 }
 
+/// The calendar period of a budget's unit (hour to year; config refuses the others).
 fn period(unit: Unit) -> &'static str {
-    if unit == Unit::Month {
-        "month"
-    } else {
-        "day"
+    match unit {
+        Unit::Hour => "hour",
+        Unit::Week => "week",
+        Unit::Month => "month",
+        Unit::Year => "year",
+        _ => "day",
     }
 }
 

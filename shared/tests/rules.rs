@@ -590,9 +590,36 @@ fn calendar_periods_in_utc() {
         (Period::Month, ms(2026, 4, 30, 10, 0, 0), ms(2026, 5, 1, 0, 0, 0)),
         (Period::Month, ms(2026, 5, 1, 0, 0, 0), ms(2026, 6, 1, 0, 0, 0)),
         (Period::Month, 0, ms(1970, 2, 1, 0, 0, 0)),
+        (Period::Hour, ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
+        (Period::Hour, ms(2026, 3, 29, 1, 0, 0), ms(2026, 3, 29, 2, 0, 0)),
+        (Period::Hour, 0, ms(1970, 1, 1, 1, 0, 0)),
+        // ISO weeks start on Monday: 1970-01-01 was a Thursday, 2026-12-06 a Sunday
+        (Period::Week, 0, ms(1970, 1, 5, 0, 0, 0)),
+        (Period::Week, ms(2026, 12, 6, 23, 59, 59), ms(2026, 12, 7, 0, 0, 0)),
+        (Period::Week, ms(2026, 12, 7, 0, 0, 0), ms(2026, 12, 14, 0, 0, 0)),
+        (Period::Week, ms(2026, 12, 30, 12, 0, 0), ms(2027, 1, 4, 0, 0, 0)),
+        (Period::Year, ms(2028, 2, 29, 0, 0, 0), ms(2029, 1, 1, 0, 0, 0)),
+        (Period::Year, ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
+        (Period::Year, ms(2027, 1, 1, 0, 0, 0), ms(2028, 1, 1, 0, 0, 0)),
+        (Period::Year, 0, ms(1971, 1, 1, 0, 0, 0)),
     ];
     for (period, now, end) in cases {
         assert_eq!(period.end_ms(now), end, "{period:?} at {now}");
+    }
+}
+
+#[test]
+fn every_period_tiles_time_from_1970_to_9999() {
+    // each instant lies in exactly one period of each unit, and periods follow each other
+    let mut now = 0i64;
+    while now < ratelimit_core::units::MAX_NOW_MS {
+        for period in Period::ALL {
+            let (start, end) = (period.start_ms(now), period.end_ms(now));
+            assert!(start <= now && now < end, "{period:?} at {now}: {start}..{end}");
+            assert_eq!(period.start_ms(end), end, "{period:?}: the next period starts where this one ends");
+            assert_eq!(period.end_ms(end - 1), end, "{period:?} at {now}");
+        }
+        now += 7_919 * 3_600_000 + 12_345; // about 11 months and a prime number of hours
     }
 }
 
@@ -838,13 +865,13 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
         ("rl_take", vec![Arg::Text("k"), Arg::Integer(3)], "rl_take: expected 3 to 5 arguments, got 2"),
         (
             "rl_spend",
-            vec![Arg::Text("k"), Arg::Text("week"), Arg::Integer(3)],
-            "rl_spend: period must be 'day' or 'month', got 'week'",
+            vec![Arg::Text("k"), Arg::Text("fortnight"), Arg::Integer(3)],
+            "rl_spend: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'",
         ),
         (
             "rl_spend",
             vec![Arg::Text("k"), Arg::Null, Arg::Integer(3)],
-            "rl_spend: period must be 'day' or 'month', got NULL",
+            "rl_spend: period must be 'hour', 'day', 'week', 'month' or 'year', got NULL",
         ),
         (
             "rl_spend",
@@ -1063,7 +1090,7 @@ fn take_all_rejects_bad_lists() {
         (r#"[{"key": "a", "period": "day", "quota": 1}, {"key": "", "period": "day", "quota": 1}]"#, "rl_take_all: item 2: key must not be empty"),
         (r#"[{"key": "a", "burst": 1, "refil_per_minute": 1}]"#,
          "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier)"),
-        (r#"[{"key": "a", "period": "year", "quota": 1}]"#, "rl_take_all: item 1: period must be 'day' or 'month', got 'year'"),
+        (r#"[{"key": "a", "period": "Year", "quota": 1}]"#, "rl_take_all: item 1: period must be 'hour', 'day', 'week', 'month' or 'year', got 'Year'"),
         (r#"[{"key": "a", "burst": true, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got a blob of 7 bytes"),
         (r#"[1]"#, "rl_take_all: item 1: must be a JSON object"),
         (r#"[{"key": "a", "burst": 1, "refill_per_minute": 1, "multiplier": 0}]"#,

@@ -228,7 +228,7 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE ratelimit.rl__number_error(fn, what, seconds, '@MAX_DURATION_SECONDS@', false)::bigint END
 $$;
 
--- A budget period (args::period): 'day' or 'month'.
+-- A budget period (args::period): one of units::Period::ALL.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_error(fn text, v text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -241,7 +241,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION ratelimit.rl__period(fn text, v text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v IN ('day', 'month') THEN v ELSE ratelimit.rl__period_error(fn, v) END
+    SELECT CASE WHEN v IN (@PERIODS@) THEN v ELSE ratelimit.rl__period_error(fn, v) END
 $$;
 
 -- The role calling a rl_* function (inside it current_user is the owner): the role SET
@@ -313,22 +313,31 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT make_date(extract(year FROM d)::int, extract(month FROM d)::int, 1)
 $$;
 
+-- The start of the UTC calendar period containing now, epoch ms (units::Period::start_ms):
+-- an ISO week starts on Monday (1970-01-01 was a Thursday, three days after one).
+CREATE OR REPLACE FUNCTION ratelimit.rl__period_start(period text, now bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE period
+        WHEN 'day' THEN (now / @MS_PER_DAY@) * @MS_PER_DAY@
+        WHEN 'hour' THEN (now / @MS_PER_HOUR@) * @MS_PER_HOUR@
+        WHEN 'week' THEN (now / @MS_PER_DAY@ - (now / @MS_PER_DAY@ + 3) % 7) * @MS_PER_DAY@
+        WHEN 'year' THEN (make_date(extract(year FROM date '1970-01-01' + (now / @MS_PER_DAY@)::int)::int, 1, 1)
+                          - date '1970-01-01')::bigint * @MS_PER_DAY@
+        ELSE (ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) - date '1970-01-01')::bigint * @MS_PER_DAY@ END
+$$;
+
 -- The end (exclusive) of the UTC calendar period containing now, epoch ms
 -- (units::Period::end_ms): a month's end is the first of the month 32 days after its start.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_end(period text, now bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE period
         WHEN 'day' THEN (now / @MS_PER_DAY@ + 1) * @MS_PER_DAY@
+        WHEN 'hour' THEN (now / @MS_PER_HOUR@ + 1) * @MS_PER_HOUR@
+        WHEN 'week' THEN (now / @MS_PER_DAY@ - (now / @MS_PER_DAY@ + 3) % 7 + 7) * @MS_PER_DAY@
+        WHEN 'year' THEN (make_date(extract(year FROM date '1970-01-01' + (now / @MS_PER_DAY@)::int)::int + 1, 1, 1)
+                          - date '1970-01-01')::bigint * @MS_PER_DAY@
         ELSE (ratelimit.rl__month_start(ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) + 32)
               - date '1970-01-01')::bigint * @MS_PER_DAY@ END
-$$;
-
--- The start of the UTC calendar period containing now, epoch ms (units::Period::start_ms).
-CREATE OR REPLACE FUNCTION ratelimit.rl__period_start(period text, now bigint) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE period
-        WHEN 'day' THEN (now / @MS_PER_DAY@) * @MS_PER_DAY@
-        ELSE (ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) - date '1970-01-01')::bigint * @MS_PER_DAY@ END
 $$;
 
 -- a / b and a * b as IEEE doubles give them, infinite past the largest double (PostgreSQL
@@ -1393,7 +1402,7 @@ $$;
 CREATE OR REPLACE FUNCTION ratelimit.rl__json_period(fn text, v jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF jsonb_typeof(v) IS DISTINCT FROM 'string' OR (v #>> '{}') NOT IN ('day', 'month') THEN
+    IF jsonb_typeof(v) IS DISTINCT FROM 'string' OR (v #>> '{}') NOT IN (@PERIODS@) THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD@, ratelimit.rl__json_describe(v)));
     END IF;
     RETURN v #>> '{}';

@@ -5,10 +5,10 @@
  * [503]) or a function of the status. */
 export type RefundOn = (string | number)[] | ((status: number) => boolean);
 
-/** A bucket, a calendar budget (a UTC "day" or "month") or a sliding window. */
+/** A bucket, a calendar budget (a UTC "hour", "day", ISO "week", "month" or "year") or a sliding window. */
 export type Limit =
   | { burst: number; refill_per_minute: number }
-  | { period: "day" | "month"; quota: number }
+  | { period: "hour" | "day" | "week" | "month" | "year"; quota: number }
   | { limit: number; window_seconds: number };
 
 /**

@@ -1,4 +1,4 @@
-//! Calendar budgets: a quota per UTC day or month, counted in exact millionths. Pure: no
+//! Calendar budgets: a quota per UTC hour, day, ISO week, month or year, counted in exact millionths. Pure: no
 //! parsing, no output.
 
 use crate::units::{ceil_seconds, Period};

@@ -290,7 +290,7 @@ pub fn now_ms(arg: &Arg, clock: &Clock) -> Result<i64> {
     }
 }
 
-/// A budget period: 'day' or 'month'.
+/// A budget period: 'hour', 'day', 'week', 'month' or 'year' ([`Period::ALL`]).
 pub fn period(arg: &Arg) -> Result<Period> {
     match *arg {
         Arg::Text(t) => Period::ALL.into_iter().find(|p| p.as_str() == t),

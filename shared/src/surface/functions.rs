@@ -66,7 +66,7 @@ pub enum Rule {
     PeekAmount,
     /// `args::duration_ms`: seconds above 0, at most a year, kept to the millisecond.
     Duration,
-    /// `args::period`: 'day' or 'month'.
+    /// `args::period`: 'hour', 'day', 'week', 'month' or 'year'.
     Period,
     /// The explicit clock, or the real one.
     Now,
@@ -406,7 +406,7 @@ mod table {
     pub const RL_TAKE: Function = Function { result_keys: TAKE_KEYS, ..state("rl_take", StateCall::Take, TAKE_ARGS,
         "token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb") };
     pub const RL_SPEND: Function = Function { result_keys: SPEND_KEYS, ..state("rl_spend", StateCall::Spend, SPEND_ARGS,
-        "calendar budget (UTC day or month): spend cost (all or nothing) against quota; returns jsonb") };
+        "calendar budget (a UTC hour, day, ISO week from Monday, month or year): spend cost (all or nothing) against quota; returns jsonb") };
     pub const RL_BUDGET: Function = Function { result_keys: SPEND_KEYS, ..state("rl_budget", StateCall::Budget, BUDGET_ARGS,
         "what rl_spend with the same arguments would return, spending nothing") };
     pub const RL_SWEEP: Function = Function { returns: Int8, ..state("rl_sweep", StateCall::Sweep,

@@ -74,7 +74,7 @@ messages! {
     /// (what was given)
     MAX_ROWS = "max_rows must be a positive integer, got {}";
     /// (what was given)
-    PERIOD = "period must be 'day' or 'month', got {}";
+    PERIOD = "period must be 'hour', 'day', 'week', 'month' or 'year', got {}";
     /// (argument, the most bytes, the bytes given)
     JSON_TOO_LARGE = "{} must be at most {} bytes of JSON, got {} bytes";
     /// (argument, the largest, what was given)
@@ -132,7 +132,7 @@ mod tests {
     #[test]
     fn renders_in_order_and_quotes_for_sql() {
         assert_eq!(AT_MOST.render(&[&"burst", &5, &"'x'"]), "burst must be at most 5, got 'x'");
-        assert_eq!(PERIOD.sql_literal(), "'period must be ''day'' or ''month'', got %s'");
+        assert_eq!(PERIOD.sql_literal(), "'period must be ''hour'', ''day'', ''week'', ''month'' or ''year'', got %s'");
         assert_eq!(Message { name: "P", template: "100 % of {}" }.sql_literal(), "'100 %% of %s'");
         assert_eq!(NAME_TOO_LONG.arity(), 3);
     }
