@@ -67,7 +67,7 @@ def with_derived_keys(function, args, expected):
     if function in ("rl_spend", "rl_budget"):
         return {**expected, "exceeds_limit": not expected["admitted"] and cost > args[2],
                 "period_seconds": period_seconds(args[1], expected["resets_at"])}
-    if function in ("rl_window", "rl_window_peek"):
+    if function in ("rl_window", "rl_window_peek", "rl_fixed_window", "rl_fixed_window_peek"):
         return {**expected, "exceeds_limit": not expected["admitted"] and cost > args[1]}
     return expected
 
@@ -94,8 +94,9 @@ def item_calls(limits):
         cost, m = item.get("cost", 1), item.get("multiplier", 1)  # a multiplier scales the limit
         if "period" in item:
             calls.append(("rl_spend", (item["key"], item["period"], item["quota"] * m, cost)))
-        elif "window_seconds" in item:
-            calls.append(("rl_window", (item["key"], item["limit"] * m, item["window_seconds"], cost)))
+        elif "window_seconds" in item or "fixed_window_seconds" in item:
+            seconds = item.get("window_seconds", item.get("fixed_window_seconds"))
+            calls.append(("rl_window", (item["key"], item["limit"] * m, seconds, cost)))
         else:
             calls.append(("rl_take", (item["key"], item["burst"] * m, item["refill_per_minute"] * m, cost)))
     return calls
@@ -468,12 +469,53 @@ STEPS = [
     ("rl_charge_all", ('[]', 0), ("error", "rl_charge_all: limits must hold 1 to 64 items, got 0")),
     ("rl_take_all", ('[{"key":"cb","burst":2,"refill_per_minute":60}]', 0),  # the refused charge wrote nothing
      {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0, "items": [take(True, 1, 2, 0, 1)]}),
+    # fixed windows: at most limit per window [k * T, (k + 1) * T) of epoch time, every wait
+    # the time to the window's end; counted apart from a sliding window on the same key
+    ("rl_take_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60}]', 59_000),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0, "items": [window(True, 1, 2, 0, 1, 60)]}),
+    ("rl_take_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60}]', 59_500),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0, "items": [window(True, 0, 2, 0, 1, 60)]}),
+    ("rl_take_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60}]', 59_999),
+     {"admitted": False, "retry_after_ms": 1, "retry_after_seconds": 1, "items": [window(False, 0, 2, 1, 1, 60)]}),
+    ("rl_take_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60},{"key":"fw","limit":2,"window_seconds":60}]', 60_000),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
+      "items": [window(True, 1, 2, 0, 60, 60), window(True, 1, 2, 0, 60, 60)]}),
+    ("rl_refund_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60}]', 60_000),
+     {"items": [{**window(True, 2, 2, 0, 0, 60), "exceeds_limit": False}]}),
+    ("rl_charge_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60,"cost":3}]', 61_000),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
+      "items": [{**window(True, -1, 2, 0, 59, 60), "exceeds_limit": False}]}),
+    ("rl_take_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60}]', 119_999),
+     {"admitted": False, "retry_after_ms": 1, "retry_after_seconds": 1, "items": [window(False, 0, 2, 1, 1, 60)]}),
+    ("rl_take_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60,"multiplier":2}]', 119_999),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0, "items": [window(True, 0, 4, 0, 1, 60)]}),
+    ("rl_take_all", ('[{"key":"fw","limit":2,"fixed_window_seconds":60}]', 120_000),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0, "items": [window(True, 1, 2, 0, 60, 60)]}),
+    ("rl_window_peek", ("fw", 2, 60, 1, 119_000), window(True, 0, 2, 0, 60, 60)),  # the sliding window's own one
+    # rl_fixed_window: the same rows as the fixed window items, on its own
+    ("rl_fixed_window", ("fw", 2, 60, 1, 121_000), window(True, 0, 2, 0, 59, 60)),
+    ("rl_fixed_window", ("fw", 2, 60, 1, 179_999), window(False, 0, 2, 1, 1, 60)),
+    ("rl_fixed_window_peek", ("fw", 2, 60, 0, 179_999), window(True, 0, 2, 0, 1, 60)),
+    ("rl_fixed_window_peek", ("fw", 2, 60, 2, 180_000), window(True, 0, 2, 0, 60, 60)),
+    ("rl_fixed_window", ("fw", 2, 60, 3, 180_000), {**window(False, 2, 2, 1, 0, 60), "exceeds_limit": True}),
+    ("rl_fixed_window", ("fw2", 1.5, 0.25, 1, 1_000_100), window(True, 0, 1.5, 0, 1, 0.25)),
+    ("rl_fixed_window", ("fw2", 1.5, 0.25, 1, 1_000_249), window(False, 0, 1.5, 1, 1, 0.25)),
+    ("rl_fixed_window", ("fw2", 1.5, 0.25, 0.5, 1_000_249), window(True, 0, 1.5, 0, 1, 0.25)),
+    ("rl_fixed_window", ("x", 1, 0, 1, 0), ("error", "rl_fixed_window: window_seconds must be a finite number greater than 0, got 0")),
+    ("rl_fixed_window_peek", ("x", 1, None), ("error", "rl_fixed_window_peek: window_seconds must be a finite number greater than 0, got NULL")),
+    ("rl_fixed_window", ("x", 1, 60, 0), ("error", "rl_fixed_window: cost must be a finite number greater than 0, got 0")),
+    ("rl_take_all", ('[{"key":"x","limit":1,"fixed_window_seconds":0}]', 0),
+     ("error", "rl_take_all: item 1: fixed_window_seconds must be a finite number greater than 0, got 0")),
+    ("rl_take_all", ('[{"key":"x","limit":1,"fixed_window_seconds":1,"window_seconds":1}]', 0),
+     ("error", 'rl_take_all: item 1: unknown field "window_seconds" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier; a fixed window key, limit, fixed_window_seconds, cost, multiplier)')),
+    ("rl_take_all", ('[{"key":"x","limit":1,"fixed_window_seconds":1},{"key":"x","limit":2,"fixed_window_seconds":2}]', 0),
+     ("error", "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)")),
     ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":0}]', 0),
      ("error", "rl_take_all: item 1: window_seconds must be a finite number greater than 0, got 0")),
     ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":1},{"key":"x","limit":2,"window_seconds":1}]', 0),
      ("error", "rl_take_all: items 1 and 2 are the same limit (one key may appear once per kind and period)")),
     ("rl_take_all", ('[{"key":"x","limit":1,"window_seconds":1,"burst":1}]', 0),
-     ("error", 'rl_take_all: item 1: unknown field "burst" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier)')),
+     ("error", 'rl_take_all: item 1: unknown field "burst" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier; a fixed window key, limit, fixed_window_seconds, cost, multiplier)')),
     # an item's multiplier scales its limit as a policy's tier does (so a caller passes
     # limits through whatever their kind): the same answers as the scaled limits
     ("rl_take_all", ('[{"key":"mu","burst":2,"refill_per_minute":60,"multiplier":2.5},'
@@ -602,6 +644,20 @@ STEPS = [
     ("rl_refund_check", ("trial", "cy", 1, None, 10_000),
      {"policy": "trial", "tier": None, "items": [{**window(True, 1, 1, 0, 0, 10), "exceeds_limit": False}]}),
     ("rl_check", ("trial", "cy", 1, None, 10_000), checked([{**window(True, 0, 1, 0, 10, 10), "exceeds_limit": False}], "trial")),
+    # a policy's fixed window, scaled by its tier; refunded as a window forgets its newest
+    ("rl_policy_set", ("hourly", '{"limits": [{"limit": 2, "fixed_window_seconds": 3600}], "tiers": {"pro": 1.5}}'),
+     {"limits": [{"limit": 2, "fixed_window_seconds": 3600}], "tiers": {"pro": 1.5}, "shadow": False}),
+    ("rl_check", ("hourly", "dee", 2, None, 3_599_000),
+     checked([{**window(True, 0, 2, 0, 1, 3600), "exceeds_limit": False}], "hourly")),
+    ("rl_check", ("hourly", "dee", 1, "pro", 3_599_500),
+     checked([{**window(True, 0, 3, 0, 1, 3600), "exceeds_limit": False}], "hourly", tier="pro")),
+    ("rl_check", ("hourly", "dee", 1, "pro", 3_599_999),
+     checked([{**window(False, 0, 3, 1, 1, 3600), "exceeds_limit": False}], "hourly", tier="pro", retry_ms=1,
+             would_refuse=True)),
+    ("rl_refund_check", ("hourly", "dee", 1, None, 3_599_999),
+     {"policy": "hourly", "tier": None, "items": [{**window(True, 0, 2, 0, 1, 3600), "exceeds_limit": False}]}),
+    ("rl_check", ("hourly", "dee", 2, None, 3_600_000),
+     checked([{**window(True, 0, 2, 0, 3600, 3600), "exceeds_limit": False}], "hourly")),
     # a definition is validated whole; a bad one writes nothing
     # rl_policy_validate: rl_policy_set's validation, storing nothing (the web packages check
     # a route's explicit limits with it at startup)
@@ -612,7 +668,7 @@ STEPS = [
     ("rl_policy_validate", ('{"limits": [{"burst": 0, "refill_per_minute": 5}]}',),
      ("error", "rl_policy_validate: definition.limits item 1: burst must be a finite number greater than 0, got 0")),
     ("rl_policy_validate", ('{"limits": [{"burst": 3, "refill": 5}]}',),
-     ("error", 'rl_policy_validate: definition.limits item 1: unknown field "refill" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds)')),
+     ("error", 'rl_policy_validate: definition.limits item 1: unknown field "refill" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds; a fixed window limit, fixed_window_seconds)')),
     # a number written as text is read as the number, as every argument is; the answer has it as one
     ("rl_policy_validate", ('{"limits": [{"burst": "3", "refill_per_minute": 5}]}',),
      {"limits": [{"burst": 3, "refill_per_minute": 5}], "tiers": {}, "shadow": False}),
@@ -636,7 +692,7 @@ STEPS = [
     ("rl_policy_set", ("x", '{"limits": [{"period": "fortnight", "quota": 5}]}'),
      ("error", "rl_policy_set: definition.limits item 1: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'")),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 1, "refill_per_minute": 1, "key": "k"}]}'),
-     ("error", 'rl_policy_set: definition.limits item 1: unknown field "key" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds)')),
+     ("error", 'rl_policy_set: definition.limits item 1: unknown field "key" (a bucket has burst, refill_per_minute; a budget period, quota; a window limit, window_seconds; a fixed window limit, fixed_window_seconds)')),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 1, "refill_per_minute": 1}], "tiers": {"pro": 0}}'),
      ("error", "rl_policy_set: definition.tiers.pro must be a finite number greater than 0, got 0")),
     ("rl_policy_set", ("x", '{"limits": [{"burst": 1e300, "refill_per_minute": 1}]}'),

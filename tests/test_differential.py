@@ -28,6 +28,7 @@ DEFINITIONS = [
     '{"limits": [{"burst": 5, "refill_per_minute": 30}]}',
     '{"limits": [{"burst": 3, "refill_per_minute": 6}, {"period": "day", "quota": 10.5}], "tiers": {"pro": 2.5}}',
     '{"limits": [{"limit": 4, "window_seconds": 90}, {"period": "month", "quota": 100}], "tiers": {"pro": 3}, "shadow": true}',
+    '{"limits": [{"limit": 3, "fixed_window_seconds": 60}, {"limit": 5, "window_seconds": 60}], "tiers": {"pro": 1.5}}',
 ]
 
 
@@ -40,6 +41,7 @@ def valid_call(rng):
     cost = rng.choice([1, 1, 2, 0.5, 2.5, 7])
     function = rng.choice(["rl_take", "rl_take", "rl_peek", "rl_refund", "rl_charge", "rl_spend", "rl_spend", "rl_budget",
                            "rl_refund_budget", "rl_charge_budget", "rl_window", "rl_window", "rl_window_peek",
+                           "rl_fixed_window", "rl_fixed_window", "rl_fixed_window_peek",
                            "rl_acquire", "rl_release", "rl_renew", "rl_in_flight", "rl_take_all", "rl_refund_all", "rl_charge_all", "rl_check_limits", "rl_check", "rl_check",
                            "rl_charge_check", "rl_peek_check",
                            "rl_refund_check", "rl_policy_set", "rl_penalize", "rl_block", "rl_unblock", "rl_sweep",
@@ -54,22 +56,28 @@ def valid_call(rng):
         "rl_refund_budget": [key, "day", cost], "rl_charge_budget": [key, "month", cost],
         "rl_window": [key, rng.choice([4, 10]), rng.choice([1, 90]), cost],
         "rl_window_peek": [key, 4, 90, rng.choice([0, cost])],
+        "rl_fixed_window": [key, rng.choice([4, 10]), rng.choice([1, 60, 86400]), cost],
+        "rl_fixed_window_peek": [key, 4, 60, rng.choice([0, cost])],
         "rl_acquire": [key, rng.choice([1, 2, 3]), rng.choice([1, 30])], "rl_release": [key, LAST_LEASE],
         "rl_renew": [key, LAST_LEASE, 30], "rl_in_flight": [key],
         "rl_take_all": ['[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s, "multiplier": %s}, '
                         '{"key": "%s", "period": "%s", "quota": 10, "cost": %s, "multiplier": %s}, '
-                        '{"key": "%s", "limit": 4, "window_seconds": 90, "multiplier": %s}]'
-                        % (key, burst, rate, cost, m, key, rng.choice(PERIODS), cost, m, key, m)],
+                        '{"key": "%s", "limit": 4, "window_seconds": 90, "multiplier": %s}, '
+                        '{"key": "%s", "limit": 3, "fixed_window_seconds": %s, "cost": %s, "multiplier": %s}]'
+                        % (key, burst, rate, cost, m, key, rng.choice(PERIODS), cost, m, key, m,
+                           rng.choice(KEYS), rng.choice([1, 60, 3600]), cost, m)],
         "rl_check_limits": ["POST /x", subject, '[{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
                             '{"key": "%s", "limit": 4, "window_seconds": 90}]' % (key, burst, rate, cost, key)],
         "rl_refund_all": ['[{"key": "%s", "limit": 4, "window_seconds": 90, "cost": %s}, '
                           '{"key": "%s", "period": "day", "quota": 10, "cost": %s}, '
+                          '{"key": "%s", "limit": 3, "fixed_window_seconds": 60, "cost": %s}, '
                           '{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}]'
-                          % (key, cost, key, cost, key, burst, rate, cost)],
+                          % (key, cost, key, cost, key, cost, key, burst, rate, cost)],
         "rl_charge_all": ['[{"key": "%s", "period": "day", "quota": 10, "cost": %s}, '
                           '{"key": "%s", "burst": %s, "refill_per_minute": %s, "cost": %s}, '
-                          '{"key": "%s", "limit": 4, "window_seconds": 90, "cost": %s}]'
-                          % (key, cost, key, burst, rate, cost, key, cost)],
+                          '{"key": "%s", "limit": 4, "window_seconds": 90, "cost": %s}, '
+                          '{"key": "%s", "limit": 3, "fixed_window_seconds": 60, "cost": %s}]'
+                          % (key, cost, key, burst, rate, cost, key, cost, rng.choice(KEYS), cost)],
         "rl_check": [policy, subject, cost, rng.choice([None, None, "pro"])],
         "rl_charge_check": [policy, subject, cost, rng.choice([None, "pro"])],
         "rl_peek_check": [policy, subject, rng.choice([0, cost]), rng.choice([None, "pro"])],

@@ -94,7 +94,10 @@ def random_call(rng, functions):
                 {"key": rng.choice(["a", "b"]), "period": rng.choice(["day", "month", "hour", "week", "year"]), "quota": rng.choice([1, 2.5, 1e9]),
                  "cost": rng.choice([1, 0.5, 3])},
                 {"key": rng.choice(["a", "b"]), "limit": rng.choice([1, 2.5, 1e9]), "window_seconds": rng.choice([0.001, 1, 60]),
-                 "cost": rng.choice([1, 0.5, 3])}]) for _ in range(rng.randint(1, 3))]
+                 "cost": rng.choice([1, 0.5, 3])},
+                {"key": rng.choice(["a", "b"]), "limit": rng.choice([1, 2.5, 1e9]),
+                 "fixed_window_seconds": rng.choice([0.001, 1, 60, 0, 31_536_001]), "cost": rng.choice([1, 0.5, 3])}])
+                for _ in range(rng.randint(1, 3))]
             for item in items:
                 if rng.random() < 0.3:
                     item["multiplier"] = rng.choice([2, 0.5, 1e-9, 0, -1, None, "x", 1e308, 3.3])
@@ -122,7 +125,8 @@ def random_call(rng, functions):
         if rng.random() < 0.5:
             limits = [rng.choice([{"burst": rng.choice([1, 3, 1e308, 0]), "refill_per_minute": rng.choice([1, 60])},
                                   {"period": rng.choice(["day", "month", "year", "fortnight"]), "quota": rng.choice([1, 2.5])},
-                                  {"limit": rng.choice([1, 5]), "window_seconds": rng.choice([1, 60, 0])}])
+                                  {"limit": rng.choice([1, 5]), "window_seconds": rng.choice([1, 60, 0])},
+                                  {"limit": rng.choice([1, 5]), "fixed_window_seconds": rng.choice([1, 3600, -1])}])
                       for _ in range(rng.randint(0, 3))]
             definition = {"limits": limits, "tiers": rng.choice([{}, {"pro": 5}, {"x": 0}]), "shadow": rng.choice([True, False, 1])}
             args = [rng.choice(POLICIES), json.dumps(definition)]
@@ -158,7 +162,8 @@ def random_call(rng, functions):
         args = [keys(rng), rng.choice(PERIODS), rng.choice(NUMBERS)]
         if rng.random() < 0.7:
             args.append(rng.choice(CLOCKS))
-    elif function in ("rl_take", "rl_peek", "rl_spend", "rl_budget", "rl_window", "rl_window_peek"):
+    elif function in ("rl_take", "rl_peek", "rl_spend", "rl_budget", "rl_window", "rl_window_peek", "rl_fixed_window",
+                      "rl_fixed_window_peek"):
         second = rng.choice(PERIODS) if function in ("rl_spend", "rl_budget") else rng.choice(NUMBERS)
         args = [keys(rng), second, rng.choice(NUMBERS)]
         if rng.random() < 0.7:
@@ -278,8 +283,8 @@ def check_answer(function, value):
         assert (r["retry_after_ms"] == 0) == r["admitted"]
         check_items(r["items"])
         return
-    if function in ("rl_take", "rl_peek", "rl_window", "rl_window_peek"):
-        window = function.startswith("rl_window")
+    if function in ("rl_take", "rl_peek", "rl_window", "rl_window_peek", "rl_fixed_window", "rl_fixed_window_peek"):
+        window = "window" in function
         assert sorted(r) == sorted(RESULT_KEYS["rl_window"] if window else TAKE_KEYS), r
         assert isinstance(r["admitted"], bool)
         # a bucket in debt (rl_charge) reports a negative remaining, but never admits then

@@ -54,6 +54,8 @@ wrappers! {
     rl_budget(key, period: &str, quota) => RL_BUDGET, text;
     rl_window(key, limit: f64, window_seconds) => RL_WINDOW, real;
     rl_window_peek(key, limit: f64, window_seconds) => RL_WINDOW_PEEK, real;
+    rl_fixed_window(key, limit: f64, window_seconds) => RL_FIXED_WINDOW, real;
+    rl_fixed_window_peek(key, limit: f64, window_seconds) => RL_FIXED_WINDOW_PEEK, real;
 }
 
 /// Wrappers of functions whose arguments are all required but a trailing now_ms; each

@@ -1089,7 +1089,7 @@ fn take_all_rejects_bad_lists() {
         (r#"[{"key": "a", "burst": 0, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got 0"),
         (r#"[{"key": "a", "period": "day", "quota": 1}, {"key": "", "period": "day", "quota": 1}]"#, "rl_take_all: item 2: key must not be empty"),
         (r#"[{"key": "a", "burst": 1, "refil_per_minute": 1}]"#,
-         "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier)"),
+         "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier; a fixed window key, limit, fixed_window_seconds, cost, multiplier)"),
         (r#"[{"key": "a", "period": "Year", "quota": 1}]"#, "rl_take_all: item 1: period must be 'hour', 'day', 'week', 'month' or 'year', got 'Year'"),
         (r#"[{"key": "a", "burst": true, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got a blob of 7 bytes"),
         (r#"[1]"#, "rl_take_all: item 1: must be a JSON object"),

@@ -232,7 +232,26 @@ DECLARE
     seen text;
 BEGIN
     SELECT t.entries INTO seen FROM ratelimit.rl_entries AS t WHERE t.key = k AND t.kind = 'window';
-    RETURN (ratelimit.rl__window_decision(fn, seen, lim, w, c, now, false)).answer;
+    RETURN (ratelimit.rl__window_decision(fn, seen, lim, w, c, now, false, false)).answer;
+END
+
+-- function: rl_fixed_window
+DECLARE
+    fn CONSTANT text := 'rl_fixed_window';
+    @ARGUMENTS@
+BEGIN
+    RETURN ratelimit.rl__entries_change(fn, k, 'fixed_window', 'window',
+        jsonb_build_object('limit', lim, 'window_ms', w, 'cost', c, 'fixed', true), now, '');
+END
+
+-- function: rl_fixed_window_peek
+DECLARE
+    fn CONSTANT text := 'rl_fixed_window_peek';
+    @ARGUMENTS@
+    seen text;
+BEGIN
+    SELECT t.entries INTO seen FROM ratelimit.rl_entries AS t WHERE t.key = k AND t.kind = 'fixed_window';
+    RETURN (ratelimit.rl__window_decision(fn, seen, lim, w, c, now, false, true)).answer;
 END
 
 -- function: rl_acquire

@@ -831,9 +831,10 @@ END
 $$;
 
 -- What rl_window decides (window::take) on the stored entries, and the row an admission
--- stores (protocol::window_row): new_entries NULL when nothing is written.
+-- stores (protocol::window_row): new_entries NULL when nothing is written. A fixed window
+-- records an admission at the start of the window holding now (WindowLimits::recorded_at).
 CREATE OR REPLACE FUNCTION ratelimit.rl__window_decision(fn text, entries text, lim bigint, window_ms bigint,
-                                                         cost bigint, now bigint, charge boolean,
+                                                         cost bigint, now bigint, charge boolean, fixed boolean,
                                                          OUT admitted boolean, OUT answer jsonb,
                                                          OUT new_entries text, OUT new_empty_at bigint,
                                                          OUT too_many boolean)
@@ -853,6 +854,7 @@ DECLARE
     out_units bigint[] := '{}';
     previous bigint := 0;
     text_out text := '';
+    at bigint := CASE WHEN fixed THEN now - ((now % window_ms) + window_ms) % window_ms ELSE now END;
 BEGIN
     -- the entries that count at now: made less than window_ms ago (or ahead of now)
     FOR i IN 1..coalesce(array_length(d.ats, 1), 0) LOOP
@@ -868,11 +870,11 @@ BEGIN
     -- the entries after the call, in time order, the admission merged into its millisecond
     IF admitted AND cost > 0 THEN
         FOR i IN 1..coalesce(array_length(ats, 1), 0) LOOP
-            IF NOT placed AND ats[i] >= now THEN
-                IF ats[i] = now THEN
+            IF NOT placed AND ats[i] >= at THEN
+                IF ats[i] = at THEN
                     units[i] := units[i] + cost;
                 ELSE
-                    out_ats := out_ats || now;
+                    out_ats := out_ats || at;
                     out_units := out_units || cost;
                 END IF;
                 placed := true;
@@ -881,7 +883,7 @@ BEGIN
             out_units := out_units || units[i];
         END LOOP;
         IF NOT placed THEN
-            out_ats := out_ats || now;
+            out_ats := out_ats || at;
             out_units := out_units || cost;
         END IF;
     ELSE
@@ -1145,7 +1147,8 @@ BEGIN
     END IF;
     IF step IN ('window', 'window_charge') THEN
         w := ratelimit.rl__window_decision(fn, entries, (args ->> 'limit')::bigint, (args ->> 'window_ms')::bigint,
-                                           (args ->> 'cost')::bigint, now, step = 'window_charge');
+                                           (args ->> 'cost')::bigint, now, step = 'window_charge',
+                                           coalesce((args ->> 'fixed')::boolean, false));
         IF w.too_many THEN PERFORM ratelimit.rl__window_too_full(fn); END IF;
         answer := w.answer; new_entries := w.new_entries; new_empty_at := w.new_empty_at;
         RETURN;
@@ -1425,8 +1428,24 @@ BEGIN
 END
 $$;
 
+-- A limit object's kind from the fields it has (limit_json::Kind::of): a budget has a
+-- period; a fixed window, fixed_window_seconds; a window, window_seconds; else a bucket.
+CREATE OR REPLACE FUNCTION ratelimit.rl__limit_kind(v jsonb) RETURNS int
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v ? 'period' THEN @KIND_BUDGET@ WHEN v ? 'fixed_window_seconds' THEN @KIND_FIXED_WINDOW@
+                WHEN v ? 'window_seconds' THEN @KIND_WINDOW@ ELSE @KIND_BUCKET@ END
+$$;
+
+-- The kind column of the rl_entries row a window of this kind keeps its entries in
+-- (rows::window_kind): a sliding and a fixed window on one key are apart.
+CREATE OR REPLACE FUNCTION ratelimit.rl__window_rows(kind int) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE kind WHEN @KIND_FIXED_WINDOW@ THEN 'fixed_window' ELSE 'window' END
+$$;
+
 -- The limits of rl_take_all or of a policy, parsed one item at a time (limit_json::shape): the
--- kind (0 bucket, 1 budget, 2 window, the order rows are kept in), key, period and numbers.
+-- kind (0 bucket, 1 budget, 2 window, 3 fixed window, the order rows are kept in), key,
+-- period and numbers.
 -- prefix leads each error ('rl_take_all: item 3').
 CREATE OR REPLACE FUNCTION ratelimit.rl__limit_item(prefix text, v jsonb, OUT kind int, OUT key text, OUT period text,
                                                     OUT burst double precision, OUT rate double precision,
@@ -1441,19 +1460,21 @@ DECLARE
     in_range boolean;
 BEGIN
     IF jsonb_typeof(v) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
-    kind := CASE WHEN v ? 'period' THEN @KIND_BUDGET@ WHEN v ? 'window_seconds' THEN @KIND_WINDOW@ ELSE @KIND_BUCKET@ END;
+    kind := ratelimit.rl__limit_kind(v);
     allowed := CASE kind WHEN @KIND_BUDGET@ THEN ARRAY[@ITEM_FIELDS_BUDGET@]
                          WHEN @KIND_WINDOW@ THEN ARRAY[@ITEM_FIELDS_WINDOW@]
+                         WHEN @KIND_FIXED_WINDOW@ THEN ARRAY[@ITEM_FIELDS_FIXED_WINDOW@]
                          ELSE ARRAY[@ITEM_FIELDS_BUCKET@] END;
     SELECT k INTO extra FROM jsonb_each(v) WITH ORDINALITY AS e(k, x, n) WHERE NOT k = ANY (allowed) ORDER BY n LIMIT 1;
     IF extra IS NOT NULL THEN
         PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
-            @ITEM_FIELD_LIST_BUCKET@, @ITEM_FIELD_LIST_BUDGET@, @ITEM_FIELD_LIST_WINDOW@));
+            @ITEM_FIELD_LIST_BUCKET@, @ITEM_FIELD_LIST_BUDGET@, @ITEM_FIELD_LIST_WINDOW@, @ITEM_FIELD_LIST_FIXED_WINDOW@));
     END IF;
     key := ratelimit.rl__json_key(prefix, v -> 'key');
-    IF kind = @KIND_WINDOW@ THEN
+    IF kind IN (@KIND_WINDOW@, @KIND_FIXED_WINDOW@) THEN
         quota := ratelimit.rl__json_micros(prefix, 'limit', v -> 'limit');
-        window_ms := ratelimit.rl__json_duration_ms(prefix, 'window_seconds', v -> 'window_seconds');
+        window_ms := CASE kind WHEN @KIND_WINDOW@ THEN ratelimit.rl__json_duration_ms(prefix, 'window_seconds', v -> 'window_seconds')
+                     ELSE ratelimit.rl__json_duration_ms(prefix, 'fixed_window_seconds', v -> 'fixed_window_seconds') END;
         micros := CASE WHEN v ? 'cost' THEN ratelimit.rl__json_micros(prefix, 'cost', v -> 'cost') ELSE @MICROS_PER_UNIT@ END;
     ELSIF kind = @KIND_BUDGET@ THEN
         period := ratelimit.rl__json_period(prefix, v -> 'period');
@@ -1531,8 +1552,9 @@ BEGIN
                         INSERT INTO ratelimit.rl_budget (key, period, used, resets_at)
                         VALUES (it ->> 'key', it ->> 'period', 0, ratelimit.rl__period_end(it ->> 'period', now))
                         ON CONFLICT (key, period) DO NOTHING;
-                    WHEN @KIND_WINDOW@ THEN
-                        INSERT INTO ratelimit.rl_entries (key, kind, entries, empty_at) VALUES (it ->> 'key', 'window', '', 0)
+                    WHEN @KIND_WINDOW@, @KIND_FIXED_WINDOW@ THEN
+                        INSERT INTO ratelimit.rl_entries (key, kind, entries, empty_at)
+                        VALUES (it ->> 'key', ratelimit.rl__window_rows((it ->> 'kind')::int), '', 0)
                         ON CONFLICT (key, kind) DO NOTHING;
                     ELSE NULL;
                 END CASE;
@@ -1542,7 +1564,8 @@ BEGIN
             -- held rows are locked budgets first, then windows, then buckets
             FOR i IN 1..n LOOP
                 it := items -> (i - 1);
-                CONTINUE WHEN (CASE (it ->> 'kind')::int WHEN @KIND_BUDGET@ THEN 1 WHEN @KIND_WINDOW@ THEN 2 ELSE 3 END) <> pass;
+                CONTINUE WHEN (CASE (it ->> 'kind')::int WHEN @KIND_BUDGET@ THEN 1 WHEN @KIND_WINDOW@ THEN 2
+                                                         WHEN @KIND_FIXED_WINDOW@ THEN 2 ELSE 3 END) <> pass;
                 IF (it ->> 'kind')::int = @KIND_BUDGET@ THEN
                     IF held THEN
                         SELECT t.used, t.resets_at INTO x FROM ratelimit.rl_budget AS t
@@ -1552,12 +1575,13 @@ BEGIN
                         WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
                     END IF;
                     r_found[i] := FOUND; r_used[i] := x.used; r_resets[i] := x.resets_at;
-                ELSIF (it ->> 'kind')::int = @KIND_WINDOW@ THEN
+                ELSIF (it ->> 'kind')::int IN (@KIND_WINDOW@, @KIND_FIXED_WINDOW@) THEN
                     IF held THEN
                         SELECT t.entries INTO x FROM ratelimit.rl_entries AS t
-                        WHERE t.key = it ->> 'key' AND t.kind = 'window' FOR UPDATE;
+                        WHERE t.key = it ->> 'key' AND t.kind = ratelimit.rl__window_rows((it ->> 'kind')::int) FOR UPDATE;
                     ELSE
-                        SELECT t.entries INTO x FROM ratelimit.rl_entries AS t WHERE t.key = it ->> 'key' AND t.kind = 'window';
+                        SELECT t.entries INTO x FROM ratelimit.rl_entries AS t
+                        WHERE t.key = it ->> 'key' AND t.kind = ratelimit.rl__window_rows((it ->> 'kind')::int);
                     END IF;
                     r_found[i] := FOUND; r_entries[i] := CASE WHEN FOUND THEN x.entries END;
                 ELSE
@@ -1582,9 +1606,9 @@ BEGIN
                     (it ->> 'quota')::bigint, (it ->> 'micros')::bigint, now);
                 new_used[i] := d.new_used; new_resets[i] := d.new_resets_at;
                 wait := CASE WHEN d.admitted THEN 0 ELSE d.new_resets_at - now END;
-            ELSIF (it ->> 'kind')::int = @KIND_WINDOW@ THEN
+            ELSIF (it ->> 'kind')::int IN (@KIND_WINDOW@, @KIND_FIXED_WINDOW@) THEN
                 d := ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint, (it ->> 'window_ms')::bigint,
-                    (it ->> 'micros')::bigint, now, false);
+                    (it ->> 'micros')::bigint, now, false, (it ->> 'kind')::int = @KIND_FIXED_WINDOW@);
                 new_entries[i] := d.new_entries; new_empty[i] := d.new_empty_at; too_many[i] := d.too_many;
                 wait := (d.answer ->> 'retry_after_ms')::bigint;
             ELSE
@@ -1607,10 +1631,10 @@ BEGIN
                 UPDATE ratelimit.rl_budget AS t SET used = new_used[i], resets_at = new_resets[i],
                     quota = (it ->> 'quota')::bigint
                 WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
-            ELSIF (it ->> 'kind')::int = @KIND_WINDOW@ THEN
+            ELSIF (it ->> 'kind')::int IN (@KIND_WINDOW@, @KIND_FIXED_WINDOW@) THEN
                 IF too_many[i] THEN PERFORM ratelimit.rl__window_too_full(fn); END IF;
                 UPDATE ratelimit.rl_entries AS t SET entries = new_entries[i], empty_at = new_empty[i]
-                WHERE t.key = it ->> 'key' AND t.kind = 'window';
+                WHERE t.key = it ->> 'key' AND t.kind = ratelimit.rl__window_rows((it ->> 'kind')::int);
             ELSE
                 UPDATE ratelimit.rl_bucket AS t SET level = new_level[i], refilled_at = new_refilled[i], full_at = new_full[i]
                 WHERE t.key = it ->> 'key';
@@ -1626,7 +1650,9 @@ BEGIN
                 WHEN @KIND_BUDGET@ THEN ratelimit.rl__spend_answer(r_found[i], r_used[i], r_resets[i], it ->> 'period',
                                                        (it ->> 'quota')::bigint, 0, now)
                 WHEN @KIND_WINDOW@ THEN (ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint,
-                                                           (it ->> 'window_ms')::bigint, 0, now, false)).answer
+                                                           (it ->> 'window_ms')::bigint, 0, now, false, false)).answer
+                WHEN @KIND_FIXED_WINDOW@ THEN (ratelimit.rl__window_decision(fn, r_entries[i], (it ->> 'quota')::bigint,
+                                                           (it ->> 'window_ms')::bigint, 0, now, false, true)).answer
                 ELSE (ratelimit.rl__take_decision(r_found[i], r_level[i], r_refilled[i], (it ->> 'burst')::float8,
                                                   (it ->> 'rate')::float8, 0, now)).answer END;
         END LOOP;
@@ -1703,8 +1729,9 @@ DECLARE
     charge CONSTANT boolean := op = 'charge';
 BEGIN
     FOR it IN SELECT i FROM jsonb_array_elements(items) AS i
-              ORDER BY CASE (i ->> 'kind')::int WHEN @KIND_BUDGET@ THEN 0 WHEN @KIND_WINDOW@ THEN 1 ELSE 2 END,
-                       (i ->> 'key') COLLATE "C", i ->> 'period' LOOP
+              ORDER BY CASE (i ->> 'kind')::int WHEN @KIND_BUDGET@ THEN 0 WHEN @KIND_WINDOW@ THEN 1
+                                                WHEN @KIND_FIXED_WINDOW@ THEN 1 ELSE 2 END,
+                       (i ->> 'kind')::int, (i ->> 'key') COLLATE "C", i ->> 'period' LOOP
         answers := answers || jsonb_build_object(it ->> 'pos', CASE (it ->> 'kind')::int
             WHEN @KIND_BUCKET@ THEN ratelimit.rl__bucket_change(fn, op, it ->> 'key', (it ->> 'burst')::float8,
                                                     (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)
@@ -1712,10 +1739,11 @@ BEGIN
                                                     it ->> 'key', it ->> 'period',
                                                     CASE WHEN charge THEN (it ->> 'quota')::bigint END,
                                                     (it ->> 'micros')::bigint, now)
-            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', 'window',
+            ELSE ratelimit.rl__entries_change(fn, it ->> 'key', ratelimit.rl__window_rows((it ->> 'kind')::int),
                 CASE WHEN charge THEN 'window_charge' ELSE 'window_refund' END,
                 jsonb_build_object('limit', (it ->> 'quota')::bigint, 'window_ms', (it ->> 'window_ms')::bigint,
-                                   'cost', (it ->> 'micros')::bigint), now, '') END);
+                                   'cost', (it ->> 'micros')::bigint, 'fixed', (it ->> 'kind')::int = @KIND_FIXED_WINDOW@),
+                now, '') END);
     END LOOP;
     RETURN (SELECT jsonb_agg(a.value ORDER BY a.key::int) FROM jsonb_each(answers) AS a);
 END
@@ -1732,6 +1760,7 @@ DECLARE
     extra text;
     item jsonb;
     prefix text;
+    field text;
     kind int;
     allowed text[];
     t record;
@@ -1761,25 +1790,27 @@ BEGIN
         item := definition -> 'limits' -> (i - 1);
         prefix := fn || ': definition.limits item ' || i;
         IF jsonb_typeof(item) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
-        kind := CASE WHEN item ? 'period' THEN @KIND_BUDGET@ WHEN item ? 'window_seconds' THEN @KIND_WINDOW@ ELSE @KIND_BUCKET@ END;
+        kind := ratelimit.rl__limit_kind(item);
         allowed := CASE kind WHEN @KIND_BUDGET@ THEN ARRAY[@POLICY_FIELDS_BUDGET@] WHEN @KIND_WINDOW@ THEN ARRAY[@POLICY_FIELDS_WINDOW@]
+                             WHEN @KIND_FIXED_WINDOW@ THEN ARRAY[@POLICY_FIELDS_FIXED_WINDOW@]
                              ELSE ARRAY[@POLICY_FIELDS_BUCKET@] END;
         SELECT k INTO extra FROM jsonb_object_keys(item) WITH ORDINALITY AS e(k, n) WHERE NOT k = ANY (allowed)
         ORDER BY n LIMIT 1;
         IF extra IS NOT NULL THEN
             PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
-                @POLICY_FIELD_LIST_BUCKET@, @POLICY_FIELD_LIST_BUDGET@, @POLICY_FIELD_LIST_WINDOW@));
+                @POLICY_FIELD_LIST_BUCKET@, @POLICY_FIELD_LIST_BUDGET@, @POLICY_FIELD_LIST_WINDOW@, @POLICY_FIELD_LIST_FIXED_WINDOW@));
         END IF;
         IF kind = @KIND_BUDGET@ THEN
             limits := limits || jsonb_build_object('kind', @KIND_BUDGET@, 'period', ratelimit.rl__json_period(prefix, item -> 'period'),
                 'quota', ratelimit.rl__json_micros(prefix, 'quota', item -> 'quota'));
             texts := texts || format('{"period":%s,"quota":%s}', to_jsonb(limits -> -1 ->> 'period')::text,
                                      ratelimit.rl__micros((limits -> -1 ->> 'quota')::bigint)::text);
-        ELSIF kind = @KIND_WINDOW@ THEN
-            limits := limits || jsonb_build_object('kind', @KIND_WINDOW@, 'quota', ratelimit.rl__json_micros(prefix, 'limit', item -> 'limit'),
-                'window_ms', ratelimit.rl__json_duration_ms(prefix, 'window_seconds', item -> 'window_seconds'));
-            texts := texts || format('{"limit":%s,"window_seconds":%s}', ratelimit.rl__micros((limits -> -1 ->> 'quota')::bigint)::text,
-                                     ratelimit.rl__number((limits -> -1 ->> 'window_ms')::float8 / 1000)::text);
+        ELSIF kind IN (@KIND_WINDOW@, @KIND_FIXED_WINDOW@) THEN
+            field := CASE kind WHEN @KIND_WINDOW@ THEN 'window_seconds' ELSE 'fixed_window_seconds' END;
+            limits := limits || jsonb_build_object('kind', kind, 'quota', ratelimit.rl__json_micros(prefix, 'limit', item -> 'limit'),
+                'window_ms', ratelimit.rl__json_duration_ms(prefix, field, item -> field));
+            texts := texts || format('{"limit":%s,%s:%s}', ratelimit.rl__micros((limits -> -1 ->> 'quota')::bigint)::text,
+                                     to_jsonb(field)::text, ratelimit.rl__number((limits -> -1 ->> 'window_ms')::float8 / 1000)::text);
         ELSE
             limits := limits || jsonb_build_object('kind', @KIND_BUCKET@, 'burst', ratelimit.rl__json_tokens(prefix, 'burst', item -> 'burst'),
                 'rate', ratelimit.rl__json_tokens(prefix, 'refill_per_minute', item -> 'refill_per_minute'));

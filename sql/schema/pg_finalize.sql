@@ -30,6 +30,10 @@ COMMENT ON FUNCTION rl_window(text, double precision, double precision, double p
   'exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb';
 COMMENT ON FUNCTION rl_window_peek(text, double precision, double precision, double precision, double precision) IS
   'what rl_window with the same arguments would return, recording nothing';
+COMMENT ON FUNCTION rl_fixed_window(text, double precision, double precision, double precision, double precision) IS
+  'fixed window: admit cost (all or nothing) when the units admitted under key in the current window (window_seconds long, aligned to the Unix epoch, counted anew at each window''s start) plus cost are at most limit; returns jsonb';
+COMMENT ON FUNCTION rl_fixed_window_peek(text, double precision, double precision, double precision, double precision) IS
+  'what rl_fixed_window with the same arguments would return, recording nothing';
 COMMENT ON FUNCTION rl_acquire(text, bigint, double precision, double precision) IS
   'concurrency cap: hold a lease on key if fewer than max_in_flight unexpired leases are held; it counts until rl_release or until lease_seconds pass; returns jsonb';
 COMMENT ON FUNCTION rl_release(text, text, double precision) IS
@@ -155,6 +159,8 @@ BEGIN
          'rl_check_limits(text, text, jsonb, double precision)',
          'rl_window(text, double precision, double precision, double precision, double precision)',
          'rl_window_peek(text, double precision, double precision, double precision, double precision)',
+         'rl_fixed_window(text, double precision, double precision, double precision, double precision)',
+         'rl_fixed_window_peek(text, double precision, double precision, double precision, double precision)',
          'rl_acquire(text, bigint, double precision, double precision)',
          'rl_release(text, text, double precision)',
          'rl_renew(text, text, double precision, double precision)',

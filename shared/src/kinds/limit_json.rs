@@ -21,10 +21,11 @@ pub enum LimitShape {
         period: Period,
         quota: i64,
     },
-    /// Millionths.
+    /// Millionths; `fixed`: a fixed window (`fixed_window_seconds`), not a sliding one.
     Window {
         limit: i64,
         window_ms: i64,
+        fixed: bool,
     },
 }
 
@@ -49,16 +50,18 @@ pub enum Kind {
     Bucket,
     Budget,
     Window,
+    FixedWindow,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Bucket, Kind::Budget, Kind::Window];
+    pub const ALL: [Kind; 4] = [Kind::Bucket, Kind::Budget, Kind::Window, Kind::FixedWindow];
 
     pub fn name(self) -> &'static str {
         match self {
             Kind::Bucket => "bucket",
             Kind::Budget => "budget",
             Kind::Window => "window",
+            Kind::FixedWindow => "fixed_window",
         }
     }
 
@@ -67,10 +70,13 @@ impl Kind {
         extra.before.iter().chain(self.fields()).chain(extra.after).copied().collect()
     }
 
-    /// A budget has a period; a window, window_seconds; anything else is a bucket.
+    /// A budget has a period; a fixed window, fixed_window_seconds; a window,
+    /// window_seconds; anything else is a bucket.
     fn of(o: &Map<String, Value>) -> Kind {
         if o.contains_key("period") {
             Kind::Budget
+        } else if o.contains_key("fixed_window_seconds") {
+            Kind::FixedWindow
         } else if o.contains_key("window_seconds") {
             Kind::Window
         } else {
@@ -83,6 +89,7 @@ impl Kind {
             Kind::Bucket => &["burst", "refill_per_minute"],
             Kind::Budget => &["period", "quota"],
             Kind::Window => &["limit", "window_seconds"],
+            Kind::FixedWindow => &["limit", "fixed_window_seconds"],
         }
     }
 }
@@ -97,6 +104,7 @@ pub fn object<'v>(v: &'v Value, extra: &Extra) -> Result<&'v Map<String, Value>>
             &list(Kind::Bucket),
             &list(Kind::Budget),
             &list(Kind::Window),
+            &list(Kind::FixedWindow),
         ])));
     }
     Ok(o)
@@ -113,6 +121,12 @@ pub fn shape(o: &Map<String, Value>) -> Result<LimitShape> {
         Kind::Window => LimitShape::Window {
             limit: args::amount_micros("limit", &field("limit"))?,
             window_ms: args::duration_ms("window_seconds", &field("window_seconds"))?,
+            fixed: false,
+        },
+        Kind::FixedWindow => LimitShape::Window {
+            limit: args::amount_micros("limit", &field("limit"))?,
+            window_ms: args::duration_ms("fixed_window_seconds", &field("fixed_window_seconds"))?,
+            fixed: true,
         },
         Kind::Bucket => LimitShape::Bucket {
             burst: args::token_number("burst", &field("burst"))?,

@@ -55,14 +55,16 @@ impl<'a> Limit<'a> {
     }
 
     /// Which state row the limit touches. Limits are kept in this order (buckets, then
-    /// budgets, then windows, each by key and period) and rows locked in it, budgets
-    /// first, then windows, then buckets, the same for every call, so that concurrent
-    /// calls never wait in a cycle; two limits on one row are one limit given twice.
+    /// budgets, then sliding windows, then fixed windows, each by key and period; the
+    /// number is the kind's place in [`crate::limit_json::Kind::ALL`]) and rows locked in
+    /// it, budgets first, then windows, then buckets, the same for every call, so that
+    /// concurrent calls never wait in a cycle; two limits on one row are one limit given
+    /// twice.
     pub fn row(&self) -> (u8, &'a str, Option<Period>) {
         match self {
             Limit::Bucket(b) => (0, b.key, None),
             Limit::Budget(b) => (1, b.key, Some(b.period)),
-            Limit::Window(w) => (2, w.key, None),
+            Limit::Window(w) => (if w.limits.fixed { 3 } else { 2 }, w.key, None),
         }
     }
 }

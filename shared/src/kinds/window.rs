@@ -1,9 +1,16 @@
-//! Exact sliding windows: at most `limit` units admitted in any `window_ms`. Pure: the
-//! stored admissions in, the answer and the admissions to store out.
+//! Exact sliding windows: at most `limit` units admitted in any `window_ms`; and fixed
+//! windows: at most `limit` units in each window `[k * window_ms, (k + 1) * window_ms)` of
+//! epoch time, the count starting again at each window's start. Pure: the stored admissions
+//! in, the answer and the admissions to store out.
 //!
 //! A window keeps every admission that still counts, one entry per millisecond (two in the
 //! same millisecond merge). An entry made at `at` counts while `at > now - window_ms`, and
 //! stops counting at `at + window_ms` exactly, so every wait is an exact integer.
+//!
+//! A fixed window is the same arithmetic with one change: an admission is recorded at the
+//! start of the window it falls in, not at its own millisecond. Its entries then merge into
+//! one per window, that entry counts exactly until the window ends, and every wait is the
+//! time to the window's end.
 
 use crate::units::MICROS_PER_UNIT;
 
@@ -25,6 +32,20 @@ pub struct WindowLimits {
     /// Millionths.
     pub limit: i64,
     pub window_ms: i64,
+    /// A fixed window (aligned to the epoch) rather than a sliding one.
+    pub fixed: bool,
+}
+
+impl WindowLimits {
+    /// When an admission made at `now` is recorded: `now` in a sliding window, the start
+    /// of the window holding `now` in a fixed one.
+    pub fn recorded_at(&self, now: i64) -> i64 {
+        if self.fixed {
+            now - now.rem_euclid(self.window_ms)
+        } else {
+            now
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +78,11 @@ pub fn take(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> Wi
     let used: i64 = counted.iter().map(|e| e.micros).sum();
     let admitted = used.saturating_add(cost) <= limits.limit;
     // A cost of 0 (a peek at what is left) records no entry.
-    let after =
-        if admitted && cost > 0 { with_entry(counted, Entry { at: now, micros: cost }) } else { counted.to_vec() };
+    let after = if admitted && cost > 0 {
+        with_entry(counted, Entry { at: limits.recorded_at(now), micros: cost })
+    } else {
+        counted.to_vec()
+    };
     let used_after = if admitted { used + cost } else { used };
     let reset_after_ms = after.iter().map(|e| e.at + limits.window_ms - now).max().unwrap_or(0).max(0);
     let retry_after_ms = if admitted {
@@ -94,7 +118,7 @@ pub fn take(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> Wi
 /// The window may then count more than its limit; `remaining` says how far past it (below 0)
 /// and later takes wait until enough entries leave. Answered as an admitted take.
 pub fn charge(entries: &[Entry], limits: &WindowLimits, cost: i64, now: i64) -> WindowDecision {
-    let after = with_entry(counting(entries, limits, now), Entry { at: now, micros: cost });
+    let after = with_entry(counting(entries, limits, now), Entry { at: limits.recorded_at(now), micros: cost });
     let used_after: i64 = after.iter().map(|e| e.micros).sum();
     let reset_after_ms = after.iter().map(|e| e.at + limits.window_ms - now).max().unwrap_or(0).max(0);
     WindowDecision {
@@ -185,7 +209,8 @@ mod tests {
     use super::*;
 
     const U: i64 = MICROS_PER_UNIT;
-    const LIMITS: WindowLimits = WindowLimits { limit: 3 * U, window_ms: 10_000 };
+    const LIMITS: WindowLimits = WindowLimits { limit: 3 * U, window_ms: 10_000, fixed: false };
+    const FIXED: WindowLimits = WindowLimits { fixed: true, ..LIMITS };
 
     fn run(entries: &mut Vec<Entry>, cost: i64, now: i64) -> WindowDecision {
         let d = take(entries, &LIMITS, cost, now);
@@ -238,6 +263,53 @@ mod tests {
             assert!(take(&e, &LIMITS, cost, 400 + d.retry_after_ms).admitted, "{cost}");
             assert!(!take(&e, &LIMITS, cost, 400 + d.retry_after_ms - 1).admitted, "{cost}");
         }
+    }
+
+    /// A fixed window of 3 per 10 s: (now, cost, admitted, remaining, retry_after_ms,
+    /// reset_after_ms), the count starting again at 10 s and 20 s whatever came just before.
+    #[test]
+    fn fixed_table() {
+        let mut e = Vec::new();
+        for (now, cost, admitted, remaining, retry, reset) in [
+            (0, U, true, 2, 0, 10_000),
+            (4_000, U, true, 1, 0, 6_000),
+            (9_999, U, true, 0, 0, 1),
+            (9_999, U, false, 0, 1, 1),
+            (10_000, U, true, 2, 0, 10_000), // a new window: the three of the first no longer count
+            (10_001, 2 * U, true, 0, 0, 9_999),
+            (15_000, U, false, 0, 5_000, 5_000),
+            (19_999, 4 * U, false, 0, 1, 1), // above the limit: the window's end is all it can say
+            (20_000, 3 * U, true, 0, 0, 10_000),
+        ] {
+            let d = take(&e, &FIXED, cost, now);
+            if let Some(new) = &d.new_entries {
+                e = new.clone();
+            }
+            assert_eq!(
+                (d.admitted, d.remaining, d.retry_after_ms, d.reset_after_ms),
+                (admitted, remaining, retry, reset),
+                "at {now}"
+            );
+        }
+        // one entry per window, at its start
+        assert_eq!(e, vec![Entry { at: 20_000, micros: 3 * U }]);
+        assert_eq!(empty_at(&e, FIXED.window_ms), 30_000);
+    }
+
+    #[test]
+    fn fixed_windows_record_at_their_start_and_charge_and_refund_there() {
+        assert_eq!(FIXED.recorded_at(0), 0);
+        assert_eq!(FIXED.recorded_at(19_999), 10_000);
+        assert_eq!(LIMITS.recorded_at(19_999), 19_999);
+        let d = charge(&[Entry { at: 10_000, micros: 2 * U }], &FIXED, 5 * U, 12_345);
+        assert_eq!(d.new_entries, Some(vec![Entry { at: 10_000, micros: 7 * U }]));
+        assert_eq!((d.remaining, d.reset_after_ms), (-4, 7_655));
+        assert_eq!(refund(&d.new_entries.unwrap(), U), vec![Entry { at: 10_000, micros: 6 * U }]);
+        // waiting the retry admits and 1 ms less does not
+        let e = vec![Entry { at: 10_000, micros: 3 * U }];
+        let d = take(&e, &FIXED, U, 12_000);
+        assert!(!d.admitted && take(&e, &FIXED, U, 12_000 + d.retry_after_ms).admitted);
+        assert!(!take(&e, &FIXED, U, 12_000 + d.retry_after_ms - 1).admitted);
     }
 
     #[test]

@@ -98,7 +98,9 @@ impl LimitShape {
                 LimitShape::Bucket { burst: burst * m, refill_per_minute: refill_per_minute * m }
             }
             LimitShape::Budget { period, quota } => LimitShape::Budget { period, quota: micros(quota) },
-            LimitShape::Window { limit, window_ms } => LimitShape::Window { limit: micros(limit), window_ms },
+            LimitShape::Window { limit, window_ms, fixed } => {
+                LimitShape::Window { limit: micros(limit), window_ms, fixed }
+            }
         }
     }
 }
@@ -183,9 +185,12 @@ impl Policy {
                     ("period", Json::Str(period.as_str().to_owned())),
                     ("quota", Json::micros(quota)),
                 ]),
-                LimitShape::Window { limit, window_ms } => Json::Object(vec![
+                LimitShape::Window { limit, window_ms, fixed } => Json::Object(vec![
                     ("limit", Json::micros(limit)),
-                    ("window_seconds", Json::Number(window_ms as f64 / 1000.0)),
+                    (
+                        if fixed { "fixed_window_seconds" } else { "window_seconds" },
+                        Json::Number(window_ms as f64 / 1000.0),
+                    ),
                 ]),
             })
             .collect();
@@ -237,10 +242,10 @@ impl Policy {
                 LimitShape::Budget { period, quota } => {
                     Limit::Budget(BudgetItem { position, key, period, quota, cost: cost_micros })
                 }
-                LimitShape::Window { limit, window_ms } => Limit::Window(WindowItem {
+                LimitShape::Window { limit, window_ms, fixed } => Limit::Window(WindowItem {
                     position,
                     key,
-                    limits: WindowLimits { limit, window_ms },
+                    limits: WindowLimits { limit, window_ms, fixed },
                     cost: cost_micros,
                 }),
             })

@@ -67,6 +67,8 @@ pub enum Rows {
 pub enum EntryKind {
     /// A sliding window's admissions ([`crate::window`]).
     Window,
+    /// A fixed window's admissions, one entry per window ([`crate::window`]).
+    FixedWindow,
     /// A concurrency cap's leases ([`crate::lease`]).
     Lease,
     /// A subject's strikes and block ([`crate::penalty`]).
@@ -78,6 +80,7 @@ impl EntryKind {
     pub fn as_str(self) -> &'static str {
         match self {
             EntryKind::Window => "window",
+            EntryKind::FixedWindow => "fixed_window",
             EntryKind::Lease => "lease",
             EntryKind::Block => "block",
         }

@@ -175,7 +175,8 @@ impl<'a> RefundBudgetArgs<'a> {
     }
 }
 
-/// `(key, limit, window_seconds [, cost = 1 [, now_ms]])` of rl_window and rl_window_peek.
+/// `(key, limit, window_seconds [, cost = 1 [, now_ms]])` of rl_window and rl_window_peek
+/// (rl_fixed_window and rl_fixed_window_peek: the same, [`WindowArgs::fixed`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WindowArgs<'a> {
     pub key: &'a str,
@@ -186,12 +187,18 @@ pub struct WindowArgs<'a> {
 }
 
 impl<'a> WindowArgs<'a> {
+    /// The same limits as a fixed window.
+    pub fn fixed(self) -> Self {
+        WindowArgs { limits: WindowLimits { fixed: true, ..self.limits }, ..self }
+    }
+
     pub fn parse(call: &CallArgs<'_, 'a>, clock: &Clock) -> Result<Self> {
         Ok(WindowArgs {
             key: call.key()?,
             limits: WindowLimits {
                 limit: amount_micros("limit", &call.get("limit").arg)?,
                 window_ms: duration_ms("window_seconds", &call.get("window_seconds").arg)?,
+                fixed: false,
             },
             cost: call.cost_micros()?,
             now_ms: call.now_ms(clock)?,
@@ -459,8 +466,8 @@ fn item<'a>(position: usize, v: &'a Value) -> Result<Limit<'a>> {
         }
     };
     Ok(match shape {
-        LimitShape::Window { limit, window_ms } => {
-            Limit::Window(WindowItem { position, key, limits: WindowLimits { limit, window_ms }, cost: micros })
+        LimitShape::Window { limit, window_ms, fixed } => {
+            Limit::Window(WindowItem { position, key, limits: WindowLimits { limit, window_ms, fixed }, cost: micros })
         }
         LimitShape::Budget { period, quota } => {
             Limit::Budget(BudgetItem { position, key, period, quota, cost: micros })

@@ -114,6 +114,8 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
         }
         StateCall::Window => json(&protocol::window(store, &WindowArgs::parse(call, clock)?)?),
         StateCall::WindowPeek => json(&protocol::window_peek(store, &WindowArgs::parse(call, clock)?)?),
+        StateCall::FixedWindow => json(&protocol::window(store, &WindowArgs::parse(call, clock)?.fixed())?),
+        StateCall::FixedWindowPeek => json(&protocol::window_peek(store, &WindowArgs::parse(call, clock)?.fixed())?),
         StateCall::Acquire => json(&protocol::acquire(store, &AcquireArgs::parse(call, clock)?)?),
         StateCall::Release => Answer::Bool(protocol::release(store, &LeaseArgs::parse(call, clock)?)?),
         StateCall::Renew => json(&protocol::renew(store, &LeaseArgs::parse(call, clock)?)?),

@@ -157,6 +157,8 @@ pub enum StateCall {
     CheckLimits,
     Window,
     WindowPeek,
+    FixedWindow,
+    FixedWindowPeek,
     Acquire,
     Release,
     Renew,
@@ -442,6 +444,10 @@ mod table {
         "exact sliding window: admit cost (all or nothing) when the units admitted under key in the last window_seconds plus cost are at most limit; returns jsonb") };
     pub const RL_WINDOW_PEEK: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_window_peek", StateCall::WindowPeek, WINDOW_PEEK_ARGS,
         "what rl_window with the same arguments would return, recording nothing") };
+    pub const RL_FIXED_WINDOW: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_fixed_window", StateCall::FixedWindow, WINDOW_ARGS,
+        "fixed window: admit cost (all or nothing) when the units admitted under key in the current window (window_seconds long, aligned to the Unix epoch, counted anew at each window's start) plus cost are at most limit; returns jsonb") };
+    pub const RL_FIXED_WINDOW_PEEK: Function = Function { result_keys: WINDOW_KEYS, ..state("rl_fixed_window_peek", StateCall::FixedWindowPeek, WINDOW_PEEK_ARGS,
+        "what rl_fixed_window with the same arguments would return, recording nothing") };
     pub const RL_ACQUIRE: Function = Function {
         result_keys: &["admitted", "lease", "in_flight", "limit", "expires_at", "retry_after_ms", "retry_after_seconds"],
         ..state("rl_acquire", StateCall::Acquire, &[KEY, required("max_in_flight", Int8), LEASE_SECONDS, NOW_MS],
@@ -571,6 +577,8 @@ pub const ALL: &[Function] = &[
     RL_CHECK_LIMITS,
     RL_WINDOW,
     RL_WINDOW_PEEK,
+    RL_FIXED_WINDOW,
+    RL_FIXED_WINDOW_PEEK,
     RL_ACQUIRE,
     RL_RELEASE,
     RL_RENEW,

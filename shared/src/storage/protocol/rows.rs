@@ -109,6 +109,16 @@ pub(super) fn leases_of(row: Option<&EntriesRow>) -> Result<Leases> {
     row.map_or(Some(Leases::default()), |r| Leases::decode(&r.entries)).ok_or_else(|| damaged(EntryKind::Lease))
 }
 
+/// The rows a window's entries are kept in: a sliding window's and a fixed window's apart,
+/// so one key may carry both.
+pub(super) fn window_kind(limits: &window::WindowLimits) -> EntryKind {
+    if limits.fixed {
+        EntryKind::FixedWindow
+    } else {
+        EntryKind::Window
+    }
+}
+
 /// The row an admitted window decision stores, within the bound on entries per key.
 pub(super) fn window_row(d: &WindowDecision, window_ms: i64) -> Result<Option<EntriesRow>> {
     let Some(entries) = &d.new_entries else { return Ok(None) };
@@ -153,7 +163,7 @@ pub(super) fn change_entries<S: Store, R>(
 /// The row that answers exactly as no row does: an empty list, removable by the sweep.
 pub(super) fn empty_row(kind: EntryKind) -> EntriesRow {
     let entries = match kind {
-        EntryKind::Window => window::encode(&[]),
+        EntryKind::Window | EntryKind::FixedWindow => window::encode(&[]),
         EntryKind::Lease => Leases::default().encode(),
         EntryKind::Block => Strikes::default().encode(),
     };
@@ -162,7 +172,7 @@ pub(super) fn empty_row(kind: EntryKind) -> EntriesRow {
 
 /// rl_window: one atomic admission to a sliding window.
 pub fn window<S: Store>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
-    change_entries(store, EntryKind::Window, a.key, |row| {
+    change_entries(store, window_kind(&a.limits), a.key, |row| {
         let d = window::take(&window_entries(row)?, &a.limits, a.cost, a.now_ms);
         let new = window_row(&d, a.limits.window_ms)?;
         Ok((d, new))
@@ -171,7 +181,7 @@ pub fn window<S: Store>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision>
 
 /// rl_window_peek: what rl_window would answer, recording nothing (read-only too).
 pub fn window_peek<S: Store>(store: &mut S, a: &WindowArgs) -> Result<WindowDecision> {
-    let row = store.read_row(EntriesAt { kind: EntryKind::Window, key: a.key })?;
+    let row = store.read_row(EntriesAt { kind: window_kind(&a.limits), key: a.key })?;
     Ok(window::take(&window_entries(row.as_ref())?, &a.limits, a.cost, a.now_ms))
 }
 

@@ -1,6 +1,6 @@
 //! rl_take_all: several limits, all or nothing.
 
-use super::rows::{change_entries, empty_row, window_entries, window_row};
+use super::rows::{change_entries, empty_row, window_entries, window_kind, window_row};
 use super::*;
 use crate::take_all::{LimitAnswer, TakeAllAnswer};
 
@@ -73,7 +73,7 @@ fn charge_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<L
                 Error::out_of_range(crate::messages::USE_TOO_HIGH.render(&[&(budget::MAX_USED / 1_000_000)]))
             })?)
         }
-        Limit::Window(w) => LimitAnswer::Window(change_entries(store, EntryKind::Window, w.key, |row| {
+        Limit::Window(w) => LimitAnswer::Window(change_entries(store, window_kind(&w.limits), w.key, |row| {
             let d = window::charge(&window_entries(row)?, &w.limits, w.cost, now_ms);
             let new = window_row(&d, w.limits.window_ms)?;
             Ok((d, new))
@@ -99,7 +99,7 @@ fn refund_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<L
             let args = RefundBudgetArgs { key: b.key, period: b.period, amount: b.cost, now_ms };
             LimitRefund::Budget(refund_budget(store, &args)?)
         }
-        Limit::Window(w) => LimitRefund::Window(change_entries(store, EntryKind::Window, w.key, |row| {
+        Limit::Window(w) => LimitRefund::Window(change_entries(store, window_kind(&w.limits), w.key, |row| {
             let given_back = window::refund(&window_entries(row)?, w.cost);
             // a peek (cost 0) answers the window as the refund left it, and keeps only the
             // entries that still count
@@ -141,7 +141,7 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
                 budgets.push(hold_in_unit(store, budget_at(b), untouched, true)?);
             }
             Limit::Window(w) => {
-                let row = hold_in_unit(store, window_at(w), || empty_row(EntryKind::Window), true)?;
+                let row = hold_in_unit(store, window_at(w), || empty_row(window_at(w).kind), true)?;
                 let entries = window_entries(row.as_ref())?;
                 windows.push((row, entries));
             }
@@ -214,5 +214,5 @@ fn budget_at<'a>(item: &all_or_none::BudgetItem<'a>) -> BudgetAt<'a> {
 }
 
 fn window_at<'a>(item: &all_or_none::WindowItem<'a>) -> EntriesAt<'a> {
-    EntriesAt { kind: EntryKind::Window, key: item.key }
+    EntriesAt { kind: window_kind(&item.limits), key: item.key }
 }
