@@ -6,6 +6,7 @@
 //! ```yaml
 //! domain: edge_proxy_per_ip
 //! on_database_error: error        # ours: error (Envoy decides), allow or deny
+//! algorithm: fixed                # ours: the default of the rules below that name none
 //! descriptors:
 //!   - key: remote_address
 //!     rate_limit: {unit: second, requests_per_unit: 10}
@@ -126,6 +127,10 @@ pub enum Algorithm {
     /// At most `requests_per_unit` in any sliding unit (exact; the default for week and
     /// year, which have no calendar budget).
     Window,
+    /// At most `requests_per_unit` in each unit-long window aligned to the Unix epoch (a
+    /// month 30 days, a year 365), every hit counted, refused or not: the reference's own
+    /// counting, exactly (`rl_fixed_window`).
+    Fixed,
 }
 
 impl Algorithm {
@@ -134,6 +139,7 @@ impl Algorithm {
             "bucket" => Algorithm::Bucket,
             "budget" => Algorithm::Budget,
             "window" => Algorithm::Window,
+            "fixed" => Algorithm::Fixed,
             _ => return None,
         })
     }
@@ -446,6 +452,9 @@ pub struct FileDoc {
     pub domain: String,
     #[serde(default)]
     pub on_database_error: Option<String>,
+    /// Ours: the algorithm of every rate_limit of this file's descriptors that names none.
+    #[serde(default)]
+    pub algorithm: Option<String>,
     #[serde(default)]
     pub descriptors: Vec<NodeDoc>,
 }
@@ -611,11 +620,20 @@ impl Config {
         if doc.on_database_error.is_some() {
             domain.on_database_error = on_database_error;
         }
-        load_level(&mut domain.top, &format!("{}.", doc.domain), doc.descriptors).map_err(err)
+        let algorithm = match doc.algorithm.as_deref() {
+            None => None,
+            Some(a) => Some(Algorithm::parse(a).ok_or_else(|| err(algorithm_error(&doc.domain, a)))?),
+        };
+        load_level(&mut domain.top, &format!("{}.", doc.domain), doc.descriptors, algorithm).map_err(err)
     }
 }
 
-fn load_level(level: &mut Level, parent: &str, docs: Vec<NodeDoc>) -> Result<(), String> {
+fn algorithm_error(at: &str, given: &str) -> String {
+    format!("{at}: algorithm must be bucket, budget, window or fixed, got {given:?}")
+}
+
+/// Loads a level's nodes; `algorithm` is the file's default for rules that name none.
+fn load_level(level: &mut Level, parent: &str, docs: Vec<NodeDoc>, algorithm: Option<Algorithm>) -> Result<(), String> {
     for mut doc in docs {
         if doc.key.is_empty() {
             return Err("descriptor has empty key".into());
@@ -627,7 +645,7 @@ fn load_level(level: &mut Level, parent: &str, docs: Vec<NodeDoc>) -> Result<(),
         }
         let rule = match doc.rate_limit.take() {
             None => None,
-            Some(rl) => Some(rule_of(rl, &doc, &path)?),
+            Some(rl) => Some(rule_of(rl, &doc, &path, algorithm)?),
         };
         let wild = final_key.contains('*');
         if doc.share_threshold && !wild {
@@ -644,13 +662,13 @@ fn load_level(level: &mut Level, parent: &str, docs: Vec<NodeDoc>) -> Result<(),
             value_to_metric: doc.value_to_metric,
             shared: if doc.share_threshold { Some(doc.value.clone()) } else { None },
         };
-        load_level(&mut node.children, &format!("{path}."), doc.descriptors)?;
+        load_level(&mut node.children, &format!("{path}."), doc.descriptors, algorithm)?;
         level.nodes.insert(final_key, node);
     }
     Ok(())
 }
 
-fn rule_of(rl: RateLimitDoc, doc: &NodeDoc, at: &str) -> Result<Rule, String> {
+fn rule_of(rl: RateLimitDoc, doc: &NodeDoc, at: &str, default: Option<Algorithm>) -> Result<Rule, String> {
     let unit = Unit::parse(&rl.unit);
     let policy = match (&rl.policy, &rl.tier_key) {
         (Some(name), tier_key) => {
@@ -683,10 +701,8 @@ fn rule_of(rl: RateLimitDoc, doc: &NodeDoc, at: &str) -> Result<Rule, String> {
         }
     }
     let algorithm = match &rl.algorithm {
-        None => Algorithm::default_for(unit),
-        Some(a) => {
-            Algorithm::parse(a).ok_or_else(|| format!("{at}: algorithm must be bucket, budget or window, got {a:?}"))?
-        }
+        None => default.unwrap_or(Algorithm::default_for(unit)),
+        Some(a) => Algorithm::parse(a).ok_or_else(|| algorithm_error(at, a))?,
     };
     if algorithm == Algorithm::Budget && matches!(unit, Unit::Second | Unit::Minute) {
         return Err(format!("{at}: algorithm budget needs unit hour, day, week, month or year (UTC calendar periods)"));
@@ -832,6 +848,31 @@ descriptors:
         }
     }
 
+    /// `algorithm` at the top of a file is the default of its rules that name none: the
+    /// reference's fixed windows for a whole domain, a rule still choosing its own.
+    #[test]
+    fn a_file_chooses_the_algorithm_of_its_rules() {
+        let doc = "
+domain: exact
+algorithm: fixed
+descriptors:
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    descriptors:
+      - key: path
+        rate_limit: {unit: month, requests_per_unit: 9}
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 5, algorithm: budget}
+";
+        let d = parse_domain(doc, "t").unwrap();
+        let algorithm = |entries: &[(&str, &str)]| d.find(entries).map(|m| m.rule.algorithm);
+        assert_eq!(algorithm(&[("ip", "1")]), Some(Algorithm::Fixed));
+        assert_eq!(algorithm(&[("ip", "1"), ("path", "/")]), Some(Algorithm::Fixed));
+        assert_eq!(algorithm(&[("user", "u")]), Some(Algorithm::Budget));
+        let plain = parse_domain(&doc.replace("algorithm: fixed\n", ""), "t").unwrap();
+        assert_eq!(plain.find(&[("ip", "1")]).map(|m| m.rule.algorithm), Some(Algorithm::Bucket));
+    }
+
     #[test]
     fn wildcards_and_sanitizing() {
         let parts = |p: &str| p.split('*').map(str::to_owned).collect::<Vec<_>>();
@@ -851,6 +892,8 @@ descriptors:
             ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "invalid rate limit unit 'fortnight'"),
             ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1}\n", "invalid rate limit unit ''"),
             ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: budget}\n", "budget needs unit hour, day, week, month or year"),
+            ("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding}\n", "d.k: algorithm must be bucket, budget, window or fixed, got \"sliding\""),
+            ("domain: d\nalgorithm: fixd\ndescriptors: []\n", "d: algorithm must be bucket, budget, window or fixed, got \"fixd\""),
             ("domain: d\ndescriptors:\n  - key: k\n  - key: k\n", "duplicate descriptor composite key 'd.k'"),
             ("domain: d\ndescriptors:\n  - key: k\n    colour: red\n", "config error, unknown key 'colour'"),
             ("domain: d\non_database_error: maybe\n", "on_database_error must be"),

@@ -54,6 +54,8 @@ impl Item {
                 "quota": n, "cost": cost}),
             Algorithm::Window => json!({"key": self.key, "limit": n,
                 "window_seconds": self.unit.seconds(), "cost": cost}),
+            Algorithm::Fixed => json!({"key": self.key, "limit": n,
+                "fixed_window_seconds": self.unit.seconds(), "cost": cost}),
         }
     }
 
@@ -69,8 +71,8 @@ impl Item {
                 "rl_budget",
                 vec![key, Param::Text(period(self.unit).to_owned()), Param::Real(n), Param::Real(0.0)],
             ),
-            Algorithm::Window => Sql::call(
-                "rl_window_peek",
+            Algorithm::Window | Algorithm::Fixed => Sql::call(
+                if self.algorithm == Algorithm::Fixed { "rl_fixed_window_peek" } else { "rl_window_peek" },
                 vec![key, Param::Real(n), Param::Real(self.unit.seconds()), Param::Real(0.0)],
             ),
         }

@@ -348,7 +348,8 @@ impl Rls {
         let mut excess: Vec<(usize, f64)> = Vec::new();
         for (i, (answer, charged)) in answers.iter().enumerate() {
             let item = &items[i];
-            if !charged || item.algorithm == Algorithm::Budget {
+            // budgets and fixed windows end with their period, as the reference's counters do
+            if !charged || matches!(item.algorithm, Algorithm::Budget | Algorithm::Fixed) {
                 continue;
             }
             let limit = f64::from(item.requests_per_unit);

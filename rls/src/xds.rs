@@ -113,6 +113,7 @@ pub fn config_of(resources: &[envoy_types::pb::google::protobuf::Any], merge: bo
         let doc = FileDoc {
             domain: pb.domain,
             on_database_error: None,
+            algorithm: None,
             descriptors: pb.descriptors.into_iter().map(node_of).collect(),
         };
         config.add(&name, doc)?;

@@ -401,6 +401,40 @@ def test_refunds_and_checks_that_charge_nothing(server):
     assert server.ask("api", tokens(hits=1)).overall_code == OVER
 
 
+def test_a_domain_counted_in_fixed_windows_as_the_reference_counts(db, tmp_path):
+    """`algorithm: fixed` at a file's top counts every rule of the domain as the reference
+    does: each hit, refused or not, in a window of one unit aligned to the Unix epoch, the
+    count starting again at the window's start; the reset is the time to the window's end.
+    A rule that names its own algorithm keeps it."""
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    (config_dir / "exact.yaml").write_text(
+        "domain: exact\nalgorithm: fixed\ndescriptors:\n"
+        "  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"
+        "  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: bucket}\n")
+    server = Server(db, config_dir)
+    try:
+        for attempt in range(3):  # a run that crosses an hour's end runs again, on a new key
+            hour = int(time.time()) // 3600
+            answers = [server.ask("exact", descriptor(("ip", f"10.0.0.{attempt}")), hits=h) for h in (1, 1, 1, 1, 0, 2)]
+            after = time.time()
+            if int(after) // 3600 == hour:
+                break
+        codes = [a.overall_code for a in answers]
+        assert codes == [OK, OK, OK, OVER, OVER, OVER]
+        remaining = [a.statuses[0].limit_remaining for a in answers]
+        assert remaining == [2, 1, 0, 0, 0, 0]
+        # every hit counted, refused ones too: 4 after the fourth, 6 after the last
+        to_the_hour = (hour + 1) * 3600 - after
+        for a in answers:
+            assert to_the_hour - 2 <= a.statuses[0].duration_until_reset.seconds <= to_the_hour + 2
+        # the bucket rule of the same file refills instead: its reset is a third of an hour
+        r = server.ask("exact", descriptor(("user", "u")), hits=3)
+        assert r.overall_code == OK and r.statuses[0].duration_until_reset.seconds == 3600
+    finally:
+        server.stop()
+
+
 def test_a_changed_file_is_reloaded_and_a_bad_one_keeps_the_last_good(server):
     d = descriptor(("azure", "z"))
     assert server.ask("internal", d).statuses[0].current_limit.requests_per_unit == 100
