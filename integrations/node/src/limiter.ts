@@ -5,11 +5,13 @@
  * [503]) or a function of the status. */
 export type RefundOn = (string | number)[] | ((status: number) => boolean);
 
-/** A bucket, a calendar budget (a UTC "hour", "day", ISO "week", "month" or "year") or a sliding window. */
+/** A bucket, a calendar budget (a UTC "hour", "day", ISO "week", "month" or "year"), a
+ * sliding window, or a fixed window (counted anew at each epoch-aligned window's start). */
 export type Limit =
   | { burst: number; refill_per_minute: number }
   | { period: "hour" | "day" | "week" | "month" | "year"; quota: number }
-  | { limit: number; window_seconds: number };
+  | { limit: number; window_seconds: number }
+  | { limit: number; fixed_window_seconds: number };
 
 /**
  * How one route is limited: a policy's name (rl_check, with the request's tier), or

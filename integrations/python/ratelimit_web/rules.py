@@ -32,7 +32,8 @@ class Route:
     """How one route (or route pattern) is limited: a policy's name (rl_check, the tier as
     its tier), or explicit `limits` as rl_take_all items without key and cost (buckets
     `{"burst", "refill_per_minute"}`, budgets `{"period", "quota"}`, windows `{"limit",
-    "window_seconds"}`) with `tiers` giving their multipliers. `cost` is a number or a
+    "window_seconds"}`, fixed windows `{"limit", "fixed_window_seconds"}`) with `tiers`
+    giving their multipliers. `cost` is a number or a
     function of the request. A `sensitive` route fails closed (503) while the database is
     unreachable; the others admit through a local bucket at the middleware's
     `fallback_share` of their first bucket (for a policy, the one its last answer reported,

@@ -4,7 +4,7 @@ from . import views
 
 urlpatterns = [
     *[path(p.lstrip("/"), views.ok) for p in ("/health", "/ready", "/exact", "/policy", "/login", "/open", "/retry",
-                                             "/free", "/big", "/window", "/flood", "/gone", "/extra", "/team")],
+                                             "/free", "/big", "/window", "/hourly", "/flood", "/gone", "/extra", "/team")],
     path("api/<str:name>", views.ok),
     path("slow", views.slow),
     path("ai", views.ai),

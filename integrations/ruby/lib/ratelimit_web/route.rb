@@ -4,7 +4,8 @@ module RatelimitWeb
   # How one route (or route pattern) is limited: a policy's name (rl_check, the tier as its
   # tier), or explicit `limits` as rl_take_all items without key and cost (buckets
   # {burst:, refill_per_minute:}, budgets {period:, quota:}, windows {limit:,
-  # window_seconds:}) with `tiers` giving their multipliers. `cost` is a number or a callable
+  # window_seconds:}, fixed windows {limit:, fixed_window_seconds:}) with `tiers` giving
+  # their multipliers. `cost` is a number or a callable
   # of the request. A `sensitive` route fails closed (503) while the database is
   # unreachable; the others admit through a local bucket at the middleware's fallback_share
   # of their first bucket (for a policy, the one its last answer reported, or `fallback` =
