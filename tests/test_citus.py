@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("RL_CITUS") != "1", reason="needs
 
 DB = os.environ.get("PGDATABASE", "rl")
 PG_BIN = os.environ.get("RL_PG_BIN", "/usr/lib/postgresql/15/bin")
-TABLES = "ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy"
+TABLES = "ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy, ratelimit.rl_usage"
 
 
 def distribution_block():
@@ -50,7 +50,7 @@ def cluster(coordinator):
     if not distributed(coordinator):
         with coordinator.cursor() as cur:
             cur.execute(distribution_block())
-    assert distributed(coordinator) == 2
+    assert distributed(coordinator) == 3
     return coordinator
 
 
@@ -187,6 +187,23 @@ def test_take_all_across_workers_is_all_or_nothing(cluster):
     # the refusal charged neither worker: a's bucket still has 3 of 5
     assert one(cluster, "SELECT (rl_peek(%s, 5, 0.000001, 0) ->> 'remaining')::int", (a,)) == 3
     assert one(cluster, "SELECT (rl_budget(%s, 'day', 2, 0) ->> 'used')::int", (b,)) == 2
+
+
+def test_ended_periods_are_kept_on_the_worker_and_read_through_the_coordinator(cluster):
+    """A delegated rl_spend that starts a key's next period keeps the ended one in rl_usage,
+    colocated with the budget; rl_usage (on the coordinator) and rl_sweep find it."""
+    fresh(cluster)
+    a, b = keys_on_two_workers(cluster)
+    day = 86_400_000
+    for key in (a, b):
+        one(cluster, f"SELECT rl_spend('{key}', 'day', 10, 3, 1000)")  # constant arguments: delegated
+        one(cluster, f"SELECT rl_spend('{key}', 'day', 10, 1, {day + 1000})")
+    for key in (a, b):
+        periods = one(cluster, "SELECT rl_usage(%s, 0, %s) -> 'periods'", (key, 2 * day))
+        assert periods == [{"period": "day", "starts_at": 0, "ends_at": 86_400, "used": 3, "quota": 10}]
+    # the sweep keeps the second day before it removes the row
+    assert one(cluster, "SELECT rl_sweep(%s)", (3 * day,)) == 2
+    assert one(cluster, "SELECT jsonb_array_length(rl_usage(%s, 0, %s) -> 'periods')", (a, 3 * day)) == 2
 
 
 def test_a_restarted_worker_loses_no_committed_admission(cluster):

@@ -170,6 +170,8 @@ def random_call(rng, functions):
             args.append(rng.choice(NUMBERS))
             if rng.random() < 0.7:
                 args.append(rng.choice(CLOCKS))
+    elif function == "rl_usage":
+        args = [keys(rng), rng.choice(NUMBERS + CLOCKS), rng.choice(NUMBERS + CLOCKS)]
     else:
         raise AssertionError(f"the fuzz run has no arguments for {function}: add them here")
     return function, args
@@ -228,6 +230,12 @@ def check_answer(function, value):
         assert sorted(r) == sorted(RESULT_KEYS[function]) and len(r["budgets"]) <= 10_000
         shares = [b["used"] / b["quota"] for b in r["budgets"]]
         assert shares == sorted(shares, reverse=True) and all(s >= r["fraction"] for s in shares)
+        return
+    if function == "rl_usage":
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and r["from_ms"] <= r["to_ms"]
+        ends = [(p["ends_at"], p["period"]) for p in r["periods"]]
+        assert ends == sorted(ends) and all(r["from_ms"] < 1000 * e <= r["to_ms"] for e, _ in ends)
+        assert all(p["starts_at"] < p["ends_at"] and p["used"] != 0 for p in r["periods"])
         return
     if function == "rl_policy_stats":
         r = json.loads(value) if isinstance(value, str) else value

@@ -228,6 +228,11 @@ fn rl_budgets_near(
     run(&f::RL_BUDGETS_NEAR, &[real(fraction), int(n), real(now_ms)])
 }
 
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_usage(key: Option<&str>, from_ms: Option<f64>, to_ms: Option<f64>) -> JsonbResult {
+    run(&f::RL_USAGE, &[text(key), real(from_ms), real(to_ms)])
+}
+
 #[pg_extern(immutable, parallel_safe)]
 fn rl_headers(result: Option<JsonbArg>) -> JsonbResult {
     let result = json_text(&f::RL_HEADERS, "result", result);

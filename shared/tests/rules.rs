@@ -4,7 +4,7 @@ use chrono::{TimeZone, Utc};
 use proptest::prelude::*;
 use ratelimit_core::args::{Arg, Clock};
 use ratelimit_core::bucket::{self, BucketLimits, BucketState};
-use ratelimit_core::budget::{self, BudgetState, NearBudget};
+use ratelimit_core::budget::{self, BudgetState, NearBudget, UsagePeriod};
 use ratelimit_core::call_args::{CallArgs, SpendArgs};
 use ratelimit_core::decision_slot::Decide;
 use ratelimit_core::memory;
@@ -29,6 +29,8 @@ struct MapStore {
     budgets: HashMap<(String, &'static str), BudgetState>,
     entries: HashMap<(String, &'static str), EntriesRow>,
     policies: HashMap<String, StoredPolicy>,
+    /// Ended budget periods kept for invoicing, by key, period and end.
+    usage: std::collections::BTreeMap<(String, String, i64), UsagePeriod>,
     /// Whether rl_check may take its one-statement path (an engine's guarded UPDATE).
     checks_in_one_statement: bool,
     /// rl_checks the one-statement path answered.
@@ -214,7 +216,65 @@ impl TableRows for MapStore {
         Ok(replaced)
     }
     fn sweep_rows<R: TableRow>(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        if R::ROWS == Rows::Budgets {
+            // as the statement: a period with something counted goes only once it is kept
+            let kept: Vec<(String, &'static str, i64)> = self
+                .usage
+                .keys()
+                .map(|(k, p, e)| (k.clone(), Period::ALL.iter().find(|x| x.as_str() == p).unwrap().as_str(), *e))
+                .collect();
+            let mut doomed: Vec<(String, &'static str)> = (self.budgets.iter())
+                .filter(|((k, p), r)| {
+                    r.resets_at <= cutoff_ms && (r.used == 0 || kept.contains(&(k.clone(), *p, r.resets_at)))
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            doomed.sort();
+            doomed.truncate(limit as usize);
+            doomed.iter().for_each(|k| {
+                self.budgets.remove(k);
+            });
+            return Ok(doomed.len() as i64);
+        }
         Ok(Self::sweep(self.rows::<R>(), |row| row.ends_at() <= cutoff_ms, limit))
+    }
+    fn keep_usage(&mut self, u: &UsagePeriod) -> StoreResult<()> {
+        self.writes += 1;
+        self.usage.entry((u.key.clone(), u.period.clone(), u.ends_at)).or_insert_with(|| u.clone());
+        Ok(())
+    }
+    fn ended_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<Vec<(String, String, BudgetState)>> {
+        let mut ended: Vec<(String, String, BudgetState)> = (self.budgets.iter())
+            .filter(|(_, r)| r.resets_at <= cutoff_ms && r.used != 0)
+            .map(|((k, p), r)| (k.clone(), p.to_string(), *r))
+            .collect();
+        ended.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        ended.truncate(limit as usize);
+        Ok(ended)
+    }
+    fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
+        let mut found: Vec<UsagePeriod> = self
+            .usage
+            .values()
+            .filter(|u| u.key == key && u.ends_at > from_ms && u.ends_at <= to_ms)
+            .cloned()
+            .collect();
+        found.sort_by(|a, b| (a.ends_at, &a.period).cmp(&(b.ends_at, &b.period)));
+        found.truncate(limit as usize);
+        Ok(found)
+    }
+    fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        let doomed: Vec<_> = self
+            .usage
+            .iter()
+            .filter(|(_, u)| u.ends_at <= cutoff_ms)
+            .map(|(k, _)| k.clone())
+            .take(limit as usize)
+            .collect();
+        doomed.iter().for_each(|k| {
+            self.usage.remove(k);
+        });
+        Ok(doomed.len() as i64)
     }
     fn delete_key(&mut self, key: &str) -> StoreResult<i64> {
         let count = |s: &Self| s.budgets.len() + s.entries.len();
@@ -317,6 +377,7 @@ mod calls {
         rl_refund_check => RL_REFUND_CHECK;
         rl_penalize => RL_PENALIZE;
         rl_budgets_near => RL_BUDGETS_NEAR;
+        rl_usage => RL_USAGE;
     }
 
     pub fn rl_release(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<bool> {
@@ -776,7 +837,75 @@ fn sweep_removes_only_rows_that_no_longer_matter() {
     assert!(s.buckets.is_empty() && s.budgets.is_empty());
     // a caller's clock later than the real clock is held back to the real clock
     take(&mut s, "future", 3.0, 60.0, 3.0, TEST_CLOCK.wall_ms + 10);
-    assert_eq!(sweep(&mut s, TEST_CLOCK.wall_ms + 1_000_000), 0);
+    // (what goes: the two days of 1970 kept for invoicing, 400 days past their end)
+    assert_eq!(sweep(&mut s, TEST_CLOCK.wall_ms + 1_000_000), 2);
+    assert!(s.buckets.contains_key("future") && s.usage.is_empty());
+}
+
+/// A budget's ended period is kept for invoicing: when a later spend starts the next period
+/// (the take_all path and the single-row path alike) and when rl_sweep removes the row;
+/// rl_usage answers it by its end; rl_sweep forgets it 400 days after it ended.
+#[test]
+fn ended_periods_are_kept_for_invoicing_and_swept_after_400_days() {
+    let mut s = MapStore::default();
+    let day = 86_400_000;
+    let usage = |s: &mut MapStore, key: &str, from: i64, to: i64| {
+        parsed(calls::rl_usage(s, &[Arg::Text(key), Arg::Integer(from), Arg::Integer(to)], &TEST_CLOCK).unwrap())
+    };
+    spend(&mut s, "acme", "day", Arg::Integer(10), Arg::Real(2.5), 0);
+    spend(&mut s, "acme", "day", Arg::Integer(10), Arg::Real(0.000001), 5);
+    spend(&mut s, "acme", "month", Arg::Integer(100), Arg::Integer(3), 0);
+    assert_eq!(usage(&mut s, "acme", 0, 100 * day)["periods"], json!([]), "nothing has ended yet");
+    // the next day's first spend keeps the first day, as it stood
+    spend(&mut s, "acme", "day", Arg::Integer(12), Arg::Integer(1), day + 7);
+    let taken = r#"[{"key": "acme", "period": "day", "quota": 12, "cost": 4}]"#;
+    let r = calls::rl_take_all(&mut s, &[Arg::Text(taken), Arg::Integer(2 * day)], &TEST_CLOCK).unwrap();
+    assert_eq!(parsed(r)["admitted"], true);
+    assert_eq!(
+        usage(&mut s, "acme", 0, 2 * day),
+        json!({"key": "acme", "from_ms": 0, "to_ms": 2 * day, "periods": [
+            {"period": "day", "starts_at": 0, "ends_at": 86_400, "used": 2.500001, "quota": 10},
+            {"period": "day", "starts_at": 86_400, "ends_at": 172_800, "used": 1, "quota": 12}]})
+    );
+    // the range is by end: after from_ms, by to_ms
+    assert_eq!(usage(&mut s, "acme", day, 2 * day)["periods"].as_array().unwrap().len(), 1);
+    assert_eq!(usage(&mut s, "acme", day, 2 * day - 1)["periods"], json!([]));
+    // rl_sweep keeps an ended row before it removes it; a period with nothing counted is not kept
+    spend(&mut s, "idle", "day", Arg::Integer(1), Arg::Integer(1), 0);
+    calls::rl_refund_budget(
+        &mut s,
+        &[Arg::Text("idle"), Arg::Text("day"), Arg::Integer(1), Arg::Integer(0)],
+        &TEST_CLOCK,
+    )
+    .unwrap();
+    let sweep = |s: &mut MapStore, now: i64| calls::rl_sweep(s, &[Arg::Integer(now)], &TEST_CLOCK).unwrap();
+    assert_eq!(sweep(&mut s, 40 * day), 3, "acme's third day, its month, idle's day");
+    assert_eq!(usage(&mut s, "idle", 0, 40 * day)["periods"], json!([]));
+    let kept = usage(&mut s, "acme", 0, 40 * day);
+    let ends: Vec<_> =
+        kept["periods"].as_array().unwrap().iter().map(|p| (p["period"].clone(), p["ends_at"].clone())).collect();
+    assert_eq!(
+        ends,
+        [
+            (json!("day"), json!(86_400)),
+            (json!("day"), json!(172_800)),
+            (json!("day"), json!(259_200)),
+            (json!("month"), json!(2_678_400))
+        ]
+    );
+    // kept 400 days after each ended, then swept
+    assert_eq!(sweep(&mut s, 86_400_000 + 400 * day - 1), 0);
+    assert_eq!(sweep(&mut s, 86_400_000 + 400 * day), 1);
+    assert_eq!(sweep(&mut s, 2_678_400_000 + 400 * day), 3);
+    assert!(s.usage.is_empty());
+    // errors name the argument
+    let e = calls::rl_usage(&mut s, &[Arg::Text("acme"), Arg::Integer(5), Arg::Integer(4)], &TEST_CLOCK).unwrap_err();
+    assert_eq!(e.message, "to_ms must not be before from_ms, got from_ms 5 and to_ms 4");
+    let e = calls::rl_usage(&mut s, &[Arg::Text("acme"), Arg::Null, Arg::Integer(4)], &TEST_CLOCK).unwrap_err();
+    assert_eq!(
+        e.message,
+        "from_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got NULL"
+    );
 }
 
 #[test]

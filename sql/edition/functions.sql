@@ -143,14 +143,33 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     removed := removed + n;
     IF removed < budget THEN
+        -- an ended period with something counted is kept for invoicing first
+        -- (protocol::rows::sweep); only those kept, or with nothing counted, go
+        INSERT INTO ratelimit.rl_usage (key, period, starts_at, ends_at, used, quota)
+        SELECT t.key, t.period, ratelimit.rl__period_start(t.period, t.resets_at - 1), t.resets_at, t.used, t.quota
+        FROM ratelimit.rl_budget AS t WHERE t.resets_at <= cutoff AND t.used <> 0
+        ORDER BY t.key, t.period LIMIT budget - removed
+        ON CONFLICT (key, period, ends_at) DO NOTHING;
         DELETE FROM ratelimit.rl_budget WHERE resets_at <= cutoff AND (key, period) IN
-            (SELECT key, period FROM ratelimit.rl_budget WHERE resets_at <= cutoff LIMIT budget - removed);
+            (SELECT b.key, b.period FROM ratelimit.rl_budget AS b
+             WHERE b.resets_at <= cutoff
+               AND (b.used = 0 OR EXISTS (SELECT FROM ratelimit.rl_usage AS u
+                                          WHERE u.key = b.key AND u.period = b.period AND u.ends_at = b.resets_at))
+             LIMIT budget - removed);
         GET DIAGNOSTICS n = ROW_COUNT;
         removed := removed + n;
     END IF;
     IF removed < budget THEN
         DELETE FROM ratelimit.rl_entries WHERE empty_at <= cutoff AND (key, kind) IN
             (SELECT key, kind FROM ratelimit.rl_entries WHERE empty_at <= cutoff LIMIT budget - removed);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        removed := removed + n;
+    END IF;
+    IF removed < budget THEN
+        -- kept periods, budget::USAGE_KEPT_MS after they ended
+        DELETE FROM ratelimit.rl_usage WHERE ends_at <= cutoff - @USAGE_KEPT_MS@ AND (key, period, ends_at) IN
+            (SELECT key, period, ends_at FROM ratelimit.rl_usage WHERE ends_at <= cutoff - @USAGE_KEPT_MS@
+             LIMIT budget - removed);
         GET DIAGNOSTICS n = ROW_COUNT;
         removed := removed + n;
     END IF;
@@ -617,6 +636,40 @@ BEGIN
               FROM ratelimit.rl_budget AS t
               WHERE t.resets_at > now AND t.quota > 0 AND t.used::float8 / t.quota::float8 >= fraction) AS x
         WHERE x.i <= n), '[]'::jsonb));
+END
+
+-- function: rl_usage
+DECLARE
+    fn CONSTANT text := 'rl_usage';
+    @ARGUMENTS@
+    from_at bigint;
+    to_at bigint;
+    found_n bigint;
+BEGIN
+    -- the arguments in their order, as call_args::UsageArgs checks them
+    IF NOT coalesce(from_ms = trunc(from_ms) AND from_ms >= 0 AND from_ms <= @MAX_NOW_MS@, false) THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_EPOCH_MS_RANGE@, 'from_ms', @MAX_NOW_MS@, ratelimit.rl__describe(from_ms)));
+    END IF;
+    IF NOT coalesce(to_ms = trunc(to_ms) AND to_ms >= 0 AND to_ms <= @MAX_NOW_MS@, false) THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_EPOCH_MS_RANGE@, 'to_ms', @MAX_NOW_MS@, ratelimit.rl__describe(to_ms)));
+    END IF;
+    from_at := from_ms::bigint;
+    to_at := to_ms::bigint;
+    IF to_at < from_at THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_USAGE_RANGE@, from_at, to_at));
+    END IF;
+    SELECT count(*) INTO found_n FROM (SELECT FROM ratelimit.rl_usage AS u
+        WHERE u.key = k AND u.ends_at > from_at AND u.ends_at <= to_at LIMIT @MAX_USAGE_PERIODS@ + 1) AS c;
+    IF found_n > @MAX_USAGE_PERIODS@ THEN
+        RAISE EXCEPTION USING ERRCODE = '54000', MESSAGE = fn || ': ' || format(@MSG_USAGE_TOO_MANY@, @MAX_USAGE_PERIODS@);
+    END IF;
+    -- sql/statements/usage_read.sql: the key's kept periods by end, then period
+    RETURN jsonb_build_object('key', k, 'from_ms', from_at, 'to_ms', to_at, 'periods', coalesce((
+        SELECT jsonb_agg(jsonb_build_object('period', u.period, 'starts_at', u.starts_at / 1000, 'ends_at', u.ends_at / 1000,
+                                            'used', ratelimit.rl__micros(u.used), 'quota', ratelimit.rl__micros(u.quota))
+                         ORDER BY u.ends_at, u.period)
+        FROM ratelimit.rl_usage AS u
+        WHERE u.key = k AND u.ends_at > from_at AND u.ends_at <= to_at), '[]'::jsonb));
 END
 
 -- function: rl_headers

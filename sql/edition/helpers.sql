@@ -708,6 +708,21 @@ $$;
 -- op is 'spend', 'refund', 'charge' or 'charge_against' (budget::charge_against, a charge
 -- that knows the quota, answered as an admitted spend); quota is used by 'spend' and
 -- 'charge_against', which write it (the others keep the row's: budget::BudgetState's quota).
+-- Keeps the period a budget write ended for invoicing (protocol::keep_ended): the row as it
+-- stood (used, ends_at, quota) when the write moved it to a later period with something
+-- counted in it (budget::ends_counted_period), once.
+CREATE OR REPLACE FUNCTION ratelimit.rl__keep_ended(k text, p text, old_used bigint, old_resets_at bigint,
+                                                    old_quota bigint, new_resets_at bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF new_resets_at > old_resets_at AND old_used <> 0 THEN
+        INSERT INTO ratelimit.rl_usage (key, period, starts_at, ends_at, used, quota)
+        VALUES (k, p, ratelimit.rl__period_start(p, old_resets_at - 1), old_resets_at, old_used, old_quota)
+        ON CONFLICT (key, period, ends_at) DO NOTHING;
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION ratelimit.rl__budget_change(fn text, op text, k text, p text, quota bigint,
                                                        amount bigint, now bigint)
 RETURNS jsonb LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
@@ -719,6 +734,7 @@ DECLARE
     row_resets_at bigint;
     cur bigint;
     period_end bigint := ratelimit.rl__period_end(p, now);
+    old bigint[];
 BEGIN
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
     FOR attempt IN 1..@MAX_ATTEMPTS@ LOOP
@@ -733,8 +749,15 @@ BEGIN
             WHEN 'refund' THEN greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
                  <> CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END
             ELSE CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= max_used END
-        RETURNING t.used, t.resets_at INTO new_used, new_resets_at;
+        -- a subquery of RETURNING reads the statement's snapshot: the row as the write found
+        -- it (a newer version a concurrent write made is one that write kept)
+        RETURNING t.used, t.resets_at, (SELECT ARRAY[o.used, o.resets_at, o.quota] FROM ratelimit.rl_budget AS o
+                                        WHERE o.key = k AND o.period = p)
+        INTO new_used, new_resets_at, old;
         IF FOUND THEN
+            IF old IS NOT NULL THEN
+                PERFORM ratelimit.rl__keep_ended(k, p, old[1], old[2], old[3], new_resets_at);
+            END IF;
             IF op = 'spend' THEN
                 RETURN ratelimit.rl__spend_answer(true, new_used, new_resets_at, p, quota, 0, now);
             ELSIF op = 'charge' THEN
@@ -1529,6 +1552,7 @@ DECLARE
     r_refilled bigint[];
     r_used bigint[];
     r_resets bigint[];
+    r_quota bigint[];
     r_entries text[];
     r_found boolean[];
     new_level double precision[];
@@ -1568,13 +1592,13 @@ BEGIN
                                                          WHEN @KIND_FIXED_WINDOW@ THEN 2 ELSE 3 END) <> pass;
                 IF (it ->> 'kind')::int = @KIND_BUDGET@ THEN
                     IF held THEN
-                        SELECT t.used, t.resets_at INTO x FROM ratelimit.rl_budget AS t
+                        SELECT t.used, t.resets_at, t.quota INTO x FROM ratelimit.rl_budget AS t
                         WHERE t.key = it ->> 'key' AND t.period = it ->> 'period' FOR UPDATE;
                     ELSE
-                        SELECT t.used, t.resets_at INTO x FROM ratelimit.rl_budget AS t
+                        SELECT t.used, t.resets_at, t.quota INTO x FROM ratelimit.rl_budget AS t
                         WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
                     END IF;
-                    r_found[i] := FOUND; r_used[i] := x.used; r_resets[i] := x.resets_at;
+                    r_found[i] := FOUND; r_used[i] := x.used; r_resets[i] := x.resets_at; r_quota[i] := x.quota;
                 ELSIF (it ->> 'kind')::int IN (@KIND_WINDOW@, @KIND_FIXED_WINDOW@) THEN
                     IF held THEN
                         SELECT t.entries INTO x FROM ratelimit.rl_entries AS t
@@ -1631,6 +1655,10 @@ BEGIN
                 UPDATE ratelimit.rl_budget AS t SET used = new_used[i], resets_at = new_resets[i],
                     quota = (it ->> 'quota')::bigint
                 WHERE t.key = it ->> 'key' AND t.period = it ->> 'period';
+                IF r_found[i] THEN
+                    PERFORM ratelimit.rl__keep_ended(it ->> 'key', it ->> 'period', r_used[i], r_resets[i], r_quota[i],
+                                                     new_resets[i]);
+                END IF;
             ELSIF (it ->> 'kind')::int IN (@KIND_WINDOW@, @KIND_FIXED_WINDOW@) THEN
                 IF too_many[i] THEN PERFORM ratelimit.rl__window_too_full(fn); END IF;
                 UPDATE ratelimit.rl_entries AS t SET entries = new_entries[i], empty_at = new_empty[i]

@@ -74,6 +74,8 @@ COMMENT ON FUNCTION rl_top_refused(text, bigint) IS
   'the n (1 to 64) subjects rl_check refused most under policy (or rl_check_limits under that name) since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
 COMMENT ON FUNCTION rl_budgets_near(double precision, bigint, double precision) IS
   'the budgets of the current period that used at least fraction of their quota (the quota the last rl_spend, rl_take_all or rl_check gave), the largest share first, at most n (1 to 10000): key, period, used, quota, resets_at; a scan of every budget row (rl_admin only)';
+COMMENT ON FUNCTION rl_usage(text, double precision, double precision) IS
+  'the ended periods of key''s budgets, kept for invoicing, that ended after from_ms and by to_ms (epoch ms), by end then period: period, starts_at, ends_at (epoch seconds), used and quota (the last spend''s) in exact decimals; kept 400 days, then rl_sweep removes them; at most 10000 periods';
 COMMENT ON FUNCTION rl_headers(jsonb) IS
   'HTTP headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) for any rl_* result';
 COMMENT ON FUNCTION rl_version() IS
@@ -174,6 +176,7 @@ BEGIN
          'rl_peek_check(text, text, double precision, text, double precision)',
          'rl_penalize(text, bigint, double precision, double precision, double precision, double precision)',
          'rl_block(text, double precision, double precision)',
+         'rl_usage(text, double precision, double precision)',
          'rl_headers(jsonb)',
          'rl_version()',
          'rl_memory_stats()']::regprocedure[]) AS f(oid)

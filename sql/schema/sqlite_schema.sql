@@ -9,7 +9,8 @@
 -- PRAGMA user_version is the application's. A database without rl_meta was written by
 -- 0.1.0 or 0.2.0, in schema_version 1; schema_version 2 adds rl_entries, rl_policy, the
 -- views rl_policies, rl_blocks and rl_stats and the checks epoch (0.3.0), created on
--- first use; schema_version 3 (0.4.0) adds rl_budget.quota and the view rl_refused: a
+-- first use; schema_version 3 (0.4.0) adds rl_budget.quota, rl_usage (ended budget
+-- periods kept for invoicing) and the view rl_refused: a
 -- database of an earlier version gains them (ALTER TABLE, then this script) the first time
 -- a statement of 0.4.0 finds the column missing.
 CREATE TABLE IF NOT EXISTS main.rl_bucket (
@@ -35,6 +36,15 @@ CREATE TABLE IF NOT EXISTS main.rl_entries (
 ) WITHOUT ROWID;
 -- rl_check lists the subjects with strikes or blocks without reading windows and leases.
 CREATE INDEX IF NOT EXISTS main.rl_entries_strikes ON rl_entries (key) WHERE kind = 'block';
+CREATE TABLE IF NOT EXISTS main.rl_usage (
+    key       TEXT    NOT NULL,
+    period    TEXT    NOT NULL,
+    starts_at INTEGER NOT NULL,
+    ends_at   INTEGER NOT NULL,
+    used      INTEGER NOT NULL,
+    quota     INTEGER NOT NULL,
+    PRIMARY KEY (key, period, ends_at)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS main.rl_policy (
     name       TEXT NOT NULL PRIMARY KEY,
     definition TEXT NOT NULL,

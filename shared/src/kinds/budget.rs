@@ -177,6 +177,56 @@ pub const MAX_NEAR: i64 = 10_000;
 /// charge may add.
 pub const MAX_NEAR_FRACTION: f64 = 1_000_000.0;
 
+/// One ended period of a budget as kept for invoicing (rl_usage): its final `used` and the
+/// `quota` of its last spend, in millionths, and its bounds (epoch ms).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsagePeriod {
+    pub key: String,
+    pub period: String,
+    pub starts_at: i64,
+    pub ends_at: i64,
+    pub used: i64,
+    pub quota: i64,
+}
+
+impl UsagePeriod {
+    /// The period `row` of budget `key` counted, as kept once it has ended.
+    pub fn of(key: &str, period: Period, row: &BudgetState) -> UsagePeriod {
+        UsagePeriod {
+            key: key.to_owned(),
+            period: period.as_str().to_owned(),
+            starts_at: period.start_ms(row.resets_at - 1),
+            ends_at: row.resets_at,
+            used: row.used,
+            quota: row.quota,
+        }
+    }
+}
+
+/// Whether writing `new` over `old` ends `old`'s period with something counted in it: the
+/// write starts a later period (every budget write does once the stored one has ended), so
+/// `old` is kept for invoicing first. A row nothing was counted in (one a refused
+/// rl_take_all inserted to lock, or refunded to 0) is not kept.
+pub fn ends_counted_period(old: &BudgetState, new: &BudgetState) -> bool {
+    new.resets_at > old.resets_at && old.used != 0
+}
+
+/// How long ended periods are kept (400 days, more than 13 months): rl_sweep removes those
+/// that ended longer ago.
+pub const USAGE_KEPT_MS: i64 = 400 * crate::units::MS_PER_DAY;
+/// Most ended periods one rl_usage call answers.
+pub const MAX_USAGE_PERIODS: i64 = 10_000;
+
+/// Ended periods of one key, as rl_usage answers: those that ended after `from_ms` and by
+/// `to_ms`, by end then period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    pub key: String,
+    pub from_ms: i64,
+    pub to_ms: i64,
+    pub periods: Vec<UsagePeriod>,
+}
+
 /// Whether a budget row is listed by rl_budgets_near(fraction) at `now`: its period is
 /// current, a spend gave it a quota, and it used at least `fraction` of it. The share is
 /// `used / quota` in doubles, as the statement computes it: a division rounds once, so a

@@ -129,6 +129,13 @@ statements! {
     StrikeRowsRead => "strike_rows_read",
     /// rl_budgets_near's list: a scan of every budget row (no index keeps spends HOT).
     BudgetsNear => "budgets_near",
+    /// An ended period kept for invoicing (rl_usage), once.
+    UsageKeep => "usage_keep",
+    /// The budget rows rl_sweep keeps before it removes them.
+    BudgetsEnded => "budgets_ended",
+    /// rl_usage: one key's kept periods in a range (the primary key's order).
+    UsageRead => "usage_read",
+    SweepUsage => "sweep_usage",
     /// SQLite only, as is ChecksEpochRead: PostgreSQL keeps the checks epoch in memory.
     BucketChangeInEpoch => "bucket_change_in_epoch",
     ChecksEpochRead => "checks_epoch_read",
@@ -144,6 +151,8 @@ impl Statement {
             Statement::PolicyRead => &[SqlType::Text, SqlType::Int8],
             Statement::StrikeRowsRead => &[SqlType::Text, SqlType::Text],
             Statement::BudgetsNear => &[SqlType::Text, SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8],
+            Statement::BudgetsEnded => &[SqlType::Text, SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8],
+            Statement::UsageRead => &[SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8, SqlType::Int8],
             Statement::ChecksEpochRead => &[SqlType::Text],
             _ => &[],
         }
@@ -175,7 +184,7 @@ const OPERATOR: &str = "OPERATOR(pg_catalog.";
 
 /// The extension's tables: SQLite finds them in `main` alone (unqualified, a name is looked
 /// up in temp, then main, then every attached database).
-pub const TABLES: [&str; 5] = ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta"];
+pub const TABLES: [&str; 6] = ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta", "rl_usage"];
 
 /// A statement as SQLite runs it: the tables in `main`, the functions without a schema,
 /// and plain operators.
@@ -218,7 +227,7 @@ mod tests {
     #[test]
     fn every_name_and_comparison_is_qualified() {
         for text in Statement::ALL.iter().map(|s| s.text()) {
-            for name in ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta"] {
+            for name in TABLES {
                 for (at, _) in text.match_indices(name) {
                     assert!(text[..at].ends_with(SCHEMA), "unqualified {name} in {text}");
                 }
@@ -229,9 +238,10 @@ mod tests {
                 let end = op + condition[op..].find(')').unwrap();
                 condition.replace_range(op..=end, " ");
             }
-            let exempt = [Statement::SweepBuckets, Statement::SweepBudgets, Statement::SweepEntries]
-                .map(Statement::text)
-                .contains(&text);
+            let exempt =
+                [Statement::SweepBuckets, Statement::SweepBudgets, Statement::SweepEntries, Statement::SweepUsage]
+                    .map(Statement::text)
+                    .contains(&text);
             for bare in ['=', '<', '>'] {
                 assert!(!condition.contains(bare), "bare {bare} in {text}");
             }

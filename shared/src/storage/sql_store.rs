@@ -4,7 +4,7 @@
 
 use crate::bucket;
 use crate::bucket::BucketState;
-use crate::budget::{BudgetState, NearBudget};
+use crate::budget::{BudgetState, NearBudget, UsagePeriod};
 use crate::decision_slot::{self, Decide};
 use crate::sql::{Statement, Value};
 use crate::store::{
@@ -309,6 +309,50 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
                 resets_at: r[4].as_i64(),
             })
             .collect())
+    }
+
+    fn keep_usage(&mut self, u: &UsagePeriod) -> StoreResult<()> {
+        let params = [
+            Value::Text(&u.key),
+            Value::Text(&u.period),
+            Value::Int(u.starts_at),
+            Value::Int(u.ends_at),
+            Value::Int(u.used),
+            Value::Int(u.quota),
+        ];
+        self.0.execute(Statement::UsageKeep, &params)?;
+        Ok(())
+    }
+
+    fn ended_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<Vec<(String, String, BudgetState)>> {
+        let rows = self.0.query_rows(Statement::BudgetsEnded, &[Value::Int(cutoff_ms), Value::Int(limit)])?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let row = BudgetState { used: r[2].as_i64(), resets_at: r[3].as_i64(), quota: r[4].as_i64() };
+                (r[0].as_text().to_owned(), r[1].as_text().to_owned(), row)
+            })
+            .collect())
+    }
+
+    fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
+        let params = [Value::Text(key), Value::Int(from_ms), Value::Int(to_ms), Value::Int(limit)];
+        let rows = self.0.query_rows(Statement::UsageRead, &params)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| UsagePeriod {
+                key: key.to_owned(),
+                period: r[0].as_text().to_owned(),
+                starts_at: r[1].as_i64(),
+                ends_at: r[2].as_i64(),
+                used: r[3].as_i64(),
+                quota: r[4].as_i64(),
+            })
+            .collect())
+    }
+
+    fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        Ok(self.0.execute(Statement::SweepUsage, &[Value::Int(cutoff_ms), Value::Int(limit)])? as i64)
     }
 
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {

@@ -16,7 +16,7 @@
 //! only if it still holds what was read.
 
 use crate::bucket::BucketState;
-use crate::budget::{BudgetState, NearBudget};
+use crate::budget::{BudgetState, NearBudget, UsagePeriod};
 use crate::decision_slot::Decide;
 use crate::sql::{RowStatements, Statement, Value};
 use crate::take_all::BucketItem;
@@ -293,6 +293,17 @@ pub trait TableRows {
     /// in [`crate::budget::near_order`] (no lock; a scan of every budget row).
     fn budgets_near(&mut self, fraction: f64, now_ms: i64, limit: i64) -> StoreResult<Vec<NearBudget>>;
 
+    /// Keeps an ended period for invoicing, unless one with its key, period and end is kept.
+    fn keep_usage(&mut self, usage: &UsagePeriod) -> StoreResult<()>;
+    /// At most `limit` budget rows whose period ended by `cutoff_ms` with something counted
+    /// (key, period, row), in key and period order (no lock).
+    fn ended_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<Vec<(String, String, BudgetState)>>;
+    /// The kept periods of `key` that ended after `from_ms` and by `to_ms`, by end then
+    /// period, at most `limit` (no lock).
+    fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>>;
+    /// Deletes at most `limit` kept periods that ended by `cutoff_ms`.
+    fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+
     /// The stored definition of policy `name`.
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>>;
     /// Stores `definition` as policy `name` under a new `revision`, replacing any.
@@ -379,6 +390,18 @@ impl<S: TablesElsewhere> TableRows for S {
     }
     fn budgets_near(&mut self, fraction: f64, now_ms: i64, limit: i64) -> StoreResult<Vec<NearBudget>> {
         self.tables().budgets_near(fraction, now_ms, limit)
+    }
+    fn keep_usage(&mut self, usage: &UsagePeriod) -> StoreResult<()> {
+        self.tables().keep_usage(usage)
+    }
+    fn ended_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<Vec<(String, String, BudgetState)>> {
+        self.tables().ended_budgets(cutoff_ms, limit)
+    }
+    fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
+        self.tables().read_usage(key, from_ms, to_ms, limit)
+    }
+    fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
+        self.tables().sweep_usage(cutoff_ms, limit)
     }
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
         self.tables().read_policy(name)

@@ -402,6 +402,37 @@ impl BudgetsNearArgs {
     }
 }
 
+/// `(key, from_ms, to_ms)` of rl_usage: the ended periods of `key` whose end is in
+/// `(from_ms, to_ms]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageArgs<'a> {
+    pub key: &'a str,
+    pub from_ms: i64,
+    pub to_ms: i64,
+}
+
+impl<'a> UsageArgs<'a> {
+    pub fn parse(call: &CallArgs<'_, 'a>) -> Result<Self> {
+        let key = call.key()?;
+        let epoch_ms = |name: &str| {
+            let arg = call.get(name).arg;
+            match as_integer(&arg) {
+                Some(ms) if (0..=crate::units::MAX_NOW_MS).contains(&ms) => Ok(ms),
+                _ => Err(Error::invalid(msg::EPOCH_MS_RANGE.render(&[
+                    &name,
+                    &crate::units::MAX_NOW_MS,
+                    &arg.describe(),
+                ]))),
+            }
+        };
+        let (from_ms, to_ms) = (epoch_ms("from_ms")?, epoch_ms("to_ms")?);
+        if to_ms < from_ms {
+            return Err(Error::invalid(msg::USAGE_RANGE.render(&[&from_ms, &to_ms])));
+        }
+        Ok(UsageArgs { key, from_ms, to_ms })
+    }
+}
+
 /// `(limits [, now_ms])` of rl_take_all: the limits in the order their rows are read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakeAllArgs<'a> {

@@ -175,6 +175,7 @@ pub enum StateCall {
     Block,
     Unblock,
     BudgetsNear,
+    Usage,
 }
 
 impl StateCall {
@@ -517,6 +518,10 @@ mod table {
         ..state("rl_budgets_near", StateCall::BudgetsNear,
         &[required("fraction", Float8), optional("n", Int8, "100"), NOW_MS],
         "the budgets of the current period that used at least fraction of their quota (the quota the last rl_spend, rl_take_all or rl_check gave), the largest share first, at most n (1 to 10000): key, period, used, quota, resets_at; a scan of every budget row (rl_admin only)") };
+    pub const RL_USAGE: Function = Function { result_keys: &["key", "from_ms", "to_ms", "periods"],
+        ..state("rl_usage", StateCall::Usage,
+        &[KEY, required("from_ms", Float8), required("to_ms", Float8)],
+        "the ended periods of key's budgets, kept for invoicing, that ended after from_ms and by to_ms (epoch ms), by end then period: period, starts_at, ends_at (epoch seconds), used and quota (the last spend's) in exact decimals; kept 400 days, then rl_sweep removes them; at most 10000 periods") };
     pub const RL_VERSION: Function = function("rl_version", Entry::Pure(PureCall::Version), &[], Text, NOT_AN_OBJECT,
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
@@ -599,6 +604,7 @@ pub const ALL: &[Function] = &[
     RL_STATS_RESET,
     RL_TOP_REFUSED,
     RL_BUDGETS_NEAR,
+    RL_USAGE,
     RL_HEADERS,
     RL_VERSION,
     RL_MEMORY_STATS,

@@ -73,6 +73,12 @@ messages! {
     NOW_MS_RANGE = "now_ms must be an integer number of epoch milliseconds from 0 to {}, got {}";
     /// (what was given)
     MAX_ROWS = "max_rows must be a positive integer, got {}";
+    /// (argument, the latest, what was given)
+    EPOCH_MS_RANGE = "{} must be an integer number of epoch milliseconds from 0 to {}, got {}";
+    /// (from_ms, to_ms)
+    USAGE_RANGE = "to_ms must not be before from_ms, got from_ms {} and to_ms {}";
+    /// (the most periods)
+    USAGE_TOO_MANY = "more than {} ended periods in this range: ask for a shorter one";
     /// (what was given)
     PERIOD = "period must be 'hour', 'day', 'week', 'month' or 'year', got {}";
     /// (argument, the most bytes, the bytes given)

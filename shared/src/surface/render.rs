@@ -3,7 +3,7 @@
 //! itself and how numbers are written are [`crate::json`].
 
 use crate::bucket::{RefundDecision, TakeDecision};
-use crate::budget::{BudgetCharge, BudgetRefund, BudgetsNear, SpendDecision};
+use crate::budget::{BudgetCharge, BudgetRefund, BudgetsNear, SpendDecision, Usage};
 use crate::json::Json;
 use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
@@ -139,6 +139,32 @@ impl ToJson for BudgetsNear {
             })
             .collect();
         JsonObject::new().number("fraction", self.fraction).field("budgets", Json::Array(budgets)).finish()
+    }
+}
+
+impl ToJson for Usage {
+    /// rl_usage's answer: each kept period's bounds in epoch seconds (as rl_spend's
+    /// resets_at), its amounts in units, exact.
+    fn to_json(&self) -> Json {
+        let periods = self
+            .periods
+            .iter()
+            .map(|p| {
+                JsonObject::new()
+                    .field("period", Json::Str(p.period.clone()))
+                    .int("starts_at", p.starts_at / 1000)
+                    .int("ends_at", p.ends_at / 1000)
+                    .micros("used", p.used)
+                    .micros("quota", p.quota)
+                    .finish()
+            })
+            .collect();
+        JsonObject::new()
+            .field("key", Json::Str(self.key.clone()))
+            .int("from_ms", self.from_ms)
+            .int("to_ms", self.to_ms)
+            .field("periods", Json::Array(periods))
+            .finish()
     }
 }
 

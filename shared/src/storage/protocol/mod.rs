@@ -13,7 +13,7 @@ pub use checks::{
 };
 pub use rows::{
     acquire, budgets_near, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew,
-    reset, spend, sweep, take, window, window_peek,
+    reset, spend, sweep, take, usage, window, window_peek,
 };
 pub use take_all::{charge_all, refund_all, take_all};
 
@@ -23,7 +23,7 @@ use crate::bucket::{self, BucketState, RefundDecision, TakeDecision};
 use crate::budget::{self, BudgetCharge, BudgetRefund, BudgetState, SpendDecision};
 use crate::call_args::{
     AcquireArgs, BlockArgs, BudgetsNearArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs,
-    SweepArgs, TakeAllArgs, TakeArgs, WindowArgs,
+    SweepArgs, TakeAllArgs, TakeArgs, UsageArgs, WindowArgs,
 };
 use crate::decision_slot::Decide;
 use crate::error::{Error, ErrorKind, Result};
@@ -123,13 +123,31 @@ pub(super) fn change_budget<S: Store, R: RowDecision<BudgetState>>(
     period: crate::units::Period,
     decide: impl Fn(Option<&BudgetState>) -> R + 'static,
 ) -> Result<R> {
-    change_row(
-        store,
-        Rows::Budgets,
-        |s, d| s.change_budget(key, period, d),
-        |s, new| s.insert_row(BudgetAt { key, period }, new),
-        decide,
-    )
+    let change = |s: &mut S, d: Decide<BudgetState>| {
+        let changed = s.change_budget(key, period, d.clone())?;
+        if let (true, Some(old)) = (changed.written, changed.decided_on.as_ref()) {
+            keep_ended(s, key, period, old, d(old).as_ref())?;
+        }
+        Ok(changed)
+    };
+    change_row(store, Rows::Budgets, change, |s, new| s.insert_row(BudgetAt { key, period }, new), decide)
+}
+
+/// Keeps `old`'s period for invoicing when writing `new` over it ended that period with
+/// something counted ([`budget::ends_counted_period`]).
+pub(super) fn keep_ended<S: Store>(
+    store: &mut S,
+    key: &str,
+    period: crate::units::Period,
+    old: &BudgetState,
+    new: Option<&BudgetState>,
+) -> StoreResult<()> {
+    match new {
+        Some(new) if budget::ends_counted_period(old, new) => {
+            store.keep_usage(&budget::UsagePeriod::of(key, period, old))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The row at `at` held for the unit in progress. Where rows are locked one by one a

@@ -69,15 +69,37 @@ pub fn budgets_near<S: Store>(store: &mut S, a: &BudgetsNearArgs) -> Result<budg
     Ok(budget::BudgetsNear { fraction: a.fraction, budgets })
 }
 
+/// rl_usage: the ended periods kept for `key` in a range (read-only, like rl_budget).
+pub fn usage<S: Store>(store: &mut S, a: &UsageArgs) -> Result<budget::Usage> {
+    let most = budget::MAX_USAGE_PERIODS;
+    let periods = store.read_usage(a.key, a.from_ms, a.to_ms, most + 1)?;
+    if periods.len() as i64 > most {
+        return Err(Error::new(ErrorKind::LimitExceeded, msg::USAGE_TOO_MANY.render(&[&most])));
+    }
+    Ok(budget::Usage { key: a.key.to_owned(), from_ms: a.from_ms, to_ms: a.to_ms, periods })
+}
+
 /// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
 pub fn sweep<S: Store>(store: &mut S, a: &SweepArgs) -> Result<i64> {
     writable_everywhere(store)?;
     let mut removed = store.sweep_buckets(a.cutoff_ms, a.max_rows)?;
     if removed < a.max_rows {
+        // an ended period with something counted is kept for invoicing first: the
+        // statement removes only those kept, or with nothing counted
+        let ended = store.ended_budgets(a.cutoff_ms, a.max_rows - removed)?;
+        for (key, period, row) in &ended {
+            if let Ok(period) = crate::args::period(&crate::args::Arg::Text(period)) {
+                store.keep_usage(&budget::UsagePeriod::of(key, period, row))?;
+            }
+        }
         removed += store.sweep_rows::<BudgetState>(a.cutoff_ms, a.max_rows - removed)?;
     }
     if removed < a.max_rows {
         removed += store.sweep_rows::<EntriesRow>(a.cutoff_ms, a.max_rows - removed)?;
+    }
+    if removed < a.max_rows {
+        let cutoff = a.cutoff_ms.saturating_sub(budget::USAGE_KEPT_MS);
+        removed += store.sweep_usage(cutoff, a.max_rows - removed)?;
     }
     Ok(removed)
 }

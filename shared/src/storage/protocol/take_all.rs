@@ -176,7 +176,11 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
             let written = match item {
                 ItemAnswer::Bucket { .. } => true,
                 ItemAnswer::Budget { item, row, answer } => {
-                    write_held(store, budget_at(item), row.as_ref(), answer.new_state.as_ref())?
+                    let written = write_held(store, budget_at(item), row.as_ref(), answer.new_state.as_ref())?;
+                    if let (true, Some(old)) = (written, row.as_ref()) {
+                        keep_ended(store, item.key, item.period, old, answer.new_state.as_ref())?;
+                    }
+                    written
                 }
                 ItemAnswer::Window { item, answer, .. } => {
                     let (old, _) = held_windows.next().expect("one held row per window");
