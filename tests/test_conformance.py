@@ -417,6 +417,11 @@ STEPS = [
     ("rl_refund_budget", ("chb", "day", 3, 0), {"used": 9, "resets_at": 86400}),
     ("rl_spend", ("chb", "day", 10, 1, 0), spend(True, 10, 10, ms(1970, 1, 2), 0)),
     ("rl_charge_budget", ("chb", "fortnight", 1), ("error", "rl_charge_budget: period must be 'hour', 'day', 'week', 'month' or 'year', got 'fortnight'")),
+    # a quota changed mid-period keeps the count: lowered, it refuses; raised, it admits again
+    ("rl_spend", ("qc", "month", 10, 8, 0), spend(True, 8, 10, ms(1970, 2, 1), 0)),
+    ("rl_spend", ("qc", "month", 5, 1, 1000), spend(False, 8, 5, ms(1970, 2, 1), 2_678_399)),
+    ("rl_budget", ("qc", "month", 5, 0, 1000), spend(False, 8, 5, ms(1970, 2, 1), 2_678_399)),
+    ("rl_spend", ("qc", "month", 20, 1, 2000), spend(True, 9, 20, ms(1970, 2, 1), 0)),
     # the ended periods of a budget are kept for invoicing: rl_usage by end, exact decimals
     ("rl_spend", ("inv", "day", 10, 2.5, 1000), spend(True, 2.5, 10, ms(1970, 1, 2), 0)),
     ("rl_spend", ("inv", "day", 10, 0.000001, 2000), spend(True, 2.500001, 10, ms(1970, 1, 2), 0)),
