@@ -39,10 +39,13 @@ PG_TARGET_DIR=${RL_PG_TARGET_DIR:-target/pg}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 mkdir -p dist
 work=$(mktemp -d)
-trap 'rm -rf "$work"; rm -f dist/.publishing.* bindings/node/.publishing.* integrations/ruby/lib/ratelimit_web/native/.publishing.*' EXIT
+# On exit, this run's own unfinished files go, never another's: the build lane's
+# package.sh --pg N may run beside the suites' package.sh --sql in the same folders.
+trap 'if [ -f "$work/staged" ]; then xargs -r rm -f < "$work/staged"; fi; rm -rf "$work"' EXIT
 
-# A new name in the folder of $1, for a file to be renamed onto $1 once whole.
-staging() { mktemp "$(dirname "$1")/.publishing.XXXXXX"; }
+# A new name in the folder of $1, for a file to be renamed onto $1 once whole (remembered,
+# so that an interrupted run removes it).
+staging() { local t; t=$(mktemp "$(cd "$(dirname "$1")" && pwd)/.publishing.XXXXXX"); echo "$t" >> "$work/staged"; echo "$t"; }
 # Moves the finished file $1 onto $2 in one rename (same file system), readable by all.
 publish() { chmod 644 "$1"; mv -f "$1" "$2"; }
 # Copies $1 onto $2 the same way.
