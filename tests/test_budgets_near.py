@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from conftest import sqlite_connect
+from conftest import SQLITE_EXT, sqlite_connect
 from test_policies import roles  # noqa: F401 (a fixture)
 
 NOW = 1_800_000_000_000  # 2027-01-15 08:00 UTC
@@ -98,6 +98,54 @@ def test_postgres_budgets_near_is_for_rl_admin_only(pg_db, roles):  # noqa: F811
         cur.execute("SELECT jsonb_array_length(rl_budgets_near(0.9) -> 'budgets')")
         assert cur.fetchone() == (1,)
         cur.execute("ROLLBACK")
+
+
+def test_postgres_usage_is_read_by_an_application_role_and_in_a_read_only_transaction(pg_db, roles):  # noqa: F811
+    """An application role reads a key's ended periods as it reads its budgets, never the
+    table itself; rl_usage only reads, so a read-only transaction (a standby) answers too."""
+    import psycopg2  # PostgreSQL only: a SQLite user has no psycopg2
+
+    conn, _ = pg_db
+    app, _ = roles
+    day = 86_400_000
+    with conn.cursor() as cur:
+        cur.execute("SELECT rl_spend('tenant-7', 'day', 100, 42.5, %s)", (NOW,))
+        cur.execute("SELECT rl_spend('tenant-7', 'day', 100, 1, %s)", (NOW + day,))
+        cur.execute(f"SET ROLE {app}")
+        cur.execute("SELECT rl_usage('tenant-7', %s, %s) -> 'periods'", (NOW, NOW + 2 * day))
+        assert cur.fetchone()[0] == [{"period": "day", "starts_at": DAY_END - 86_400, "ends_at": DAY_END,
+                                      "used": 42.5, "quota": 100}]
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            cur.execute("SELECT count(*) FROM ratelimit.rl_usage")
+        conn.rollback()
+        cur.execute(f"SET ROLE {app}")
+        cur.execute("BEGIN READ ONLY")
+        cur.execute("SELECT jsonb_array_length(rl_usage('tenant-7', 0, %s) -> 'periods')", (NOW + 2 * day,))
+        assert cur.fetchone() == (1,)
+        cur.execute("ROLLBACK")
+        cur.execute("RESET ROLE")
+
+
+def test_sqlite_usage_answers_on_a_read_only_file_and_a_0_3_0_file_gains_the_table(tmp_path):
+    path = str(tmp_path / "usage.db")
+    conn = sqlite_connect(path)
+    conn.execute("SELECT rl_spend('tenant-7', 'day', 100, 42.5, ?)", (NOW,)).fetchone()
+    conn.execute("SELECT rl_spend('tenant-7', 'day', 100, 1, ?)", (NOW + 86_400_000,)).fetchone()
+    conn.close()
+    ro = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    ro.enable_load_extension(True)
+    ro.load_extension(SQLITE_EXT)
+    periods = json.loads(ro.execute("SELECT rl_usage('tenant-7', 0, ?)", (NOW * 2,)).fetchone()[0])["periods"]
+    assert [(p["ends_at"], p["used"]) for p in periods] == [(DAY_END, 42.5)]
+    ro.close()
+    # a file of 0.3.0's layout has no rl_usage: the first write that keeps a period makes it
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript("DROP TABLE rl_usage; UPDATE rl_meta SET value = '2' WHERE key = 'schema_version';")
+    old.close()
+    conn = sqlite_connect(path)
+    conn.execute("SELECT rl_spend('tenant-7', 'day', 100, 1, ?)", (NOW + 2 * 86_400_000,)).fetchone()
+    periods = json.loads(conn.execute("SELECT rl_usage('tenant-7', 0, ?)", (NOW * 2,)).fetchone()[0])["periods"]
+    assert [(p["ends_at"], p["used"]) for p in periods] == [(DAY_END + 86_400, 1)]
 
 
 def test_sqlite_upgrades_a_database_of_0_3_0_on_first_use(tmp_path):
