@@ -144,7 +144,7 @@ BEGIN
     removed := removed + n;
     IF removed < budget THEN
         -- an ended period with something counted is kept for invoicing first
-        -- (protocol::rows::sweep); only those kept, or with nothing counted, go
+        -- (rows::sweep); only those kept, or with nothing counted, go
         INSERT INTO ratelimit.rl_usage (key, period, starts_at, ends_at, used, quota)
         SELECT t.key, t.period, ratelimit.rl__period_start(t.period, t.resets_at - 1), t.resets_at, t.used, t.quota
         FROM ratelimit.rl_budget AS t WHERE t.resets_at <= cutoff AND t.used <> 0
