@@ -36,6 +36,13 @@ def spend(admitted, used, limit, resets_at_ms, retry_s):
     }
 
 
+def zspend(admitted, used, limit, start_ms, end_ms, retry_s, cost=None):
+    """An answer of a budget whose period is anchored or zoned: its bounds stated, as the
+    UTC calendar of `period_seconds` cannot give them."""
+    return {**spend(admitted, used, limit, end_ms, retry_s), "exceeds_limit": cost is not None and cost > limit,
+            "period_seconds": (end_ms - start_ms) // 1000}
+
+
 def period_seconds(period, resets_at):
     """The length of the UTC hour, day, ISO week, month or year that ends at resets_at
     (epoch seconds)."""
@@ -441,6 +448,52 @@ STEPS = [
     ("rl_usage", ("inv", 0, 1.5),
      ("error", "rl_usage: to_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5")),
     ("rl_usage", ("", 0, 4), ("error", "rl_usage: key must not be empty")),
+    # periods anchored to a billing date and in a customer's time zone (docs/guides/billing-periods.md):
+    # a month from the 31st at 09:00 runs to the 28th of February at 09:00, then to the 31st of March
+    ("rl_spend", ("bill", "month from 31 09:00", 10, 4, ms(2027, 2, 10)),
+     zspend(True, 4, 10, ms(2027, 1, 31, 9), ms(2027, 2, 28, 9), 0)),
+    ("rl_spend", ("bill", "month from 31 09:00", 10, 7, ms(2027, 2, 28, 8, 59, 59)),
+     zspend(False, 4, 10, ms(2027, 1, 31, 9), ms(2027, 2, 28, 9), 1)),
+    ("rl_spend", ("bill", "month  from 31 09:00 in UTC", 10, 7, ms(2027, 2, 28, 9)),
+     zspend(True, 7, 10, ms(2027, 2, 28, 9), ms(2027, 3, 31, 9), 0)),
+    ("rl_usage", ("bill", 0, ms(2027, 3, 1)),
+     {"key": "bill", "from_ms": 0, "to_ms": ms(2027, 3, 1), "periods": [
+         {"period": "month from 31 09:00", "starts_at": ms(2027, 1, 31, 9) // 1000, "ends_at": ms(2027, 2, 28, 9) // 1000,
+          "used": 4, "quota": 10}]}),
+    # a local day of 23 hours (New York springs forward on 2026-03-08) and of 25 (2026-11-01)
+    ("rl_spend", ("ny", "day in america/new_york", 5, 1, ms(2026, 3, 8, 12)),
+     zspend(True, 1, 5, ms(2026, 3, 8, 5), ms(2026, 3, 9, 4), 0)),
+    ("rl_budget", ("ny", "day in America/New_York", 5, 0, ms(2026, 3, 8, 12)),
+     zspend(True, 1, 5, ms(2026, 3, 8, 5), ms(2026, 3, 9, 4), 0)),
+    ("rl_spend", ("ny", "day in America/New_York", 5, 1, ms(2026, 11, 1, 12)),
+     zspend(True, 1, 5, ms(2026, 11, 1, 4), ms(2026, 11, 2, 5), 0)),
+    # an anchor at 02:30 on the night that skips it starts at 03:30 EDT; 01:30 twice is the later
+    ("rl_spend", ("ny", "day from 02:30 in America/New_York", 5, 1, ms(2026, 3, 8, 7)),
+     zspend(True, 1, 5, ms(2026, 3, 7, 7, 30), ms(2026, 3, 8, 7, 30), 0)),
+    ("rl_spend", ("ny", "day from 02:30 in America/New_York", 5, 1, ms(2026, 3, 8, 7, 30)),
+     zspend(True, 1, 5, ms(2026, 3, 8, 7, 30), ms(2026, 3, 9, 6, 30), 0)),
+    ("rl_spend", ("ny", "day from 01:30 in America/New_York", 5, 1, ms(2026, 11, 1, 6)),
+     zspend(True, 1, 5, ms(2026, 10, 31, 5, 30), ms(2026, 11, 1, 6, 30), 0)),
+    # a week from Wednesday noon that contains Paris's change; Samoa's skipped 2011-12-30; a leap-day year
+    ("rl_spend", ("wk", "week from wed 12:00 in Europe/Paris", 5, 1, ms(2026, 3, 27)),
+     zspend(True, 1, 5, ms(2026, 3, 25, 11), ms(2026, 4, 1, 10), 0)),
+    ("rl_spend", ("ws", "day in Pacific/Apia", 5, 1, ms(2011, 12, 30, 12)),
+     zspend(True, 1, 5, ms(2011, 12, 30, 10), ms(2011, 12, 31, 10), 0)),
+    ("rl_spend", ("ly", "year from 02-29", 1, 1, ms(2027, 6, 1)), zspend(True, 1, 1, ms(2027, 2, 28), ms(2028, 2, 29), 0)),
+    ("rl_refund_budget", ("ly", "year from 02-29 00:00", 1, ms(2027, 6, 2)), {"used": 0, "resets_at": ms(2028, 2, 29) // 1000}),
+    ("rl_charge_budget", ("ly", "year from 02-29", 2, ms(2027, 6, 3)), {"admitted": True, "used": 2, "resets_at": ms(2028, 2, 29) // 1000}),
+    ("rl_take_all", ('[{"key":"ta","period":"month from 15 in Asia/Tokyo","quota":3,"cost":1}]', ms(2026, 12, 6)),
+     {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,
+      "items": [zspend(True, 1, 3, ms(2026, 11, 14, 15), ms(2026, 12, 14, 15), 0)]}),
+    ("rl_spend", ("e", "month from 32", 1, 1), ("error", "rl_spend: period: the anchor of a month must be a day of the month (1 to 31), then optionally 'HH:MM', got '32'")),
+    ("rl_budget", ("e", "day from 24:00", 1), ("error", "rl_budget: period: the anchor of a day must be 'HH:MM', a time of day (00:00 to 23:59), got '24:00'")),
+    ("rl_spend", ("e", "year from 02-30 in Europe/Paris", 1, 1), ("error", "rl_spend: period: the anchor of a year must be a date 'MM-DD' (01-01 to 12-31), then optionally 'HH:MM', got '02-30'")),
+    ("rl_charge_budget", ("e", "week from wednesday", 1), ("error", "rl_charge_budget: period: the anchor of a week must be a weekday (mon to sun), then optionally 'HH:MM', got 'wednesday'")),
+    ("rl_refund_budget", ("e", "hour from 30", 1), ("error", "rl_refund_budget: period: the anchor of an hour must be ':MM', a minute past the hour (:00 to :59), got '30'")),
+    ("rl_spend", ("e", "day in Mars/Olympus_Mons", 1, 1), ("error", "rl_spend: period: unknown time zone 'Mars/Olympus_Mons' (an IANA name such as 'Europe/Paris' or 'America/New_York')")),
+    ("rl_spend", ("e", "month in", 1, 1), ("error", "rl_spend: period must be a unit, then optionally 'from' and an anchor, then optionally 'in' and a time zone (such as 'month from 15 09:00 in Europe/Paris'), got 'month in'")),
+    ("rl_spend", ("e", "month in Europe/Paris from 3", 1, 1), ("error", "rl_spend: period must be a unit, then optionally 'from' and an anchor, then optionally 'in' and a time zone (such as 'month from 15 09:00 in Europe/Paris'), got 'month in Europe/Paris from 3'")),
+    ("rl_take_all", ('[{"key":"e","period":"month in Nowhere","quota":1}]',), ("error", "rl_take_all: item 1: period: unknown time zone 'Nowhere' (an IANA name such as 'Europe/Paris' or 'America/New_York')")),
     # rl_take_all takes window items; all or nothing across kinds
     ("rl_take_all", ('[{"key":"tw","limit":2,"window_seconds":60},{"key":"tw","burst":5,"refill_per_minute":60}]', 0),
      {"admitted": True, "retry_after_ms": 0, "retry_after_seconds": 0,

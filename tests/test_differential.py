@@ -4,6 +4,7 @@ in two databases; every answer and every error (SQLSTATE and message) must be th
 
 RL_DIFF_CALLS sets the number of calls (default 100000)."""
 import contextlib
+import datetime
 import os
 import random
 import uuid
@@ -32,7 +33,16 @@ DEFINITIONS = [
 ]
 
 
-PERIODS = ["hour", "day", "day", "week", "month", "month", "year"]
+PERIODS = ["hour", "day", "day", "week", "month", "month", "year", "month from 31 09:00 in America/New_York",
+           "day from 02:30 in Europe/Berlin", "week from wed 12:00 in Australia/Sydney", "year from 02-29 in Asia/Kolkata"]
+# Zones whose rules the core's database (IANA 2026f) and Debian 12's (2025b) give alike from
+# 1970 to 2100, with daylight-saving changes of every kind: an hour, half an hour (Lord Howe),
+# 45-minute offsets (Chatham), abolished (Sao Paulo), a skipped day (Apia), south and north.
+ZONES = ["America/New_York", "America/Chicago", "Europe/Berlin", "Europe/London", "Australia/Sydney",
+         "Australia/Lord_Howe", "Pacific/Chatham", "America/Sao_Paulo", "Pacific/Apia", "Asia/Kolkata", "Asia/Tokyo"]
+ANCHORS = {"hour": ["", " from :30", " from :45"], "day": ["", " from 02:30", " from 01:30", " from 06:00"],
+           "week": ["", " from wed 12:00", " from sun 02:30"], "month": ["", " from 31 09:00", " from 15", " from 29 02:30"],
+           "year": ["", " from 02-29", " from 03-31 02:30", " from 11-01 01:30"]}
 
 
 def valid_call(rng):
@@ -53,7 +63,7 @@ def valid_call(rng):
         "rl_refund": [key, burst, rate, cost], "rl_charge": [key, burst, rate, cost],
         "rl_spend": [key, rng.choice(PERIODS), rng.choice([10, 2.5]), cost],
         "rl_budget": [key, rng.choice(PERIODS), 10, rng.choice([0, cost])],
-        "rl_refund_budget": [key, "day", cost], "rl_charge_budget": [key, "month", cost],
+        "rl_refund_budget": [key, rng.choice(PERIODS), cost], "rl_charge_budget": [key, rng.choice(PERIODS), cost],
         "rl_window": [key, rng.choice([4, 10]), rng.choice([1, 90]), cost],
         "rl_window_peek": [key, 4, 90, rng.choice([0, cost])],
         "rl_fixed_window": [key, rng.choice([4, 10]), rng.choice([1, 60, 86400]), cost],
@@ -197,3 +207,28 @@ def compare(native, ours):
     assert differences == [], "\n".join(f"call {n}: {f}{tuple(a)}\n  native {x}\n  sql    {y}"
                                         for n, f, a, x, y in differences)
     assert kinds.get("answer", 0) > CALLS // 10 and kinds.get("error", 0) > CALLS // 10
+
+
+@pytest.mark.skipif(EDITION == "sql", reason="compares the SQL edition with the native extension")
+def test_periods_in_time_zones_are_bounded_alike_from_1970_to_2100():
+    """Anchored and zoned periods, most of them around daylight-saving changes, from 1970 to
+    2100: the native extension (the core, and its own time zone database) and the SQL edition
+    (the server's) give the same bounds, read through rl_budget's resets_at and period_seconds."""
+    rng = random.Random(20261206)
+    with native_database() as native_conn, sql_edition_database() as (sql_conn, _):
+        native, ours = PgEngine(native_conn), PgEngine(sql_conn, "postgres-sql")
+        differences, calls = [], max(CALLS // 10, 2000)
+        for _ in range(calls):
+            unit = rng.choice(list(ANCHORS))
+            period = unit + rng.choice(ANCHORS[unit]) + " in " + rng.choice(ZONES)
+            year = rng.randint(1970, 2100)
+            # the months of the changes north and south, else any day; any minute
+            month = rng.choice([3, 4, 9, 10, 11, rng.randint(1, 12)])
+            day = rng.randint(1, 28)
+            now = (datetime.datetime(year, month, day, tzinfo=datetime.timezone.utc)
+                   + datetime.timedelta(minutes=rng.randint(-2 * 1440, 3 * 1440)))
+            now_ms = max(int(now.timestamp() * 1000) + rng.choice([0, 0, 1, 999, -1]), 0)
+            answers = [answer_of(e, "rl_budget", ["z", period, 10, 0, now_ms]) for e in (native, ours)]
+            if answers[0] != answers[1]:
+                differences.append((period, now_ms, *answers))
+        assert differences == [], "\n".join(f"{p} at {t}:\n  native {x}\n  sql    {y}" for p, t, x, y in differences[:20])

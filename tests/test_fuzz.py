@@ -24,7 +24,10 @@ MAX_NOW = 253402300799999
 NUMBERS = [None, float("nan"), float("inf"), float("-inf"), 0, -1, -0.5, 1, 2, 3, 0.1, 0.5, 7, 60,
            1e308, 1e-300, 5e-7, 1e9, 1e9 + 1, I64_MAX, I64_MIN, "3", "0.25", "abc", "", " 1 ", "1e3", "-2"]
 CLOCKS = [None, 0, 1, 999, 1000, 86_399_999, MAX_NOW, MAX_NOW + 1, -1, 1.5, I64_MAX, I64_MIN, float("nan"), "5", "x"]
-PERIODS = [None, "day", "month", "week", "hour", "year", "DAY", "", "month ", 1, "fortnight"]
+PERIODS = [None, "day", "month", "week", "hour", "year", "DAY", "", "month ", 1, "fortnight", "month from", "day in utc",
+           "week from sun 24:00", "month in Mars/Olympus", "hour from :60", "month from 31 in " + "x" * 100,
+           "year from 02-29 00:00 in europe/paris", "day\tin UTC", "month from 0", "week from mon 09:00 in Asia/Tokyo in UTC",
+           "day from 02:30 in America/New_York", "month in in", "year from 2-29", "hour from :07 in Asia/Kathmandu"]
 POLICIES = ["p1", "p2", "missing", "x" * 1025]
 LEASES = [None, "", "x", "0-1", "1-1", "-1", "1-", "0-1-0000000000000000", "0-1-ffffffffffffffff", "0-1-+1",
           "0-1-x", 5, 2.5, b"\xff"]

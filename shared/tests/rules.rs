@@ -14,7 +14,7 @@ use ratelimit_core::store::{
     TableRow, TableRows,
 };
 use ratelimit_core::take_all::BucketItem;
-use ratelimit_core::units::{Period, MAX_WAIT_MS};
+use ratelimit_core::units::{Period, Unit, MAX_NOW_MS, MAX_WAIT_MS};
 use ratelimit_core::ErrorKind;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -26,8 +26,8 @@ use std::collections::HashMap;
 struct MapStore {
     buckets: HashMap<String, BucketState>,
     /// Table rows by key and second key part (a period's or an entries kind's name).
-    budgets: HashMap<(String, &'static str), BudgetState>,
-    entries: HashMap<(String, &'static str), EntriesRow>,
+    budgets: HashMap<(String, String), BudgetState>,
+    entries: HashMap<(String, String), EntriesRow>,
     policies: HashMap<String, StoredPolicy>,
     /// Ended budget periods kept for invoicing, by key, period and end.
     usage: std::collections::BTreeMap<(String, String, i64), UsagePeriod>,
@@ -46,7 +46,7 @@ struct MapStore {
 
 impl MapStore {
     /// The map that holds rows of kind `R`.
-    fn rows<R: TableRow>(&mut self) -> &mut HashMap<(String, &'static str), R> {
+    fn rows<R: TableRow>(&mut self) -> &mut HashMap<(String, String), R> {
         let map: &mut dyn std::any::Any = match R::ROWS {
             Rows::Budgets => &mut self.budgets,
             _ => &mut self.entries,
@@ -54,8 +54,8 @@ impl MapStore {
         map.downcast_mut().expect("one map per kind of table row")
     }
 
-    fn address<A: RowAt>(at: A) -> (String, &'static str) {
-        (at.key().to_owned(), at.part())
+    fn address<A: RowAt>(at: A) -> (String, String) {
+        (at.key().to_owned(), at.part().into_owned())
     }
 
     /// The engine's guarded write on one map entry.
@@ -164,7 +164,7 @@ impl BucketRows for MapStore {
                 self.policies.get(guard.policy).is_some_and(|p| p.revision == guard.revision)
                     && self
                         .entries
-                        .get(&(guard.subject.to_owned(), EntryKind::Block.as_str()))
+                        .get(&(guard.subject.to_owned(), EntryKind::Block.as_str().to_owned()))
                         .is_none_or(|row| row.empty_at <= guard.now_ms)
             }
         };
@@ -194,7 +194,7 @@ impl TableRows for MapStore {
         Ok(())
     }
     fn change_budget(&mut self, key: &str, period: Period, decide: Decide<BudgetState>) -> ChangeResult<BudgetState> {
-        let at = (key.to_owned(), period.as_str());
+        let at = (key.to_owned(), period.text().into_owned());
         Self::change(&mut self.budgets, at, decide, &mut self.swept_mid_write, &mut self.writes)
     }
     fn read_row<A: RowAt>(&mut self, at: A) -> StoreResult<Option<A::Row>> {
@@ -218,14 +218,10 @@ impl TableRows for MapStore {
     fn sweep_rows<R: TableRow>(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         if R::ROWS == Rows::Budgets {
             // as the statement: a period with something counted goes only once it is kept
-            let kept: Vec<(String, &'static str, i64)> = self
-                .usage
-                .keys()
-                .map(|(k, p, e)| (k.clone(), Period::ALL.iter().find(|x| x.as_str() == p).unwrap().as_str(), *e))
-                .collect();
-            let mut doomed: Vec<(String, &'static str)> = (self.budgets.iter())
+            let kept: Vec<(String, String, i64)> = self.usage.keys().cloned().collect();
+            let mut doomed: Vec<(String, String)> = (self.budgets.iter())
                 .filter(|((k, p), r)| {
-                    r.resets_at <= cutoff_ms && (r.used == 0 || kept.contains(&(k.clone(), *p, r.resets_at)))
+                    r.resets_at <= cutoff_ms && (r.used == 0 || kept.contains(&(k.clone(), p.clone(), r.resets_at)))
                 })
                 .map(|(k, _)| k.clone())
                 .collect();
@@ -616,7 +612,7 @@ fn charges_past_the_exact_range_are_refused() {
     let e = charge_budget(&mut s).unwrap_err();
     assert_eq!(e.kind, ErrorKind::OutOfRange);
     assert!(e.to_string().starts_with("rl_charge_budget: the period's use would pass 9007199254 units"), "{e}");
-    assert_eq!(s.budgets[&("b".to_owned(), "day")].used, 9_000_000_000_000_000);
+    assert_eq!(s.budgets[&("b".to_owned(), "day".to_owned())].used, 9_000_000_000_000_000);
 }
 
 /// Amounts are exact millionths: one below a millionth is refused as documented, never
@@ -641,28 +637,28 @@ fn amounts_below_a_millionth_are_refused() {
 fn calendar_periods_in_utc() {
     // (period, now, expected end)
     let cases = [
-        (Period::Day, ms(2026, 11, 29, 13, 5, 0), ms(2026, 11, 30, 0, 0, 0)),
-        (Period::Day, ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
-        (Period::Day, ms(2028, 2, 28, 12, 0, 0), ms(2028, 2, 29, 0, 0, 0)),
-        (Period::Day, ms(2028, 2, 29, 0, 0, 0), ms(2028, 3, 1, 0, 0, 0)),
-        (Period::Month, ms(2028, 2, 10, 0, 0, 0), ms(2028, 3, 1, 0, 0, 0)),
-        (Period::Month, ms(2027, 2, 28, 23, 0, 0), ms(2027, 3, 1, 0, 0, 0)),
-        (Period::Month, ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
-        (Period::Month, ms(2026, 4, 30, 10, 0, 0), ms(2026, 5, 1, 0, 0, 0)),
-        (Period::Month, ms(2026, 5, 1, 0, 0, 0), ms(2026, 6, 1, 0, 0, 0)),
-        (Period::Month, 0, ms(1970, 2, 1, 0, 0, 0)),
-        (Period::Hour, ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
-        (Period::Hour, ms(2026, 3, 29, 1, 0, 0), ms(2026, 3, 29, 2, 0, 0)),
-        (Period::Hour, 0, ms(1970, 1, 1, 1, 0, 0)),
+        (Period::plain(Unit::Day), ms(2026, 11, 29, 13, 5, 0), ms(2026, 11, 30, 0, 0, 0)),
+        (Period::plain(Unit::Day), ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
+        (Period::plain(Unit::Day), ms(2028, 2, 28, 12, 0, 0), ms(2028, 2, 29, 0, 0, 0)),
+        (Period::plain(Unit::Day), ms(2028, 2, 29, 0, 0, 0), ms(2028, 3, 1, 0, 0, 0)),
+        (Period::plain(Unit::Month), ms(2028, 2, 10, 0, 0, 0), ms(2028, 3, 1, 0, 0, 0)),
+        (Period::plain(Unit::Month), ms(2027, 2, 28, 23, 0, 0), ms(2027, 3, 1, 0, 0, 0)),
+        (Period::plain(Unit::Month), ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
+        (Period::plain(Unit::Month), ms(2026, 4, 30, 10, 0, 0), ms(2026, 5, 1, 0, 0, 0)),
+        (Period::plain(Unit::Month), ms(2026, 5, 1, 0, 0, 0), ms(2026, 6, 1, 0, 0, 0)),
+        (Period::plain(Unit::Month), 0, ms(1970, 2, 1, 0, 0, 0)),
+        (Period::plain(Unit::Hour), ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
+        (Period::plain(Unit::Hour), ms(2026, 3, 29, 1, 0, 0), ms(2026, 3, 29, 2, 0, 0)),
+        (Period::plain(Unit::Hour), 0, ms(1970, 1, 1, 1, 0, 0)),
         // ISO weeks start on Monday: 1970-01-01 was a Thursday, 2026-12-06 a Sunday
-        (Period::Week, 0, ms(1970, 1, 5, 0, 0, 0)),
-        (Period::Week, ms(2026, 12, 6, 23, 59, 59), ms(2026, 12, 7, 0, 0, 0)),
-        (Period::Week, ms(2026, 12, 7, 0, 0, 0), ms(2026, 12, 14, 0, 0, 0)),
-        (Period::Week, ms(2026, 12, 30, 12, 0, 0), ms(2027, 1, 4, 0, 0, 0)),
-        (Period::Year, ms(2028, 2, 29, 0, 0, 0), ms(2029, 1, 1, 0, 0, 0)),
-        (Period::Year, ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
-        (Period::Year, ms(2027, 1, 1, 0, 0, 0), ms(2028, 1, 1, 0, 0, 0)),
-        (Period::Year, 0, ms(1971, 1, 1, 0, 0, 0)),
+        (Period::plain(Unit::Week), 0, ms(1970, 1, 5, 0, 0, 0)),
+        (Period::plain(Unit::Week), ms(2026, 12, 6, 23, 59, 59), ms(2026, 12, 7, 0, 0, 0)),
+        (Period::plain(Unit::Week), ms(2026, 12, 7, 0, 0, 0), ms(2026, 12, 14, 0, 0, 0)),
+        (Period::plain(Unit::Week), ms(2026, 12, 30, 12, 0, 0), ms(2027, 1, 4, 0, 0, 0)),
+        (Period::plain(Unit::Year), ms(2028, 2, 29, 0, 0, 0), ms(2029, 1, 1, 0, 0, 0)),
+        (Period::plain(Unit::Year), ms(2026, 12, 31, 23, 59, 59), ms(2027, 1, 1, 0, 0, 0)),
+        (Period::plain(Unit::Year), ms(2027, 1, 1, 0, 0, 0), ms(2028, 1, 1, 0, 0, 0)),
+        (Period::plain(Unit::Year), 0, ms(1971, 1, 1, 0, 0, 0)),
     ];
     for (period, now, end) in cases {
         assert_eq!(period.end_ms(now), end, "{period:?} at {now}");
@@ -671,17 +667,120 @@ fn calendar_periods_in_utc() {
 
 #[test]
 fn every_period_tiles_time_from_1970_to_9999() {
-    // each instant lies in exactly one period of each unit, and periods follow each other
-    let mut now = 0i64;
-    while now < ratelimit_core::units::MAX_NOW_MS {
-        for period in Period::ALL {
-            let (start, end) = (period.start_ms(now), period.end_ms(now));
-            assert!(start <= now && now < end, "{period:?} at {now}: {start}..{end}");
-            assert_eq!(period.start_ms(end), end, "{period:?}: the next period starts where this one ends");
-            assert_eq!(period.end_ms(end - 1), end, "{period:?} at {now}");
-        }
-        now += 7_919 * 3_600_000 + 12_345; // about 11 months and a prime number of hours
+    for period in Unit::ALL.map(Period::plain) {
+        // about 11 months and a prime number of hours
+        assert_tiles(period, 7_919 * 3_600_000 + 12_345, ratelimit_core::units::MAX_NOW_MS);
     }
+}
+
+/// Each instant from 1970 to `until`, in steps of `step` ms, lies in exactly one period, and
+/// periods follow each other.
+fn assert_tiles(period: Period, step: i64, until: i64) {
+    let mut now = 0i64;
+    while now < until {
+        let (start, end) = period.bounds(now);
+        assert!(start <= now && now < end, "{period:?} at {now}: {start}..{end}");
+        assert_eq!(period.start_ms(end), end, "{period:?}: the next period starts where this one ends");
+        assert_eq!(period.end_ms(end - 1), end, "{period:?} at {now}");
+        now += step;
+    }
+}
+
+#[test]
+fn anchored_and_zoned_periods() {
+    // (period, now, expected start, expected end), all times UTC
+    let cases = [
+        // a month from the 31st at 09:00 runs to the last day of a shorter month, then back
+        ("month from 31 09:00", ms(2027, 2, 10, 0, 0, 0), ms(2027, 1, 31, 9, 0, 0), ms(2027, 2, 28, 9, 0, 0)),
+        ("month from 31 09:00", ms(2027, 3, 1, 0, 0, 0), ms(2027, 2, 28, 9, 0, 0), ms(2027, 3, 31, 9, 0, 0)),
+        ("month from 31 09:00", ms(2028, 2, 15, 0, 0, 0), ms(2028, 1, 31, 9, 0, 0), ms(2028, 2, 29, 9, 0, 0)),
+        ("month from 31 09:00", ms(2027, 1, 31, 8, 59, 59), ms(2026, 12, 31, 9, 0, 0), ms(2027, 1, 31, 9, 0, 0)),
+        // a year from the 29th of February starts on the 28th in other years
+        ("year from 02-29", ms(2027, 6, 1, 0, 0, 0), ms(2027, 2, 28, 0, 0, 0), ms(2028, 2, 29, 0, 0, 0)),
+        ("year from 02-29", ms(2028, 2, 28, 12, 0, 0), ms(2027, 2, 28, 0, 0, 0), ms(2028, 2, 29, 0, 0, 0)),
+        // a week from Wednesday at noon; 2026-12-06 is a Sunday
+        ("week from wed 12:00", ms(2026, 12, 6, 10, 0, 0), ms(2026, 12, 2, 12, 0, 0), ms(2026, 12, 9, 12, 0, 0)),
+        ("week from wed 12:00", ms(2026, 12, 9, 12, 0, 0), ms(2026, 12, 9, 12, 0, 0), ms(2026, 12, 16, 12, 0, 0)),
+        ("day from 06:00", ms(2026, 12, 6, 5, 59, 59), ms(2026, 12, 5, 6, 0, 0), ms(2026, 12, 6, 6, 0, 0)),
+        ("hour from :30", ms(2026, 12, 6, 10, 15, 0), ms(2026, 12, 6, 9, 30, 0), ms(2026, 12, 6, 10, 30, 0)),
+        // a local day of 23 hours (2026-03-08, New York springs forward) and of 25 (2026-11-01)
+        ("day in America/New_York", ms(2026, 3, 8, 12, 0, 0), ms(2026, 3, 8, 5, 0, 0), ms(2026, 3, 9, 4, 0, 0)),
+        ("day in America/New_York", ms(2026, 11, 1, 12, 0, 0), ms(2026, 11, 1, 4, 0, 0), ms(2026, 11, 2, 5, 0, 0)),
+        // 02:30 is skipped on 2026-03-08: read with the offset before the change, 03:30 EDT
+        (
+            "day from 02:30 in America/New_York",
+            ms(2026, 3, 8, 7, 0, 0),
+            ms(2026, 3, 7, 7, 30, 0),
+            ms(2026, 3, 8, 7, 30, 0),
+        ),
+        (
+            "day from 02:30 in America/New_York",
+            ms(2026, 3, 8, 7, 30, 0),
+            ms(2026, 3, 8, 7, 30, 0),
+            ms(2026, 3, 9, 6, 30, 0),
+        ),
+        // 01:30 happens twice on 2026-11-01: the later one, 01:30 EST
+        (
+            "day from 01:30 in America/New_York",
+            ms(2026, 11, 1, 6, 0, 0),
+            ms(2026, 10, 31, 5, 30, 0),
+            ms(2026, 11, 1, 6, 30, 0),
+        ),
+        // a month and a week that contain a change (Paris, 2026-03-29)
+        ("month in Europe/Paris", ms(2026, 3, 15, 0, 0, 0), ms(2026, 2, 28, 23, 0, 0), ms(2026, 3, 31, 22, 0, 0)),
+        ("week in Europe/Paris", ms(2026, 3, 25, 0, 0, 0), ms(2026, 3, 22, 23, 0, 0), ms(2026, 3, 29, 22, 0, 0)),
+        // a half-hour zone: local hours from :30 are UTC's whole hours
+        (
+            "hour from :30 in Asia/Kolkata",
+            ms(2026, 12, 6, 10, 15, 0),
+            ms(2026, 12, 6, 10, 0, 0),
+            ms(2026, 12, 6, 11, 0, 0),
+        ),
+        // Samoa skipped 2011-12-30 whole: the 29th ends where the 31st starts
+        ("day in Pacific/Apia", ms(2011, 12, 30, 9, 59, 0), ms(2011, 12, 29, 10, 0, 0), ms(2011, 12, 30, 10, 0, 0)),
+        ("day in Pacific/Apia", ms(2011, 12, 30, 10, 0, 0), ms(2011, 12, 30, 10, 0, 0), ms(2011, 12, 31, 10, 0, 0)),
+        // far ahead, the zone's rule still moves the clocks (2150-07-01 is in summer time)
+        ("day in America/New_York", ms(2150, 7, 1, 12, 0, 0), ms(2150, 7, 1, 4, 0, 0), ms(2150, 7, 2, 4, 0, 0)),
+        // the last instant accepted is already 10000-01-01 in Paris; a period may end in year 10000
+        ("year from 02-29 in Europe/Paris", MAX_NOW_MS, ms(9999, 2, 27, 23, 0, 0), 253_407_394_800_000),
+        ("day in Pacific/Kiritimati", MAX_NOW_MS, ms(9999, 12, 31, 10, 0, 0), 253_402_336_800_000),
+    ];
+    for (text, now, start, end) in cases {
+        let p = Period::parse(text).unwrap();
+        assert_eq!(p.bounds(now), (start, end), "{text} at {now}");
+    }
+}
+
+#[test]
+fn anchored_and_zoned_periods_tile_time() {
+    let forms = [
+        "month from 31 09:00 in America/New_York",
+        "day from 02:30 in America/New_York",
+        "day from 01:30 in Europe/London",
+        "week from sun 02:00 in Australia/Sydney",
+        "hour from :45 in Australia/Lord_Howe",
+        "year from 02-29 02:30 in America/Santiago",
+        "month from 15 in Pacific/Chatham",
+        "day in Pacific/Apia",
+    ];
+    for text in forms {
+        // about 25 days and a prime number of hours
+        assert_tiles(Period::parse(text).unwrap(), 613 * 3_600_000 + 12_345, ms(2101, 1, 1, 0, 0, 0));
+    }
+}
+
+#[test]
+fn a_budget_counts_periods_of_different_forms_apart() {
+    let mut s = MapStore::default();
+    let now = ms(2026, 12, 6, 12, 0, 0);
+    for period in ["month", "month from 6", "month in Europe/Paris", "month from 6 in Europe/Paris"] {
+        let r = spend(&mut s, "k", period, Arg::Integer(1), Arg::Integer(1), now);
+        assert_eq!(r["admitted"], true, "{period}: {r}");
+    }
+    let r = spend(&mut s, "k", "month from 06 00:00 in europe/PARIS", Arg::Integer(1), Arg::Integer(1), now);
+    assert_eq!(r["admitted"], false, "the same period as 'month from 6 in Europe/Paris': {r}");
+    assert_eq!(r["resets_at"], ms(2027, 1, 5, 23, 0, 0) / 1000);
+    assert_eq!(r["period_seconds"], 31 * 86_400);
 }
 
 #[test]
@@ -806,7 +905,7 @@ fn budgets_near_lists_the_current_periods_past_a_share_of_their_quota() {
 #[test]
 fn budget_clock_behind_a_newer_period_answers_from_that_period() {
     let state = BudgetState { used: 3_000_000, resets_at: ms(2027, 1, 1, 0, 0, 0), quota: 0 };
-    let d = budget::spend(Some(&state), Period::Month, 3_000_000, 1_000_000, ms(2026, 11, 15, 0, 0, 0));
+    let d = budget::spend(Some(&state), Period::plain(Unit::Month), 3_000_000, 1_000_000, ms(2026, 11, 15, 0, 0, 0));
     assert!(!d.admitted);
     assert_eq!(d.resets_at_ms, state.resets_at);
 }
@@ -924,7 +1023,7 @@ fn a_lost_insert_race_decides_again_on_the_winners_row() {
 fn a_row_swept_between_decision_and_write_is_decided_again() {
     let mut s = MapStore { swept_mid_write: 1, ..Default::default() };
     s.buckets.insert("k".into(), BucketState { level: 0.0, refilled_at: 0, full_at: 60_000 });
-    s.budgets.insert(("k".into(), "day"), BudgetState { used: 1, resets_at: 86_400_000, quota: 0 });
+    s.budgets.insert(("k".into(), "day".into()), BudgetState { used: 1, resets_at: 86_400_000, quota: 0 });
     let r = take(&mut s, "k", 2.0, 1.0, 1.0, 120_000);
     assert_eq!((r["admitted"].as_bool(), r["remaining"].as_i64()), (Some(true), Some(1)));
     assert_eq!(s.buckets["k"].level, 1.0, "inserted afresh after the sweep");
@@ -1345,7 +1444,7 @@ proptest! {
     fn budget_never_exceeds_quota(quota in 1i64..5_000_000, costs in prop::collection::vec(1i64..2_000_000, 1..30)) {
         let mut state: Option<BudgetState> = None;
         for cost in costs {
-            let d = budget::spend(state.as_ref(), Period::Day, quota, cost, 1000);
+            let d = budget::spend(state.as_ref(), Period::plain(Unit::Day), quota, cost, 1000);
             if d.admitted {
                 state = d.new_state;
             } else {
@@ -1595,7 +1694,7 @@ fn a_window_too_large_to_keep_exactly_is_an_error_that_writes_nothing() {
     };
     // 10 000 entries, one per millisecond from 0, as that many calls would leave them
     let full = std::iter::once("0").chain(std::iter::repeat_n("1", 9_999)).collect::<Vec<_>>().join(",");
-    s.entries.insert(("w".to_owned(), "window"), EntriesRow { entries: full, empty_at: 9_999 + 3_600_000 });
+    s.entries.insert(("w".to_owned(), "window".to_owned()), EntriesRow { entries: full, empty_at: 9_999 + 3_600_000 });
     let writes = s.writes;
     let e = window(&mut s, 10_000).unwrap_err();
     assert_eq!(e.kind, ErrorKind::LimitExceeded);
@@ -1603,7 +1702,7 @@ fn a_window_too_large_to_keep_exactly_is_an_error_that_writes_nothing() {
     assert_eq!(parsed(window(&mut s, 9_999).unwrap())["admitted"], true, "a merge needs no new entry");
     // an hour later every entry has left: the window starts again
     assert_eq!(parsed(window(&mut s, 3_610_000).unwrap())["remaining"], 999_999);
-    let row = &s.entries[&("w".to_owned(), "window")];
+    let row = &s.entries[&("w".to_owned(), "window".to_owned())];
     assert_eq!((row.entries.as_str(), row.empty_at), ("3610000", 3_610_000 + 3_600_000));
 }
 
@@ -1635,7 +1734,7 @@ fn leases_count_until_released_or_expired() {
     let renewed =
         call(&mut s, calls::rl_renew, &[Arg::Text("j"), Arg::Text(&second_id), Arg::Integer(60), Arg::Integer(11_000)]);
     assert_eq!(renewed, json!({"renewed": true, "expires_at": 71_000}));
-    assert_eq!(s.entries[&("j".to_owned(), "lease")].empty_at, 71_000, "the sweep waits for it");
+    assert_eq!(s.entries[&("j".to_owned(), "lease".to_owned())].empty_at, 71_000, "the sweep waits for it");
 }
 
 #[test]

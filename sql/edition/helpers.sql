@@ -228,7 +228,7 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE ratelimit.rl__number_error(fn, what, seconds, '@MAX_DURATION_SECONDS@', false)::bigint END
 $$;
 
--- A budget period (args::period): one of units::Period::ALL.
+-- A budget period that is none (args::period).
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_error(fn text, v text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -239,9 +239,121 @@ BEGIN
 END
 $$;
 
+-- A budget period's parts (period::Period::parse): its unit; its anchor's month (a year's),
+-- day (a month's or year's day, a week's weekday from 0 for Monday) and minutes into the day
+-- (the hour); its zone (NULL for UTC); and its canonical text. An error naming fn when v is
+-- no period.
+CREATE OR REPLACE FUNCTION ratelimit.rl__period_parts(fn text, v text, OUT unit text, OUT mon int, OUT dom int,
+                                                      OUT mins int, OUT zone text, OUT canonical text)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    w text[] := array_remove(string_to_array(v, ' '), '');
+    n int := coalesce(cardinality(w), 0);
+    i int := 2;
+    a text[] := '{}';
+    z text;
+    hm text;
+    ok boolean := true;
+BEGIN
+    unit := w[1];
+    IF n = 0 OR unit NOT IN (@PERIODS@) THEN
+        PERFORM ratelimit.rl__period_error(fn, v);
+    END IF;
+    IF w[2] = 'from' THEN
+        i := 3;
+        WHILE i <= n AND w[i] <> 'in' LOOP
+            a := a || w[i];
+            i := i + 1;
+        END LOOP;
+        IF cardinality(a) = 0 THEN
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD_FORM@, ratelimit.rl__json_describe(to_jsonb(v))));
+        END IF;
+    END IF;
+    IF w[i] = 'in' THEN
+        IF n <> i + 1 THEN
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD_FORM@, ratelimit.rl__json_describe(to_jsonb(v))));
+        END IF;
+        z := w[i + 1];
+        i := i + 2;
+    END IF;
+    IF i <> n + 1 THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD_FORM@, ratelimit.rl__json_describe(to_jsonb(v))));
+    END IF;
+    mon := 1;
+    dom := CASE WHEN unit IN ('month', 'year') THEN 1 ELSE 0 END;
+    mins := 0;
+    IF cardinality(a) > 0 THEN
+        -- the anchor's time, HH:MM, last for a week, month or year
+        IF unit IN ('week', 'month', 'year') AND cardinality(a) = 2 THEN
+            hm := a[2];
+            ok := hm ~ '^[0-9]{2}:[0-9]{2}$' AND left(hm, 2)::int < 24 AND right(hm, 2)::int < 60;
+            mins := CASE WHEN ok THEN left(hm, 2)::int * 60 + right(hm, 2)::int ELSE 0 END;
+        ELSIF cardinality(a) <> 1 THEN
+            ok := false;
+        END IF;
+        CASE unit
+            WHEN 'hour' THEN
+                ok := ok AND a[1] ~ '^:[0-9]{2}$' AND right(a[1], 2)::int < 60;
+                mins := CASE WHEN ok THEN right(a[1], 2)::int ELSE 0 END;
+            WHEN 'day' THEN
+                ok := ok AND a[1] ~ '^[0-9]{2}:[0-9]{2}$' AND left(a[1], 2)::int < 24 AND right(a[1], 2)::int < 60;
+                mins := CASE WHEN ok THEN left(a[1], 2)::int * 60 + right(a[1], 2)::int ELSE 0 END;
+            WHEN 'week' THEN
+                dom := array_position(ARRAY[@WEEKDAYS@], a[1]) - 1;
+                ok := ok AND dom IS NOT NULL;
+            WHEN 'month' THEN
+                ok := ok AND a[1] ~ '^[0-9]{1,2}$' AND a[1]::int BETWEEN 1 AND 31;
+                dom := CASE WHEN ok THEN a[1]::int ELSE 1 END;
+            ELSE
+                ok := ok AND a[1] ~ '^[0-9]{2}-[0-9]{2}$' AND left(a[1], 2)::int BETWEEN 1 AND 12
+                      AND right(a[1], 2)::int BETWEEN 1 AND ratelimit.rl__days_in_month(2000, left(a[1], 2)::int);
+                mon := CASE WHEN ok THEN left(a[1], 2)::int ELSE 1 END;
+                dom := CASE WHEN ok THEN right(a[1], 2)::int ELSE 1 END;
+        END CASE;
+        IF NOT ok THEN
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD_ANCHOR@, CASE WHEN unit = 'hour' THEN 'an hour' ELSE 'a ' || unit END,
+                                                     @PERIOD_ANCHOR_FORMS@::jsonb ->> unit,
+                                                     ratelimit.rl__json_describe(to_jsonb(array_to_string(a, ' ')))));
+        END IF;
+    END IF;
+    IF z IS NOT NULL THEN
+        -- the zone as the database spells it, found without regard to (ASCII) case
+        zone := @ZONES@::jsonb ->> translate(z, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz');
+        IF zone IS NULL THEN
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD_ZONE@, ratelimit.rl__json_describe(to_jsonb(z))));
+        END IF;
+        zone := nullif(zone, 'UTC');
+        IF fn IS NOT NULL AND zone IS NOT NULL THEN
+            BEGIN
+                PERFORM timestamptz 'epoch' AT TIME ZONE zone;
+            EXCEPTION WHEN invalid_parameter_value THEN
+                -- a zone of the core's database that this server's does not hold (see the
+                -- guide's "Time zone data")
+                PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD_ZONE@, ratelimit.rl__json_describe(to_jsonb(z))));
+            END;
+        END IF;
+    END IF;
+    canonical := unit;
+    IF (mon, dom, mins) IS DISTINCT FROM (1, CASE WHEN unit IN ('month', 'year') THEN 1 ELSE 0 END, 0) THEN
+        hm := lpad((mins / 60)::text, 2, '0') || ':' || lpad((mins % 60)::text, 2, '0');
+        canonical := canonical || ' from ' || CASE unit
+            WHEN 'hour' THEN ':' || lpad(mins::text, 2, '0')
+            WHEN 'day' THEN hm
+            WHEN 'week' THEN (ARRAY[@WEEKDAYS@])[dom + 1]
+            WHEN 'month' THEN dom::text
+            ELSE lpad(mon::text, 2, '0') || '-' || lpad(dom::text, 2, '0') END
+            || CASE WHEN unit IN ('week', 'month', 'year') AND mins <> 0 THEN ' ' || hm ELSE '' END;
+    END IF;
+    IF zone IS NOT NULL THEN
+        canonical := canonical || ' in ' || zone;
+    END IF;
+END
+$$;
+
+-- A budget period in its canonical text (args::period).
 CREATE OR REPLACE FUNCTION ratelimit.rl__period(fn text, v text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v IN (@PERIODS@) THEN v ELSE ratelimit.rl__period_error(fn, v) END
+    SELECT CASE WHEN v IN (@PERIODS@) THEN v ELSE (ratelimit.rl__period_parts(fn, v)).canonical END
 $$;
 
 -- The role calling a rl_* function (inside it current_user is the owner): the role SET
@@ -313,8 +425,88 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT make_date(extract(year FROM d)::int, extract(month FROM d)::int, 1)
 $$;
 
--- The start of the UTC calendar period containing now, epoch ms (units::Period::start_ms):
--- an ISO week starts on Monday (1970-01-01 was a Thursday, three days after one).
+-- Days in a month of a year (period::days_in_month).
+CREATE OR REPLACE FUNCTION ratelimit.rl__days_in_month(y int, m int) RETURNS int
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT extract(day FROM make_date(y, m, 1) + interval '1 month' - interval '1 day')::int
+$$;
+
+-- a / b rounded down (div_euclid for a positive b).
+CREATE OR REPLACE FUNCTION ratelimit.rl__floor_div(a bigint, b bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN a >= 0 THEN a / b ELSE -((b - 1 - a) / b) END
+$$;
+
+-- The instant of epoch ms t, exactly: whole seconds through to_timestamp, then the ms.
+CREATE OR REPLACE FUNCTION ratelimit.rl__instant(t bigint) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT to_timestamp(ratelimit.rl__floor_div(t, 1000)::float8)
+           + (t - ratelimit.rl__floor_div(t, 1000) * 1000) * interval '1 millisecond'
+$$;
+
+-- The local start of unit k of a period (period::Period::local_start): local times as epoch
+-- ms of the same wall-clock reading in UTC; units counted from 1970 in local time.
+CREATE OR REPLACE FUNCTION ratelimit.rl__local_start(unit text, mon int, dom int, mins int, k bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT mins::bigint * @MS_PER_MINUTE@ + CASE unit
+        WHEN 'hour' THEN k * @MS_PER_HOUR@
+        WHEN 'day' THEN k * @MS_PER_DAY@
+        WHEN 'week' THEN (k * 7 + (dom + 4) % 7) * @MS_PER_DAY@
+        WHEN 'month' THEN (make_date(ratelimit.rl__floor_div(k, 12)::int, (k - ratelimit.rl__floor_div(k, 12) * 12)::int + 1,
+                                     least(dom, ratelimit.rl__days_in_month(ratelimit.rl__floor_div(k, 12)::int,
+                                                                            (k - ratelimit.rl__floor_div(k, 12) * 12)::int + 1)))
+                           - date '1970-01-01')::bigint * @MS_PER_DAY@
+        ELSE (make_date(k::int, mon, least(dom, ratelimit.rl__days_in_month(k::int, mon))) - date '1970-01-01')::bigint * @MS_PER_DAY@ END
+$$;
+
+-- The instant a local time names in a zone (period::instant): PostgreSQL reads one that a
+-- change skips with the offset before it, and one that happens twice as the later.
+CREATE OR REPLACE FUNCTION ratelimit.rl__zoned_instant(zone text, local bigint) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN zone IS NULL THEN local
+                ELSE round(extract(epoch FROM (ratelimit.rl__instant(local) AT TIME ZONE 'UTC') AT TIME ZONE zone) * 1000)::bigint END
+$$;
+
+-- The start and end of the period containing now (period::Period::bounds): local starts are
+-- numbered; the period is from the last that falls at or before now, read in the zone, to the
+-- next one after it.
+CREATE OR REPLACE FUNCTION ratelimit.rl__period_bounds(period text, now bigint, OUT starts bigint, OUT ends bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    p record := ratelimit.rl__period_parts(NULL, period);
+    loc bigint;
+    d date;
+    k bigint;
+BEGIN
+    loc := CASE WHEN p.zone IS NULL THEN now
+                ELSE round(extract(epoch FROM ratelimit.rl__instant(now) AT TIME ZONE p.zone) * 1000)::bigint END;
+    d := date '1970-01-01' + ratelimit.rl__floor_div(loc, @MS_PER_DAY@)::int;
+    k := CASE p.unit
+        WHEN 'hour' THEN ratelimit.rl__floor_div(loc - p.mins * @MS_PER_MINUTE@, @MS_PER_HOUR@)
+        WHEN 'day' THEN ratelimit.rl__floor_div(loc - p.mins * @MS_PER_MINUTE@, @MS_PER_DAY@)
+        WHEN 'week' THEN ratelimit.rl__floor_div(loc - p.mins * @MS_PER_MINUTE@ - ((p.dom + 4) % 7) * @MS_PER_DAY@, 7 * @MS_PER_DAY@)
+        WHEN 'month' THEN extract(year FROM d)::bigint * 12 + extract(month FROM d)::bigint - 1
+        ELSE extract(year FROM d)::bigint END;
+    IF ratelimit.rl__local_start(p.unit, p.mon, p.dom, p.mins, k) > loc THEN
+        k := k - 1;
+    END IF;
+    starts := ratelimit.rl__zoned_instant(p.zone, ratelimit.rl__local_start(p.unit, p.mon, p.dom, p.mins, k));
+    WHILE starts > now LOOP
+        k := k - 1;
+        starts := ratelimit.rl__zoned_instant(p.zone, ratelimit.rl__local_start(p.unit, p.mon, p.dom, p.mins, k));
+    END LOOP;
+    k := k + 1;
+    ends := ratelimit.rl__zoned_instant(p.zone, ratelimit.rl__local_start(p.unit, p.mon, p.dom, p.mins, k));
+    WHILE ends <= now LOOP
+        k := k + 1;
+        ends := ratelimit.rl__zoned_instant(p.zone, ratelimit.rl__local_start(p.unit, p.mon, p.dom, p.mins, k));
+    END LOOP;
+END
+$$;
+
+-- The start of the period containing now, epoch ms (period::Period::start_ms): UTC units
+-- from their start here (an ISO week starts on Monday; 1970-01-01 was a Thursday, three days
+-- after one), anchored or zoned ones by rl__period_bounds.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_start(period text, now bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE period
@@ -323,11 +515,12 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN 'week' THEN (now / @MS_PER_DAY@ - (now / @MS_PER_DAY@ + 3) % 7) * @MS_PER_DAY@
         WHEN 'year' THEN (make_date(extract(year FROM date '1970-01-01' + (now / @MS_PER_DAY@)::int)::int, 1, 1)
                           - date '1970-01-01')::bigint * @MS_PER_DAY@
-        ELSE (ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) - date '1970-01-01')::bigint * @MS_PER_DAY@ END
+        WHEN 'month' THEN (ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) - date '1970-01-01')::bigint * @MS_PER_DAY@
+        ELSE (ratelimit.rl__period_bounds(period, now)).starts END
 $$;
 
--- The end (exclusive) of the UTC calendar period containing now, epoch ms
--- (units::Period::end_ms): a month's end is the first of the month 32 days after its start.
+-- The end (exclusive) of the period containing now, epoch ms (period::Period::end_ms): a
+-- UTC month's end is the first of the month 32 days after its start.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_end(period text, now bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE period
@@ -336,8 +529,9 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN 'week' THEN (now / @MS_PER_DAY@ - (now / @MS_PER_DAY@ + 3) % 7 + 7) * @MS_PER_DAY@
         WHEN 'year' THEN (make_date(extract(year FROM date '1970-01-01' + (now / @MS_PER_DAY@)::int)::int + 1, 1, 1)
                           - date '1970-01-01')::bigint * @MS_PER_DAY@
-        ELSE (ratelimit.rl__month_start(ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) + 32)
-              - date '1970-01-01')::bigint * @MS_PER_DAY@ END
+        WHEN 'month' THEN (ratelimit.rl__month_start(ratelimit.rl__month_start(date '1970-01-01' + (now / @MS_PER_DAY@)::int) + 32)
+              - date '1970-01-01')::bigint * @MS_PER_DAY@
+        ELSE (ratelimit.rl__period_bounds(period, now)).ends END
 $$;
 
 -- a / b and a * b as IEEE doubles give them, infinite past the largest double (PostgreSQL
@@ -1424,17 +1618,16 @@ BEGIN
 END
 $$;
 
--- A period from JSON (args::period).
+-- A period from JSON (args::period), in its canonical text.
 CREATE OR REPLACE FUNCTION ratelimit.rl__json_period(fn text, v jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF jsonb_typeof(v) IS DISTINCT FROM 'string' OR (v #>> '{}') NOT IN (@PERIODS@) THEN
+    IF jsonb_typeof(v) IS DISTINCT FROM 'string' THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_PERIOD@, ratelimit.rl__json_describe(v)));
     END IF;
-    RETURN v #>> '{}';
+    RETURN ratelimit.rl__period(fn, v #>> '{}');
 END
 $$;
-
 -- What rl_spend decides on a row (budget::spend): the answer and the row to store.
 CREATE OR REPLACE FUNCTION ratelimit.rl__spend_decision(has_row boolean, used bigint, resets_at bigint, period text,
                                                         quota bigint, cost bigint, now bigint,
@@ -1700,7 +1893,7 @@ DECLARE
     sorted jsonb;
     dup record;
 BEGIN
-    SELECT jsonb_agg(i ORDER BY (i ->> 'kind')::int, (i ->> 'key') COLLATE "C", i ->> 'period', (i ->> 'pos')::int)
+    SELECT jsonb_agg(i ORDER BY (i ->> 'kind')::int, (i ->> 'key') COLLATE "C", (i ->> 'period') COLLATE "C", (i ->> 'pos')::int)
     INTO sorted FROM jsonb_array_elements(items) AS i;
     SELECT least(a.p, b.p) AS first, greatest(a.p, b.p) AS second INTO dup
     FROM (SELECT (e ->> 'pos')::int AS p, e ->> 'kind' AS kind, e ->> 'key' AS key, e ->> 'period' AS period, n
@@ -1759,7 +1952,7 @@ BEGIN
     FOR it IN SELECT i FROM jsonb_array_elements(items) AS i
               ORDER BY CASE (i ->> 'kind')::int WHEN @KIND_BUDGET@ THEN 0 WHEN @KIND_WINDOW@ THEN 1
                                                 WHEN @KIND_FIXED_WINDOW@ THEN 1 ELSE 2 END,
-                       (i ->> 'kind')::int, (i ->> 'key') COLLATE "C", i ->> 'period' LOOP
+                       (i ->> 'kind')::int, (i ->> 'key') COLLATE "C", (i ->> 'period') COLLATE "C" LOOP
         answers := answers || jsonb_build_object(it ->> 'pos', CASE (it ->> 'kind')::int
             WHEN @KIND_BUCKET@ THEN ratelimit.rl__bucket_change(fn, op, it ->> 'key', (it ->> 'burst')::float8,
                                                     (it ->> 'rate')::float8, (it ->> 'cost')::float8, now)

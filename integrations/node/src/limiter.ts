@@ -5,11 +5,15 @@
  * [503]) or a function of the status. */
 export type RefundOn = (string | number)[] | ((status: number) => boolean);
 
-/** A bucket, a calendar budget (a UTC "hour", "day", ISO "week", "month" or "year"), a
- * sliding window, or a fixed window (counted anew at each epoch-aligned window's start). */
+/** A budget's period: a unit ("hour", "day", ISO "week", "month", "year"), optionally
+ * anchored and in a time zone: "month from 31 09:00 in Europe/Paris" (docs/guides/billing-periods.md). */
+export type Period = "hour" | "day" | "week" | "month" | "year" | `${"hour" | "day" | "week" | "month" | "year"} ${string}`;
+
+/** A bucket, a calendar budget, a sliding window, or a fixed window (counted anew at each
+ * epoch-aligned window's start). */
 export type Limit =
   | { burst: number; refill_per_minute: number }
-  | { period: "hour" | "day" | "week" | "month" | "year"; quota: number }
+  | { period: Period; quota: number }
   | { limit: number; window_seconds: number }
   | { limit: number; fixed_window_seconds: number };
 

@@ -194,7 +194,7 @@ impl UsagePeriod {
     pub fn of(key: &str, period: Period, row: &BudgetState) -> UsagePeriod {
         UsagePeriod {
             key: key.to_owned(),
-            period: period.as_str().to_owned(),
+            period: period.text().into_owned(),
             starts_at: period.start_ms(row.resets_at - 1),
             ends_at: row.resets_at,
             used: row.used,

@@ -4,5 +4,6 @@ pub mod bucket;
 pub mod budget;
 pub mod lease;
 pub mod limit_json;
+pub mod period;
 pub mod take_all;
 pub mod window;

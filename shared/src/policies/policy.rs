@@ -182,7 +182,7 @@ impl Policy {
                     ("refill_per_minute", Json::Number(refill_per_minute)),
                 ]),
                 LimitShape::Budget { period, quota } => Json::Object(vec![
-                    ("period", Json::Str(period.as_str().to_owned())),
+                    ("period", Json::Str(period.text().into_owned())),
                     ("quota", Json::micros(quota)),
                 ]),
                 LimitShape::Window { limit, window_ms, fixed } => Json::Object(vec![

@@ -101,7 +101,8 @@ fn change_held<T: Copy>(
 impl<E: SqlEngine> SqlStore<E> {
     /// The row at `at` read by `statement` (its kind's read or lock).
     fn row<A: RowAt>(&mut self, statement: Statement, at: A) -> StoreResult<Option<A::Row>> {
-        let row = self.0.query_row(statement, &[Value::Text(at.key()), Value::Text(at.part())])?;
+        let part = at.part();
+        let row = self.0.query_row(statement, &[Value::Text(at.key()), Value::Text(&part)])?;
         Ok(row.map(|columns| A::Row::from_columns(&columns)))
     }
 
@@ -257,7 +258,7 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
             return change_held(row, decide, |new, old| self.replace_row(at, old, new));
         }
         let (written, decided_on) = decision_slot::with_decision(&decision_slot::BUDGET, decide, || {
-            self.0.execute(Statement::BudgetChange, &[Value::Text(key), Value::Text(period.as_str())])
+            self.0.execute(Statement::BudgetChange, &[Value::Text(key), Value::Text(&period.text())])
         });
         Ok(Changed { decided_on, written: written? == 1 })
     }
@@ -267,7 +268,8 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
     }
 
     fn insert_row<A: RowAt>(&mut self, at: A, row: &A::Row) -> StoreResult<bool> {
-        let mut params = vec![Value::Text(at.key()), Value::Text(at.part())];
+        let part = at.part();
+        let mut params = vec![Value::Text(at.key()), Value::Text(&part)];
         params.extend(row.columns());
         Ok(self.0.execute(A::Row::STATEMENTS.insert, &params)? == 1)
     }
@@ -278,8 +280,9 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
     }
 
     fn replace_row<A: RowAt>(&mut self, at: A, old: &A::Row, new: &A::Row) -> StoreResult<bool> {
+        let part = at.part();
         let mut params = new.columns();
-        params.extend([Value::Text(at.key()), Value::Text(at.part())]);
+        params.extend([Value::Text(at.key()), Value::Text(&part)]);
         params.extend(old.columns());
         Ok(self.0.execute(A::Row::STATEMENTS.update, &params)? == 1)
     }

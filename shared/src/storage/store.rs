@@ -122,7 +122,7 @@ pub trait RowAt: Copy {
     type Row: TableRow;
     fn key(&self) -> &str;
     /// The second part of the primary key, as stored (a budget's period, an entries kind).
-    fn part(&self) -> &'static str;
+    fn part(&self) -> std::borrow::Cow<'static, str>;
 }
 
 /// The budget row of `key` for `period`.
@@ -144,8 +144,8 @@ impl RowAt for BudgetAt<'_> {
     fn key(&self) -> &str {
         self.key
     }
-    fn part(&self) -> &'static str {
-        self.period.as_str()
+    fn part(&self) -> std::borrow::Cow<'static, str> {
+        self.period.text()
     }
 }
 
@@ -154,8 +154,8 @@ impl RowAt for EntriesAt<'_> {
     fn key(&self) -> &str {
         self.key
     }
-    fn part(&self) -> &'static str {
-        self.kind.as_str()
+    fn part(&self) -> std::borrow::Cow<'static, str> {
+        self.kind.as_str().into()
     }
 }
 

@@ -290,13 +290,21 @@ pub fn now_ms(arg: &Arg, clock: &Clock) -> Result<i64> {
     }
 }
 
-/// A budget period: 'hour', 'day', 'week', 'month' or 'year' ([`Period::ALL`]).
+/// A budget period in its text form ([`Period::parse`]): a unit of [`Unit::ALL`], optionally
+/// anchored and in a time zone.
 pub fn period(arg: &Arg) -> Result<Period> {
-    match *arg {
-        Arg::Text(t) => Period::ALL.into_iter().find(|p| p.as_str() == t),
-        _ => None,
-    }
-    .ok_or_else(|| Error::invalid(msg::PERIOD.render(&[&arg.describe()])))
+    use crate::period::PeriodError;
+    let Arg::Text(t) = *arg else { return Err(Error::invalid(msg::PERIOD.render(&[&arg.describe()]))) };
+    Period::parse(t).map_err(|e| {
+        Error::invalid(match e {
+            PeriodError::Unit => msg::PERIOD.render(&[&arg.describe()]),
+            PeriodError::Form => msg::PERIOD_FORM.render(&[&arg.describe()]),
+            PeriodError::Anchor(unit, given) => {
+                msg::PERIOD_ANCHOR.render(&[&unit.with_article(), &unit.anchor_form(), &Arg::Text(&given).describe()])
+            }
+            PeriodError::Zone(given) => msg::PERIOD_ZONE.render(&[&Arg::Text(&given).describe()]),
+        })
+    })
 }
 
 /// A JSON argument parsed, after its size is checked (so no call parses more than

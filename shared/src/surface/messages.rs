@@ -81,6 +81,12 @@ messages! {
     USAGE_TOO_MANY = "more than {} ended periods in this range: ask for a shorter one";
     /// (what was given)
     PERIOD = "period must be 'hour', 'day', 'week', 'month' or 'year', got {}";
+    /// (what was given)
+    PERIOD_FORM = "period must be a unit, then optionally 'from' and an anchor, then optionally 'in' and a time zone (such as 'month from 15 09:00 in Europe/Paris'), got {}";
+    /// (the unit with its article, the anchor's form, the anchor given, quoted)
+    PERIOD_ANCHOR = "period: the anchor of {} must be {}, got {}";
+    /// (the zone given, quoted)
+    PERIOD_ZONE = "period: unknown time zone {} (an IANA name such as 'Europe/Paris' or 'America/New_York')";
     /// (argument, the most bytes, the bytes given)
     JSON_TOO_LARGE = "{} must be at most {} bytes of JSON, got {} bytes";
     /// (argument, the largest, what was given)

@@ -1,7 +1,5 @@
 //! Units, ranges and calendar periods: the leaf module every other one builds on.
 
-use chrono::{DateTime, Datelike, NaiveDate};
-
 pub const MS_PER_MINUTE: f64 = 60_000.0;
 pub const MS_PER_DAY: i64 = 86_400_000;
 pub const MS_PER_HOUR: i64 = 3_600_000;
@@ -53,70 +51,7 @@ pub fn ceil_seconds(ms: i64) -> i64 {
     (ms + 999).div_euclid(1000)
 }
 
-/// A budget's calendar period, in UTC. Declared in the order of their names, so rows sort
-/// (and lock) alike by the enum and by the stored text, as the SQL edition sorts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Period {
-    Day,
-    Hour,
-    Month,
-    /// An ISO week: Monday 00:00 to the next Monday, UTC.
-    Week,
-    Year,
-}
-
-impl Period {
-    pub const ALL: [Period; 5] = [Period::Hour, Period::Day, Period::Week, Period::Month, Period::Year];
-
-    /// The name stored in the period column and accepted from callers.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Period::Hour => "hour",
-            Period::Day => "day",
-            Period::Week => "week",
-            Period::Month => "month",
-            Period::Year => "year",
-        }
-    }
-
-    /// The start of the UTC calendar period containing `now_ms`, in epoch ms.
-    pub fn start_ms(self, now_ms: i64) -> i64 {
-        let day_start = now_ms.div_euclid(MS_PER_DAY) * MS_PER_DAY;
-        let first_of = |year: i32, month: u32| {
-            NaiveDate::from_ymd_opt(year, month, 1)
-                .and_then(|d| d.and_hms_opt(0, 0, 0))
-                .expect("the first of a month always exists")
-                .and_utc()
-                .timestamp_millis()
-        };
-        let date = || {
-            DateTime::from_timestamp_millis(now_ms)
-                .expect("now_ms is validated to lie within calendar range")
-                .date_naive()
-        };
-        match self {
-            Period::Hour => now_ms.div_euclid(MS_PER_HOUR) * MS_PER_HOUR,
-            Period::Day => day_start,
-            // 1970-01-01 was a Thursday, three days after a Monday
-            Period::Week => day_start - (now_ms.div_euclid(MS_PER_DAY) + 3).rem_euclid(7) * MS_PER_DAY,
-            Period::Month => first_of(date().year(), date().month()),
-            Period::Year => first_of(date().year(), 1),
-        }
-    }
-
-    /// The end (exclusive) of the UTC calendar period containing `now_ms`, in epoch ms.
-    pub fn end_ms(self, now_ms: i64) -> i64 {
-        let start = self.start_ms(now_ms);
-        match self {
-            Period::Hour => start + MS_PER_HOUR,
-            Period::Day => start + MS_PER_DAY,
-            Period::Week => start + 7 * MS_PER_DAY,
-            // the start of the period 32 days (a month) or 366 days (a year) after this one's start
-            Period::Month => self.start_ms(start + 32 * MS_PER_DAY),
-            Period::Year => self.start_ms(start + 366 * MS_PER_DAY),
-        }
-    }
-}
+pub use crate::period::{Period, Unit};
 
 /// The first character of every key a policy derives. Raw keys may not start with it,
 /// so no rl_take key can name a policy's state.
