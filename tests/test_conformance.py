@@ -428,6 +428,8 @@ STEPS = [
     ("rl_spend", ("qc", "month", 10, 8, 0), spend(True, 8, 10, ms(1970, 2, 1), 0)),
     ("rl_spend", ("qc", "month", 5, 1, 1000), spend(False, 8, 5, ms(1970, 2, 1), 2_678_399)),
     ("rl_budget", ("qc", "month", 5, 0, 1000), spend(False, 8, 5, ms(1970, 2, 1), 2_678_399)),
+    ("rl_budgets_near", (1.5, 10, 1000), {"fraction": 1.5, "budgets": [
+        {"key": "qc", "period": "month", "used": 8, "quota": 5, "resets_at": 2_678_400}]}),  # the new share at once
     ("rl_spend", ("qc", "month", 20, 1, 2000), spend(True, 9, 20, ms(1970, 2, 1), 0)),
     # the ended periods of a budget are kept for invoicing: rl_usage by end, exact decimals
     ("rl_spend", ("inv", "day", 10, 2.5, 1000), spend(True, 2.5, 10, ms(1970, 1, 2), 0)),

@@ -837,6 +837,32 @@ fn budget_and_bucket_and_periods_are_separate() {
 }
 
 #[test]
+fn a_lowered_quota_keeps_the_count_and_budgets_near_shows_the_new_share() {
+    let mut s = MapStore::default();
+    let near = |s: &mut MapStore| {
+        parsed(calls::rl_budgets_near(s, &[Arg::Real(0.9), Arg::Integer(10), Arg::Integer(1000)], &TEST_CLOCK).unwrap())
+    };
+    spend(&mut s, "q", "month", Arg::Integer(10), Arg::Integer(8), 0);
+    assert_eq!(near(&mut s)["budgets"], serde_json::json!([]), "8 of 10");
+    let r = spend(&mut s, "q", "month", Arg::Integer(5), Arg::Integer(1), 500);
+    assert_eq!(
+        (r["admitted"].clone(), r["used"].clone(), r["remaining"].clone()),
+        (false.into(), 8.into(), (-3).into())
+    );
+    assert_eq!(
+        near(&mut s)["budgets"],
+        serde_json::json!([{"key": "q", "period": "month", "used": 8, "quota": 5, "resets_at": 2_678_400}]),
+        "the refusal recorded the quota it was asked with"
+    );
+    let writes = s.writes;
+    spend(&mut s, "q", "month", Arg::Integer(5), Arg::Integer(1), 600);
+    assert_eq!(s.writes, writes, "a refusal with the same quota writes nothing");
+    let r = spend(&mut s, "q", "month", Arg::Integer(20), Arg::Integer(1), 700);
+    assert_eq!((r["admitted"].clone(), r["used"].clone()), (true.into(), 9.into()));
+    assert_eq!(near(&mut s)["budgets"], serde_json::json!([]), "9 of 20");
+}
+
+#[test]
 fn budgets_near_lists_the_current_periods_past_a_share_of_their_quota() {
     let mut s = MapStore::default();
     let near = |s: &mut MapStore, fraction: Arg, now: i64| {
@@ -1448,7 +1474,8 @@ proptest! {
             if d.admitted {
                 state = d.new_state;
             } else {
-                prop_assert_eq!(d.used, state.map_or(0, |s| s.used), "a refusal changes nothing");
+                prop_assert_eq!(d.used, state.map_or(0, |s| s.used), "a refusal keeps the count");
+                prop_assert!(d.new_state.is_none(), "and with the same quota writes nothing");
                 prop_assert!(d.retry_after_seconds >= 1);
             }
             prop_assert!(d.used <= quota);

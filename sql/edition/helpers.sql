@@ -926,6 +926,7 @@ DECLARE
     new_resets_at bigint;
     row_used bigint;
     row_resets_at bigint;
+    row_quota bigint;
     cur bigint;
     period_end bigint := ratelimit.rl__period_end(p, now);
     old bigint[];
@@ -961,12 +962,19 @@ BEGIN
             END IF;
             RETURN ratelimit.rl__budget_answer(NULL, new_used, new_resets_at);
         END IF;
-        SELECT t.used, t.resets_at INTO row_used, row_resets_at FROM ratelimit.rl_budget AS t
+        SELECT t.used, t.resets_at, t.quota INTO row_used, row_resets_at, row_quota FROM ratelimit.rl_budget AS t
         WHERE t.key = k AND t.period = p;
         IF FOUND THEN
             cur := CASE WHEN row_resets_at > now THEN greatest(row_used, 0) ELSE 0 END;
             IF op = 'spend' THEN
                 CONTINUE WHEN cur + amount <= quota;  -- the row changed since: decide again
+                IF row_resets_at > now AND row_quota <> quota THEN
+                    -- a refusal records the quota it was asked with, keeping the count (budget::spend)
+                    UPDATE ratelimit.rl_budget AS t SET quota = rl__budget_change.quota
+                    WHERE t.key = k AND t.period = p AND t.used = row_used AND t.resets_at = row_resets_at
+                      AND t.quota = row_quota;
+                    CONTINUE WHEN NOT FOUND;
+                END IF;
                 RETURN ratelimit.rl__spend_answer(true, row_used, row_resets_at, p, quota, amount, now);
             ELSIF op IN ('charge', 'charge_against') THEN
                 CONTINUE WHEN cur + amount <= max_used;

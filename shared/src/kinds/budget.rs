@@ -35,13 +35,15 @@ pub struct SpendDecision {
     pub exceeds_limit: bool,
     /// The length of the period answered from (a day, or that month), in ms.
     pub period_ms: i64,
-    /// Some exactly when admitted: the row to write.
+    /// The row to write: when admitted, and when a refusal's quota is not the one the
+    /// current period's row holds (so rl_budgets_near measures against the quota now asked).
     pub new_state: Option<BudgetState>,
 }
 
 /// The one question of a budget: spend `cost` now? A row whose period has ended counts as
 /// nothing spent; a caller whose clock is behind a newer stored period is answered from
-/// that newer period, so a stored period never moves backwards.
+/// that newer period, so a stored period never moves backwards. A refusal writes only a
+/// changed quota into the current period's row (its count stays).
 pub fn spend(state: Option<&BudgetState>, period: Period, quota: i64, cost: i64, now: i64) -> SpendDecision {
     let (used, resets_at) = match state {
         Some(s) if s.resets_at > now => (s.used.max(0), s.resets_at),
@@ -58,7 +60,11 @@ pub fn spend(state: Option<&BudgetState>, period: Period, quota: i64, cost: i64,
         reset_after_seconds: ceil_seconds(resets_at - now).max(0),
         exceeds_limit: !admitted && cost > quota,
         period_ms: resets_at - period.start_ms(resets_at - 1),
-        new_state: admitted.then_some(BudgetState { used: total, resets_at, quota }),
+        new_state: if admitted {
+            Some(BudgetState { used: total, resets_at, quota })
+        } else {
+            state.filter(|s| s.resets_at > now && s.quota != quota).map(|s| BudgetState { quota, ..*s })
+        },
     }
 }
 
