@@ -215,12 +215,17 @@ def memory_store_section():
     return cells, wal, stats
 
 
+# a billing period: a month from a customer's signup, in their zone (issue 57 wants a spend on
+# it at no more than 1.1x a UTC month's cost)
+ZONED_MONTH = "month from 31 09:00 in America/New_York"
 KIND_SCRIPTS = {
     "rl_take": PG_SCRIPTS["rl_take"],
     "rl_window": "SELECT rl_window('k' || :k, 1000000000, 60);",
     "rl_acquire + rl_release": "SELECT rl_release('k' || :k, rl_acquire('k' || :k, 1000, 60) ->> 'lease');",
     "rl_charge": f"SELECT rl_charge('k' || :k, {BIG}, 1);",
     "rl_check (one bucket)": "SELECT rl_check('one', 'k' || :k);",
+    "rl_spend (UTC month)": PG_SCRIPTS["rl_spend"],
+    f"rl_spend ({ZONED_MONTH})": f"SELECT rl_spend('k' || :k, '{ZONED_MONTH}', 1000000000, 1);",
 }
 ONE_BUCKET_POLICY = json.dumps({"limits": [{"burst": 1e9, "refill_per_minute": 6e8}]})
 # The key rl_check derives for subject 'k' || g and the policy's only limit (policy.rs).
@@ -232,6 +237,8 @@ SQLITE_KIND_SQL = {
     "rl_acquire + rl_release": "SELECT rl_release(?1, rl_acquire(?1, 1000, 60) ->> 'lease')",
     "rl_charge": f"SELECT rl_charge(?1, {BIG}, 1)",
     "rl_check (one bucket)": "SELECT rl_check('one', ?1)",
+    "rl_spend (UTC month)": "SELECT rl_spend(?1, 'month', 1000000000, 1)",
+    f"rl_spend ({ZONED_MONTH})": f"SELECT rl_spend(?1, '{ZONED_MONTH}', 1000000000, 1)",
 }
 
 

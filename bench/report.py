@@ -159,6 +159,12 @@ def write_kinds(cells, sizes):
         c = cells[key]
         lines.append(f"| {engine} | {name} | {c['calls_per_s']:,.0f} | {c['calls_per_s'] / base:.2f}x | "
                      f"{c['p50_ms']:.3f} | {c['p99_ms']:.3f} |")
+    zoned = [k for k in cells if k[2].startswith("rl_spend (month from")]
+    if zoned:
+        lines += ["", "A spend on a billing period (a month anchored on the 31st at 09:00 in America/New_York) next to "
+                  "one on a UTC month, calls/s (issue 57 wants at least 0.91x, a cost of at most 1.1x): "
+                  + "; ".join(f"{k[0]} {cells[k]['calls_per_s'] / cells[(k[0], k[1], 'rl_spend (UTC month)', k[3])]['calls_per_s']:.2f}x"
+                              for k in sorted(zoned)) + "."]
     lines += ["", "## Bytes per key", "",
               "A window or a key's leases is one row of `rl_entries` whose list is text: the bytes of that text, and "
               "what PostgreSQL stores for it (`pg_column_size`, compressed when large), made by one call per millisecond "

@@ -156,7 +156,11 @@ pub fn zone_data_version() -> &'static str {
 
 /// A zone name as the database spells it, found without regard to case.
 fn zone_named(word: &str) -> Option<&'static str> {
-    zone_names().iter().find(|n| n.eq_ignore_ascii_case(word)).map(String::as_str)
+    let names = zone_names();
+    match names.binary_search_by(|n| n.as_str().cmp(word)) {
+        Ok(i) => Some(names[i].as_str()),
+        Err(_) => names.iter().find(|n| n.eq_ignore_ascii_case(word)).map(String::as_str),
+    }
 }
 
 fn two_digits(s: &str) -> Option<u16> {
