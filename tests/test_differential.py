@@ -30,6 +30,8 @@ DEFINITIONS = [
     '{"limits": [{"burst": 3, "refill_per_minute": 6}, {"period": "day", "quota": 10.5}], "tiers": {"pro": 2.5}}',
     '{"limits": [{"limit": 4, "window_seconds": 90}, {"period": "month", "quota": 100}], "tiers": {"pro": 3}, "shadow": true}',
     '{"limits": [{"limit": 3, "fixed_window_seconds": 60}, {"limit": 5, "window_seconds": 60}], "tiers": {"pro": 1.5}}',
+    '{"limits": [{"period": "week  from WED 12:00 in europe/berlin", "quota": 5}], "tiers": {"pro": 2}}',
+    '{"limits": [{"period": "week from wed 12:00 in europe/berlin", "quota": 5}, {"burst": 4, "refill_per_minute": 2}]}',
 ]
 
 
