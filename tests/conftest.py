@@ -277,7 +277,7 @@ def amcheck_state_tables(cur):
         assert major != 15, "amcheck is part of Debian's postgresql-15"
         return False
     cur.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
-    for table in ("rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_usage"):
+    for table in ("rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_usage", "rl_setting"):
         cur.execute(f"SELECT bt_index_check('ratelimit.{table}_pkey', true)")
         cur.execute(f"SELECT bt_index_parent_check('ratelimit.{table}_pkey', true)")
         cur.execute(f"SELECT count(*) FROM verify_heapam('ratelimit.{table}')")

@@ -126,6 +126,58 @@ def test_postgres_usage_is_read_by_an_application_role_and_in_a_read_only_transa
         cur.execute("RESET ROLE")
 
 
+def test_usage_is_kept_as_long_as_the_retention_says(engine):
+    """rl_sweep removes a kept period once the retention has passed since it ended: 400 days
+    unless rl_usage_retention(days) set another (an administrator's setting of the database)."""
+    import time
+
+    day = 86_400_000
+    start = int(time.time() * 1000) // day * day - 100 * day  # a day that ended 99 days ago
+    engine.call("rl_spend", "ret", "day", 10, 1, start + 1000)
+    engine.call("rl_spend", "ret", "day", 10, 2, start + day + 1000)  # keeps the first day
+    ends = lambda: [p["ends_at"] for p in as_dict(engine.call("rl_usage", "ret", 0, start + 10 * day))["periods"]]
+    assert engine.call("rl_usage_retention") == 400
+    engine.call("rl_sweep")  # keeps the second day, then removes its row; 400 days keep both
+    assert ends() == [(start + day) // 1000, (start + 2 * day) // 1000]
+    assert engine.call("rl_usage_retention", 99) == 99
+    assert engine.call("rl_usage_retention") == 99
+    engine.call("rl_sweep")  # the first day ended 99 days ago (or more): gone
+    assert ends() == [(start + 2 * day) // 1000]
+    assert engine.call("rl_usage_retention", 30) == 30
+    engine.call("rl_sweep")
+    assert ends() == []
+
+
+def as_dict(answer):
+    return json.loads(answer) if isinstance(answer, str) else answer
+
+
+def test_postgres_usage_retention_is_for_rl_admin_only(pg_db, roles):  # noqa: F811
+    """An application role reads its usage but cannot shorten how long it is kept (nor read
+    the setting); rl_admin sets it; the table is nobody's but the extension's."""
+    import psycopg2  # PostgreSQL only: a SQLite user has no psycopg2
+
+    conn, _ = pg_db
+    app, admin = roles
+    with conn.cursor() as cur:
+        for call in ("SELECT rl_usage_retention(1)", "SELECT rl_usage_retention()",
+                     "UPDATE ratelimit.rl_setting SET value = 0"):
+            cur.execute(f"SET ROLE {app}")
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute(call)
+            conn.rollback()
+        cur.execute(f"SET ROLE {admin}")
+        cur.execute("SELECT rl_usage_retention(500), rl_usage_retention()")
+        assert cur.fetchone() == (500, 500)
+        cur.execute("BEGIN READ ONLY")
+        cur.execute("SELECT rl_usage_retention()")
+        assert cur.fetchone() == (500,)
+        with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction):
+            cur.execute("SELECT rl_usage_retention(30)")
+        cur.execute("ROLLBACK")
+        cur.execute("RESET ROLE")
+
+
 def test_sqlite_usage_answers_on_a_read_only_file_and_a_0_3_0_file_gains_the_table(tmp_path):
     path = str(tmp_path / "usage.db")
     conn = sqlite_connect(path)
@@ -140,7 +192,7 @@ def test_sqlite_usage_answers_on_a_read_only_file_and_a_0_3_0_file_gains_the_tab
     ro.close()
     # a file of 0.3.0's layout has no rl_usage: the first write that keeps a period makes it
     old = sqlite3.connect(path, isolation_level=None)
-    old.executescript("DROP TABLE rl_usage; UPDATE rl_meta SET value = '2' WHERE key = 'schema_version';")
+    old.executescript("DROP TABLE rl_usage; DROP TABLE rl_setting; UPDATE rl_meta SET value = '2' WHERE key = 'schema_version';")
     old.close()
     conn = sqlite_connect(path)
     conn.execute("SELECT rl_spend('tenant-7', 'day', 100, 1, ?)", (NOW + 2 * 86_400_000,)).fetchone()

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("RL_CITUS") != "1", reason="needs
 
 DB = os.environ.get("PGDATABASE", "rl")
 PG_BIN = os.environ.get("RL_PG_BIN", "/usr/lib/postgresql/15/bin")
-TABLES = "ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy, ratelimit.rl_usage"
+TABLES = "ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy, ratelimit.rl_usage, ratelimit.rl_setting"
 
 
 def distribution_block():

@@ -820,6 +820,13 @@ STEPS = [
     ("rl_penalize", ("x", 3, 0), ("error", "rl_penalize: base_seconds must be a finite number greater than 0, got 0")),
     ("rl_block", ("x", 0), ("error", "rl_block: seconds must be a finite number greater than 0, got 0")),
     ("rl_sweep", (), None),
+    # how long rl_sweep keeps ended periods: an administrator's setting of the database
+    ("rl_usage_retention", (), 400),
+    ("rl_usage_retention", (30,), 30),
+    ("rl_usage_retention", (None,), 30),
+    ("rl_usage_retention", (0,), ("error", "rl_usage_retention: days must be an integer from 1 to 36500, got 0")),
+    ("rl_usage_retention", (36501,), ("error", "rl_usage_retention: days must be an integer from 1 to 36500, got 36501")),
+    ("rl_usage_retention", (400,), 400),
 ]
 
 

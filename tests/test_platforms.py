@@ -68,7 +68,7 @@ def intended(cur, schema, admin_role=True, edition="sql"):
     cur.execute("SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'ratelimit'::regnamespace")
     want = {f"function {name}": set() for (name,) in cur.fetchall()}
     want["schema ratelimit"] = set()
-    for table in ("rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_usage"):
+    for table in ("rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_usage", "rl_setting"):
         want[f"table ratelimit.{table}"] = set()
     qualified = "" if schema == "public" else f"{schema}."
     for view in ADMIN_VIEWS:

@@ -45,7 +45,7 @@ def test_tables_are_created_on_first_use(sqlite_db):
     tables = lambda: {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
     assert tables() == set()
     take(conn)
-    assert tables() == {"rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta", "rl_usage"}
+    assert tables() == {"rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta", "rl_usage", "rl_setting"}
 
 
 def read_only(path):

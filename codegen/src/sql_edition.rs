@@ -48,6 +48,8 @@ pub fn constants() -> Vec<(&'static str, String)> {
         ("MAX_NEAR", ratelimit_core::budget::MAX_NEAR.to_string()),
         ("MAX_USAGE_PERIODS", ratelimit_core::budget::MAX_USAGE_PERIODS.to_string()),
         ("USAGE_KEPT_MS", ratelimit_core::budget::USAGE_KEPT_MS.to_string()),
+        ("USAGE_RETENTION_SETTING", ratelimit_core::budget::USAGE_RETENTION_SETTING.to_string()),
+        ("MAX_RETENTION_DAYS", ratelimit_core::budget::MAX_RETENTION_DAYS.to_string()),
         ("MAX_ITEMS", ratelimit_core::take_all::MAX_ITEMS.to_string()),
         ("MAX_LIMITS", ratelimit_core::policy::MAX_LIMITS.to_string()),
         ("MAX_USED_UNITS", (ratelimit_core::budget::MAX_USED / units::MICROS_PER_UNIT).to_string()),

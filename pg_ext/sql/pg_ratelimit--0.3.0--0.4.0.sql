@@ -19,7 +19,9 @@
 -- Fixed windows: rl_fixed_window(key, limit, window_seconds, cost, now_ms) and its peek,
 -- and the item and policy limit {"limit", "fixed_window_seconds"} (rows of kind
 -- 'fixed_window' in rl_entries). rl_usage(key, from_ms, to_ms) and the table rl_usage: the
--- ended periods of budgets, kept 400 days for invoicing.
+-- ended periods of budgets, kept 400 days for invoicing, or as long as an administrator
+-- sets with rl_usage_retention(days) (the table rl_setting). Budget periods may be anchored
+-- and in a time zone ('month from 31 09:00 in Europe/Paris'), stored in their canonical text.
 
 -- complain if this script is run in psql rather than by ALTER EXTENSION
 \echo Use "ALTER EXTENSION pg_ratelimit UPDATE TO '0.4.0'" to load this file. \quit
@@ -29,7 +31,7 @@ DO $rl_existing$ BEGIN
     PERFORM pg_catalog.set_config('pg_ratelimit_install.existing_functions', coalesce((
         SELECT pg_catalog.string_agg(p.oid::text, ' ') FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
-          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_charge_all', 'rl_check_limits', 'rl_window', 'rl_window_peek', 'rl_fixed_window', 'rl_fixed_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_charge_check', 'rl_peek_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_usage', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
+          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_charge_all', 'rl_check_limits', 'rl_window', 'rl_window_peek', 'rl_fixed_window', 'rl_fixed_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_charge_check', 'rl_peek_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_usage', 'rl_usage_retention', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
 END $rl_existing$;
 -- end generated
 
@@ -155,12 +157,26 @@ CREATE TABLE ratelimit.rl_usage (
 );
 REVOKE ALL ON ratelimit.rl_usage FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_usage', '');
-COMMENT ON TABLE ratelimit.rl_usage IS 'ended budget periods kept for invoicing (rl_usage): used and the last spend''s quota in millionths, starts_at and ends_at in epoch ms; rl_sweep removes them 400 days after they end';
+COMMENT ON TABLE ratelimit.rl_usage IS 'ended budget periods kept for invoicing (rl_usage): used and the last spend''s quota in millionths, starts_at and ends_at in epoch ms; rl_sweep removes them 400 days after they end (rl_usage_retention)';
 CREATE FUNCTION "rl_usage"("key" text, "from_ms" double precision, "to_ms" double precision) RETURNS jsonb
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_usage_wrapper';
 COMMENT ON FUNCTION rl_usage(text, double precision, double precision) IS
   'the ended periods of key''s budgets, kept for invoicing, that ended after from_ms and by to_ms (epoch ms), by end then period: period, starts_at, ends_at (epoch seconds), used and quota (the last spend''s) in exact decimals; kept 400 days, then rl_sweep removes them; at most 10000 periods';
+
+-- How long rl_sweep keeps ended periods, set by an administrator (rl_usage_retention).
+CREATE TABLE ratelimit.rl_setting (
+    name  text   NOT NULL PRIMARY KEY,
+    value bigint NOT NULL
+);
+REVOKE ALL ON ratelimit.rl_setting FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_setting', '');
+COMMENT ON TABLE ratelimit.rl_setting IS 'settings of the installation by name: usage_retention_ms, how long rl_sweep keeps ended budget periods (rl_usage_retention, rl_admin only)';
+CREATE FUNCTION "rl_usage_retention"("days" bigint DEFAULT NULL) RETURNS bigint
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_usage_retention_wrapper';
+COMMENT ON FUNCTION rl_usage_retention(bigint) IS
+  'how many days rl_sweep keeps ended budget periods (rl_usage) after they end: with days (1 to 36500), set it first; returns the retention in force (default 400; rl_admin only)';
 
 -- generated: privileges (codegen/src/privileges.rs; RL_BLESS=1 cargo test -p ratelimit_codegen --test generated)
 -- Privileges: exactly what the extension intends, whatever ALTER DEFAULT PRIVILEGES granted
@@ -198,6 +214,7 @@ BEGIN
          'rl_stats_reset()',
          'rl_top_refused(text, bigint)',
          'rl_budgets_near(double precision, bigint, double precision)',
+         'rl_usage_retention(bigint)',
          'rl_self_test()']::regprocedure[]) AS f(oid)
         JOIN pg_catalog.pg_proc AS p ON p.oid OPERATOR(pg_catalog.=) f.oid
         UNION ALL
@@ -294,6 +311,7 @@ BEGIN
          'rl_stats_reset()',
          'rl_top_refused(text, bigint)',
          'rl_budgets_near(double precision, bigint, double precision)',
+         'rl_usage_retention(bigint)',
          'rl_self_test()']::regprocedure[]::oid[])) AS x,
              pg_catalog.aclexplode(x.acl) AS a
         WHERE a.grantee OPERATOR(pg_catalog.<>) x.owner

@@ -233,6 +233,11 @@ fn rl_usage(key: Option<&str>, from_ms: Option<f64>, to_ms: Option<f64>) -> Json
     run(&f::RL_USAGE, &[text(key), real(from_ms), real(to_ms)])
 }
 
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_usage_retention(days: default!(Option<i64>, "NULL")) -> i64 {
+    run::<i64>(&f::RL_USAGE_RETENTION, &[int(days)])
+}
+
 #[pg_extern(immutable, parallel_safe)]
 fn rl_headers(result: Option<JsonbArg>) -> JsonbResult {
     let result = json_text(&f::RL_HEADERS, "result", result);

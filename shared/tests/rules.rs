@@ -31,6 +31,7 @@ struct MapStore {
     policies: HashMap<String, StoredPolicy>,
     /// Ended budget periods kept for invoicing, by key, period and end.
     usage: std::collections::BTreeMap<(String, String, i64), UsagePeriod>,
+    settings: HashMap<String, i64>,
     /// Whether rl_check may take its one-statement path (an engine's guarded UPDATE).
     checks_in_one_statement: bool,
     /// rl_checks the one-statement path answered.
@@ -259,6 +260,13 @@ impl TableRows for MapStore {
         found.truncate(limit as usize);
         Ok(found)
     }
+    fn read_setting(&mut self, name: &str) -> StoreResult<Option<i64>> {
+        Ok(self.settings.get(name).copied())
+    }
+    fn write_setting(&mut self, name: &str, value: i64) -> StoreResult<()> {
+        self.settings.insert(name.to_owned(), value);
+        Ok(())
+    }
     fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         let doomed: Vec<_> = self
             .usage
@@ -389,6 +397,10 @@ mod calls {
 
     pub fn rl_sweep(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<i64> {
         run(s, &f::RL_SWEEP, args, clock).map(int)
+    }
+
+    pub fn rl_usage_retention(s: &mut MapStore, args: &[Arg], clock: &Clock) -> Result<i64> {
+        run(s, &f::RL_USAGE_RETENTION, args, clock).map(int)
     }
 
     pub fn rl_reset(s: &mut MapStore, args: &[Arg]) -> Result<i64> {
@@ -1021,7 +1033,19 @@ fn ended_periods_are_kept_for_invoicing_and_swept_after_400_days() {
     // kept 400 days after each ended, then swept
     assert_eq!(sweep(&mut s, 86_400_000 + 400 * day - 1), 0);
     assert_eq!(sweep(&mut s, 86_400_000 + 400 * day), 1);
-    assert_eq!(sweep(&mut s, 2_678_400_000 + 400 * day), 3);
+    // a retention set shorter sweeps the rest sooner; a longer one keeps them longer
+    let retention = |s: &mut MapStore, days: Arg| calls::rl_usage_retention(s, &[days], &TEST_CLOCK);
+    assert_eq!(retention(&mut s, Arg::Null).unwrap(), 400);
+    assert_eq!(retention(&mut s, Arg::Integer(800)).unwrap(), 800);
+    sweep(&mut s, 2_678_400_000 + 400 * day);
+    assert_eq!(s.usage.len(), 3, "800 days now");
+    assert_eq!(retention(&mut s, Arg::Integer(1)).unwrap(), 1);
+    assert_eq!(retention(&mut s, Arg::Null).unwrap(), 1);
+    assert_eq!(sweep(&mut s, 2_678_400_000 + day), 3);
+    for bad in [Arg::Integer(0), Arg::Integer(36_501), Arg::Real(1.5), Arg::Text("x")] {
+        let e = retention(&mut s, bad).unwrap_err();
+        assert!(e.to_string().starts_with("rl_usage_retention: days must be an integer from 1 to 36500, got"), "{e}");
+    }
     assert!(s.usage.is_empty());
     // errors name the argument
     let e = calls::rl_usage(&mut s, &[Arg::Text("acme"), Arg::Integer(5), Arg::Integer(4)], &TEST_CLOCK).unwrap_err();

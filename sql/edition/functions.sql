@@ -123,6 +123,7 @@ DECLARE
     fn CONSTANT text := 'rl_sweep';
     wall bigint := ratelimit.rl__now(fn, NULL);
     cutoff bigint;
+    kept bigint;
     budget bigint;
     removed bigint := 0;
     n bigint;
@@ -166,9 +167,11 @@ BEGIN
         removed := removed + n;
     END IF;
     IF removed < budget THEN
-        -- kept periods, budget::USAGE_KEPT_MS after they ended
-        DELETE FROM ratelimit.rl_usage WHERE ends_at <= cutoff - @USAGE_KEPT_MS@ AND (key, period, ends_at) IN
-            (SELECT key, period, ends_at FROM ratelimit.rl_usage WHERE ends_at <= cutoff - @USAGE_KEPT_MS@
+        -- kept periods, the retention after they ended (rl_usage_retention; budget::USAGE_KEPT_MS unless set)
+        kept := coalesce((SELECT s.value FROM ratelimit.rl_setting AS s WHERE s.name = '@USAGE_RETENTION_SETTING@'),
+                         @USAGE_KEPT_MS@);
+        DELETE FROM ratelimit.rl_usage WHERE ends_at <= cutoff - kept AND (key, period, ends_at) IN
+            (SELECT key, period, ends_at FROM ratelimit.rl_usage WHERE ends_at <= cutoff - kept
              LIMIT budget - removed);
         GET DIAGNOSTICS n = ROW_COUNT;
         removed := removed + n;
@@ -670,6 +673,24 @@ BEGIN
                          ORDER BY u.ends_at, u.period)
         FROM ratelimit.rl_usage AS u
         WHERE u.key = k AND u.ends_at > from_at AND u.ends_at <= to_at), '[]'::jsonb));
+END
+
+-- function: rl_usage_retention
+DECLARE
+    fn CONSTANT text := 'rl_usage_retention';
+BEGIN
+    -- as call_args::retention_days and rows::usage_retention
+    IF days IS NULL THEN
+        RETURN coalesce((SELECT s.value FROM ratelimit.rl_setting AS s WHERE s.name = '@USAGE_RETENTION_SETTING@'),
+                        @USAGE_KEPT_MS@) / @MS_PER_DAY@;
+    END IF;
+    IF days < 1 OR days > @MAX_RETENTION_DAYS@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_INTEGER_RANGE@, 'days', @MAX_RETENTION_DAYS@, days));
+    END IF;
+    IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
+    INSERT INTO ratelimit.rl_setting AS s (name, value) VALUES ('@USAGE_RETENTION_SETTING@', days * @MS_PER_DAY@)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value;
+    RETURN days;
 END
 
 -- function: rl_headers

@@ -40,12 +40,16 @@ CREATE TABLE ratelimit.rl_usage (
     quota     bigint NOT NULL,
     PRIMARY KEY (key, period, ends_at)
 );
+CREATE TABLE ratelimit.rl_setting (
+    name  text   NOT NULL PRIMARY KEY,
+    value bigint NOT NULL
+);
 CREATE TABLE ratelimit.rl_policy (
     name       text NOT NULL PRIMARY KEY,
     definition text NOT NULL,
     revision   bigint NOT NULL
 );
-REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy, ratelimit.rl_usage FROM PUBLIC;
+REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ratelimit.rl_policy, ratelimit.rl_usage, ratelimit.rl_setting FROM PUBLIC;
 -- rl_check lists the subjects with strikes or blocks (ratelimit.rl_entries rows of kind
 -- 'block') without reading windows and leases; key and kind never change, so updates of
 -- windows and leases stay HOT.
@@ -87,10 +91,12 @@ SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_budget', '');
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_entries', '');
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_policy', '');
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_usage', '');
+SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_setting', '');
 
 COMMENT ON SCHEMA ratelimit IS 'pg_ratelimit state; change it only through the rl_* functions';
 COMMENT ON TABLE ratelimit.rl_bucket IS 'token buckets: level tokens at refilled_at (epoch ms), full again at full_at';
 COMMENT ON TABLE ratelimit.rl_budget IS 'calendar budgets: used millionths in the period ending at resets_at (epoch ms), against the quota (millionths) of the last spend, 0 when none';
 COMMENT ON TABLE ratelimit.rl_entries IS 'sliding windows (kind window) and leases (kind lease): a list per key, no entry counting from empty_at (epoch ms)';
-COMMENT ON TABLE ratelimit.rl_usage IS 'ended budget periods kept for invoicing (rl_usage): used and the last spend''s quota in millionths, starts_at and ends_at in epoch ms; rl_sweep removes them 400 days after they end';
+COMMENT ON TABLE ratelimit.rl_usage IS 'ended budget periods kept for invoicing (rl_usage): used and the last spend''s quota in millionths, starts_at and ends_at in epoch ms; rl_sweep removes them 400 days after they end (rl_usage_retention)';
+COMMENT ON TABLE ratelimit.rl_setting IS 'settings of the installation by name: usage_retention_ms, how long rl_sweep keeps ended budget periods (rl_usage_retention, rl_admin only)';
 COMMENT ON TABLE ratelimit.rl_policy IS 'policies set by rl_policy_set: a name, its definition (canonical JSON text) and a revision drawn anew by each set';

@@ -10,7 +10,7 @@
 -- 0.1.0 or 0.2.0, in schema_version 1; schema_version 2 adds rl_entries, rl_policy, the
 -- views rl_policies, rl_blocks and rl_stats and the checks epoch (0.3.0), created on
 -- first use; schema_version 3 (0.4.0) adds rl_budget.quota, rl_usage (ended budget
--- periods kept for invoicing) and the view rl_refused: a
+-- periods kept for invoicing), rl_setting (rl_usage_retention) and the view rl_refused: a
 -- database of an earlier version gains them (ALTER TABLE, then this script) the first time
 -- a statement of 0.4.0 finds the column missing.
 CREATE TABLE IF NOT EXISTS main.rl_bucket (
@@ -44,6 +44,10 @@ CREATE TABLE IF NOT EXISTS main.rl_usage (
     used      INTEGER NOT NULL,
     quota     INTEGER NOT NULL,
     PRIMARY KEY (key, period, ends_at)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS main.rl_setting (
+    name  TEXT    NOT NULL PRIMARY KEY,
+    value INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS main.rl_policy (
     name       TEXT NOT NULL PRIMARY KEY,

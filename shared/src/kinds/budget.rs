@@ -217,9 +217,13 @@ pub fn ends_counted_period(old: &BudgetState, new: &BudgetState) -> bool {
     new.resets_at > old.resets_at && old.used != 0
 }
 
-/// How long ended periods are kept (400 days, more than 13 months): rl_sweep removes those
-/// that ended longer ago.
+/// How long ended periods are kept unless rl_usage_retention says otherwise (400 days, more
+/// than 13 months): rl_sweep removes those that ended longer ago.
 pub const USAGE_KEPT_MS: i64 = 400 * crate::units::MS_PER_DAY;
+/// The setting (rl_setting) rl_usage_retention writes: how long ended periods are kept, in ms.
+pub const USAGE_RETENTION_SETTING: &str = "usage_retention_ms";
+/// The longest retention rl_usage_retention takes, in days (a hundred years).
+pub const MAX_RETENTION_DAYS: i64 = 36_500;
 /// Most ended periods one rl_usage call answers.
 pub const MAX_USAGE_PERIODS: i64 = 10_000;
 

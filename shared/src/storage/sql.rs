@@ -136,6 +136,9 @@ statements! {
     /// rl_usage: one key's kept periods in a range (the primary key's order).
     UsageRead => "usage_read",
     SweepUsage => "sweep_usage",
+    /// A setting of the installation (rl_setting), such as how long ended periods are kept.
+    SettingRead => "setting_read",
+    SettingPut => "setting_put",
     /// SQLite only, as is ChecksEpochRead: PostgreSQL keeps the checks epoch in memory.
     BucketChangeInEpoch => "bucket_change_in_epoch",
     ChecksEpochRead => "checks_epoch_read",
@@ -154,6 +157,7 @@ impl Statement {
             Statement::BudgetsEnded => &[SqlType::Text, SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8],
             Statement::UsageRead => &[SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8, SqlType::Int8],
             Statement::ChecksEpochRead => &[SqlType::Text],
+            Statement::SettingRead => &[SqlType::Int8],
             _ => &[],
         }
     }
@@ -184,7 +188,8 @@ const OPERATOR: &str = "OPERATOR(pg_catalog.";
 
 /// The extension's tables: SQLite finds them in `main` alone (unqualified, a name is looked
 /// up in temp, then main, then every attached database).
-pub const TABLES: [&str; 6] = ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta", "rl_usage"];
+pub const TABLES: [&str; 7] =
+    ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta", "rl_usage", "rl_setting"];
 
 /// A statement as SQLite runs it: the tables in `main`, the functions without a schema,
 /// and plain operators.

@@ -338,6 +338,15 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
             .collect())
     }
 
+    fn read_setting(&mut self, name: &str) -> StoreResult<Option<i64>> {
+        Ok(self.0.query_row(Statement::SettingRead, &[Value::Text(name)])?.map(|r| r[0].as_i64()))
+    }
+
+    fn write_setting(&mut self, name: &str, value: i64) -> StoreResult<()> {
+        self.0.execute(Statement::SettingPut, &[Value::Text(name), Value::Int(value)])?;
+        Ok(())
+    }
+
     fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
         let params = [Value::Text(key), Value::Int(from_ms), Value::Int(to_ms), Value::Int(limit)];
         let rows = self.0.query_rows(Statement::UsageRead, &params)?;

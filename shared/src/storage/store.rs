@@ -303,6 +303,10 @@ pub trait TableRows {
     fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>>;
     /// Deletes at most `limit` kept periods that ended by `cutoff_ms`.
     fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
+    /// The installation's setting `name` (rl_setting), None when never set.
+    fn read_setting(&mut self, name: &str) -> StoreResult<Option<i64>>;
+    /// Sets the installation's setting `name`.
+    fn write_setting(&mut self, name: &str, value: i64) -> StoreResult<()>;
 
     /// The stored definition of policy `name`.
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>>;
@@ -402,6 +406,12 @@ impl<S: TablesElsewhere> TableRows for S {
     }
     fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         self.tables().sweep_usage(cutoff_ms, limit)
+    }
+    fn read_setting(&mut self, name: &str) -> StoreResult<Option<i64>> {
+        self.tables().read_setting(name)
+    }
+    fn write_setting(&mut self, name: &str, value: i64) -> StoreResult<()> {
+        self.tables().write_setting(name, value)
     }
     fn read_policy(&mut self, name: &str) -> StoreResult<Option<StoredPolicy>> {
         self.tables().read_policy(name)

@@ -433,6 +433,18 @@ impl<'a> UsageArgs<'a> {
     }
 }
 
+/// `days` of rl_usage_retention: NULL reads, else 1 to [`crate::budget::MAX_RETENTION_DAYS`].
+pub fn retention_days(call: &CallArgs<'_, '_>) -> Result<Option<i64>> {
+    let most = crate::budget::MAX_RETENTION_DAYS;
+    match call.get("days").arg {
+        Arg::Null => Ok(None),
+        a => match as_integer(&a) {
+            Some(d) if (1..=most).contains(&d) => Ok(Some(d)),
+            _ => Err(Error::invalid(msg::INTEGER_RANGE.render(&[&"days", &most, &a.describe()]))),
+        },
+    }
+}
+
 /// `(limits [, now_ms])` of rl_take_all: the limits in the order their rows are read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakeAllArgs<'a> {

@@ -176,6 +176,7 @@ pub enum StateCall {
     Unblock,
     BudgetsNear,
     Usage,
+    UsageRetention,
 }
 
 impl StateCall {
@@ -522,6 +523,9 @@ mod table {
         ..state("rl_usage", StateCall::Usage,
         &[KEY, required("from_ms", Float8), required("to_ms", Float8)],
         "the ended periods of key's budgets, kept for invoicing, that ended after from_ms and by to_ms (epoch ms), by end then period: period, starts_at, ends_at (epoch seconds), used and quota (the last spend's) in exact decimals; kept 400 days, then rl_sweep removes them; at most 10000 periods") };
+    pub const RL_USAGE_RETENTION: Function = Function { returns: Int8, admin_only: true,
+        ..state("rl_usage_retention", StateCall::UsageRetention, &[optional("days", Int8, "NULL")],
+        "how many days rl_sweep keeps ended budget periods (rl_usage) after they end: with days (1 to 36500), set it first; returns the retention in force (default 400; rl_admin only)") };
     pub const RL_VERSION: Function = function("rl_version", Entry::Pure(PureCall::Version), &[], Text, NOT_AN_OBJECT,
         "the version of the library answering (in PostgreSQL, compare the extension version in pg_extension)");
     pub const RL_MEMORY_STATS: Function = Function {
@@ -605,6 +609,7 @@ pub const ALL: &[Function] = &[
     RL_TOP_REFUSED,
     RL_BUDGETS_NEAR,
     RL_USAGE,
+    RL_USAGE_RETENTION,
     RL_HEADERS,
     RL_VERSION,
     RL_MEMORY_STATS,

@@ -13,7 +13,7 @@ pub use checks::{
 };
 pub use rows::{
     acquire, budgets_near, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew,
-    reset, spend, sweep, take, usage, window, window_peek,
+    reset, spend, sweep, take, usage, usage_retention, window, window_peek,
 };
 pub use take_all::{charge_all, refund_all, take_all};
 

@@ -79,6 +79,18 @@ pub fn usage<S: Store>(store: &mut S, a: &UsageArgs) -> Result<budget::Usage> {
     Ok(budget::Usage { key: a.key.to_owned(), from_ms: a.from_ms, to_ms: a.to_ms, periods })
 }
 
+/// rl_usage_retention: how many days rl_sweep keeps ended periods; with `days`, set first
+/// (an administrator's call: it decides how long invoices can be made).
+pub fn usage_retention<S: Store>(store: &mut S, days: Option<i64>) -> Result<i64> {
+    let day = crate::units::MS_PER_DAY;
+    if let Some(days) = days {
+        writable(store, Rows::Budgets)?;
+        store.write_setting(budget::USAGE_RETENTION_SETTING, days * day)?;
+        return Ok(days);
+    }
+    Ok(store.read_setting(budget::USAGE_RETENTION_SETTING)?.unwrap_or(budget::USAGE_KEPT_MS) / day)
+}
+
 /// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
 pub fn sweep<S: Store>(store: &mut S, a: &SweepArgs) -> Result<i64> {
     writable_everywhere(store)?;
@@ -98,7 +110,8 @@ pub fn sweep<S: Store>(store: &mut S, a: &SweepArgs) -> Result<i64> {
         removed += store.sweep_rows::<EntriesRow>(a.cutoff_ms, a.max_rows - removed)?;
     }
     if removed < a.max_rows {
-        let cutoff = a.cutoff_ms.saturating_sub(budget::USAGE_KEPT_MS);
+        let kept = store.read_setting(budget::USAGE_RETENTION_SETTING)?.unwrap_or(budget::USAGE_KEPT_MS);
+        let cutoff = a.cutoff_ms.saturating_sub(kept);
         removed += store.sweep_usage(cutoff, a.max_rows - removed)?;
     }
     Ok(removed)

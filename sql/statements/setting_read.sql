@@ -1,0 +1,1 @@
+SELECT value FROM ratelimit.rl_setting WHERE name OPERATOR(pg_catalog.=) $1
