@@ -232,6 +232,9 @@ impl Period {
 
     /// Reads the text form (see the module's documentation).
     pub fn parse(text: &str) -> Result<Period, PeriodError> {
+        if let Some(unit) = Unit::ALL.into_iter().find(|u| u.as_str() == text) {
+            return Ok(Period::plain(unit)); // the common case, without a word list
+        }
         let words: Vec<&str> = text.split(' ').filter(|w| !w.is_empty()).collect();
         let unit =
             words.first().and_then(|w| Unit::ALL.into_iter().find(|u| u.as_str() == *w)).ok_or(PeriodError::Unit)?;
