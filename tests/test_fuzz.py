@@ -175,6 +175,8 @@ def random_call(rng, functions):
                 args.append(rng.choice(CLOCKS))
     elif function == "rl_usage":
         args = [keys(rng), rng.choice(NUMBERS + CLOCKS), rng.choice(NUMBERS + CLOCKS)]
+    elif function == "rl_usage_retention":
+        args = [] if rng.random() < 0.3 else [rng.choice(NUMBERS + [None, 1, 30, 400, 36_500, 36_501, 0, -1, "30"])]
     else:
         raise AssertionError(f"the fuzz run has no arguments for {function}: add them here")
     return function, args
@@ -207,6 +209,9 @@ def check_answer(function, value):
         return
     if function in ("rl_sweep", "rl_reset", "rl_in_flight", "rl_stats_reset"):
         assert isinstance(value, int) and value >= 0
+        return
+    if function == "rl_usage_retention":
+        assert isinstance(value, int) and 1 <= value <= 36_500
         return
     if function == "rl_release":
         assert value in (0, 1)  # SQLite answers 0 or 1, PostgreSQL a boolean
