@@ -45,9 +45,13 @@ pub struct SpendDecision {
 /// that newer period, so a stored period never moves backwards. A refusal writes only a
 /// changed quota into the current period's row (its count stays).
 pub fn spend(state: Option<&BudgetState>, period: Period, quota: i64, cost: i64, now: i64) -> SpendDecision {
-    let (used, resets_at) = match state {
-        Some(s) if s.resets_at > now => (s.used.max(0), s.resets_at),
-        _ => (0, period.end_ms(now)),
+    // the period's length with as few reads of its zone as can be
+    let (used, resets_at, period_ms) = match state {
+        Some(s) if s.resets_at > now => (s.used.max(0), s.resets_at, s.resets_at - period.start_ms(s.resets_at - 1)),
+        _ => {
+            let (start, end) = period.bounds(now);
+            (0, end, end - start)
+        }
     };
     let total = used.saturating_add(cost);
     let admitted = total <= quota;
@@ -59,7 +63,7 @@ pub fn spend(state: Option<&BudgetState>, period: Period, quota: i64, cost: i64,
         retry_after_seconds: if admitted { 0 } else { ceil_seconds(resets_at - now) },
         reset_after_seconds: ceil_seconds(resets_at - now).max(0),
         exceeds_limit: !admitted && cost > quota,
-        period_ms: resets_at - period.start_ms(resets_at - 1),
+        period_ms,
         new_state: if admitted {
             Some(BudgetState { used: total, resets_at, quota })
         } else {

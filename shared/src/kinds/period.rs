@@ -282,19 +282,39 @@ impl Period {
         if self.is_plain() {
             return Cow::Borrowed(self.unit.as_str());
         }
-        let mut s = self.unit.as_str().to_owned();
-        if self.anchor != Anchor::default_for(self.unit) {
-            let a = self.anchor;
-            let hm = format!("{:02}:{:02}", a.minute / 60, a.minute % 60);
-            let time = if a.minute == 0 { String::new() } else { format!(" {hm}") };
+        let mut s = String::with_capacity(64);
+        s.push_str(self.unit.as_str());
+        let two = |s: &mut String, n: u16| {
+            s.push(char::from(b'0' + (n / 10) as u8));
+            s.push(char::from(b'0' + (n % 10) as u8));
+        };
+        let a = self.anchor;
+        if a != Anchor::default_for(self.unit) {
             s.push_str(" from ");
-            s.push_str(&match self.unit {
-                Unit::Hour => format!(":{:02}", a.minute),
-                Unit::Day => hm,
-                Unit::Week => format!("{}{time}", WEEKDAYS[usize::from(a.day)]),
-                Unit::Month => format!("{}{time}", a.day),
-                Unit::Year => format!("{:02}-{:02}{time}", a.month, a.day),
-            });
+            let hm = |s: &mut String| {
+                two(s, a.minute / 60);
+                s.push(':');
+                two(s, a.minute % 60);
+            };
+            match self.unit {
+                Unit::Hour => {
+                    s.push(':');
+                    two(&mut s, a.minute);
+                }
+                Unit::Day => hm(&mut s),
+                Unit::Week => s.push_str(WEEKDAYS[usize::from(a.day)]),
+                Unit::Month if a.day >= 10 => two(&mut s, u16::from(a.day)),
+                Unit::Month => s.push(char::from(b'0' + a.day)),
+                Unit::Year => {
+                    two(&mut s, u16::from(a.month));
+                    s.push('-');
+                    two(&mut s, u16::from(a.day));
+                }
+            }
+            if matches!(self.unit, Unit::Week | Unit::Month | Unit::Year) && a.minute != 0 {
+                s.push(' ');
+                hm(&mut s);
+            }
         }
         if let Some(z) = self.zone {
             s.push_str(" in ");
@@ -305,7 +325,8 @@ impl Period {
 
     /// The start of the period containing `now_ms`, in epoch ms.
     pub fn start_ms(self, now_ms: i64) -> i64 {
-        self.bounds(now_ms).0
+        let tz = self.zone();
+        self.start_at(tz.as_ref(), now_ms).1
     }
 
     /// The end (exclusive) of the period containing `now_ms`, in epoch ms.
@@ -318,16 +339,7 @@ impl Period {
     /// last start that falls at or before `now_ms`, read in the zone, to the next one after it.
     pub fn bounds(self, now_ms: i64) -> (i64, i64) {
         let tz = self.zone();
-        let local = local_ms(tz.as_ref(), now_ms);
-        let mut k = self.index_at(local);
-        if self.local_start(k) > local {
-            k -= 1;
-        }
-        let mut start = instant(tz.as_ref(), self.local_start(k));
-        while start > now_ms {
-            k -= 1;
-            start = instant(tz.as_ref(), self.local_start(k));
-        }
+        let (k, start) = self.start_at(tz.as_ref(), now_ms);
         let mut j = k + 1;
         let mut end = instant(tz.as_ref(), self.local_start(j));
         while end <= now_ms {
@@ -335,6 +347,21 @@ impl Period {
             end = instant(tz.as_ref(), self.local_start(j));
         }
         (start, end)
+    }
+
+    /// The number of the local start the period containing `now_ms` begins at, and its instant.
+    fn start_at(&self, tz: Option<&jiff::tz::TimeZone>, now_ms: i64) -> (i64, i64) {
+        let local = local_ms(tz, now_ms);
+        let mut k = self.index_at(local);
+        if self.local_start(k) > local {
+            k -= 1;
+        }
+        let mut start = instant(tz, self.local_start(k));
+        while start > now_ms {
+            k -= 1;
+            start = instant(tz, self.local_start(k));
+        }
+        (k, start)
     }
 
     fn zone(&self) -> Option<jiff::tz::TimeZone> {
@@ -399,8 +426,12 @@ fn instant(tz: Option<&jiff::tz::TimeZone>, local_ms: i64) -> i64 {
     // Gregorian calendar repeats its days and weekdays every 400 years, and so does every
     // zone's rule for the far future (as PostgreSQL extends it).
     let shift = if local_ms >= LAST_YEAR_READ_MS { YEARS_400_MS } else { 0 };
-    let Ok(civil) =
-        jiff::Timestamp::from_millisecond(local_ms - shift).map(|t| t.to_zoned(jiff::tz::TimeZone::UTC).datetime())
+    let read = local_ms - shift;
+    let (days, ms) = (read.div_euclid(MS_PER_DAY), read.rem_euclid(MS_PER_DAY));
+    let (y, m, d) = civil_from_days(days);
+    let (h, mi, sec) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60);
+    let nanos = (ms % 1000) * 1_000_000;
+    let Ok(civil) = jiff::civil::DateTime::new(y as i16, m as i8, d as i8, h as i8, mi as i8, sec as i8, nanos as i32)
     else {
         return local_ms;
     };
