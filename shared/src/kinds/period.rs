@@ -95,7 +95,8 @@ pub struct Anchor {
 }
 
 impl Anchor {
-    fn default_for(unit: Unit) -> Anchor {
+    /// Where a unit starts unanchored: the hour, midnight, Monday, the 1st, 1 January.
+    const fn default_for(unit: Unit) -> Anchor {
         match unit {
             Unit::Month | Unit::Year => Anchor { month: 1, day: 1, minute: 0 },
             _ => Anchor { month: 1, day: 0, minute: 0 },
@@ -223,11 +224,7 @@ fn parse_anchor(unit: Unit, words: &[&str]) -> Option<Anchor> {
 impl Period {
     /// A unit in UTC from its start: today's `hour`, `day`, `week`, `month` and `year`.
     pub const fn plain(unit: Unit) -> Period {
-        let anchor = match unit {
-            Unit::Month | Unit::Year => Anchor { month: 1, day: 1, minute: 0 },
-            _ => Anchor { month: 1, day: 0, minute: 0 },
-        };
-        Period { unit, anchor, zone: None }
+        Period { unit, anchor: Anchor::default_for(unit), zone: None }
     }
 
     /// Reads the text form (see the module's documentation).

@@ -88,7 +88,12 @@ pub fn usage_retention<S: Store>(store: &mut S, days: Option<i64>) -> Result<i64
         store.write_setting(budget::USAGE_RETENTION_SETTING, days * day)?;
         return Ok(days);
     }
-    Ok(store.read_setting(budget::USAGE_RETENTION_SETTING)?.unwrap_or(budget::USAGE_KEPT_MS) / day)
+    Ok(usage_kept_ms(store)? / day)
+}
+
+/// How long rl_sweep keeps ended periods, in ms: the setting, else [`budget::USAGE_KEPT_MS`].
+fn usage_kept_ms<S: Store>(store: &mut S) -> Result<i64> {
+    Ok(store.read_setting(budget::USAGE_RETENTION_SETTING)?.unwrap_or(budget::USAGE_KEPT_MS))
 }
 
 /// rl_sweep: remove at most `max_rows` rows that no longer change any answer, buckets first.
@@ -110,8 +115,7 @@ pub fn sweep<S: Store>(store: &mut S, a: &SweepArgs) -> Result<i64> {
         removed += store.sweep_rows::<EntriesRow>(a.cutoff_ms, a.max_rows - removed)?;
     }
     if removed < a.max_rows {
-        let kept = store.read_setting(budget::USAGE_RETENTION_SETTING)?.unwrap_or(budget::USAGE_KEPT_MS);
-        let cutoff = a.cutoff_ms.saturating_sub(kept);
+        let cutoff = a.cutoff_ms.saturating_sub(usage_kept_ms(store)?);
         removed += store.sweep_usage(cutoff, a.max_rows - removed)?;
     }
     Ok(removed)
