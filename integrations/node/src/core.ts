@@ -2,7 +2,7 @@
 // the subject, the decision, the fallback when the database does not answer.
 import { createHash } from "node:crypto";
 import { isIP } from "node:net";
-import { Answer, DatabaseUnavailable, isMissingPolicy, Limiter, multiplier, RefundOn, Route } from "./limiter";
+import { Answer, DatabaseUnavailable, fixedLimits, isMissingPolicy, Limit, Limiter, multiplier, RefundOn, Route } from "./limiter";
 import { Metrics, Outcome } from "./metrics";
 
 // -- the pure rules, the same as the Python and Ruby packages' (integrations/spec/cases.json
@@ -397,10 +397,7 @@ export class RateLimitCore {
       if ((route.policy === undefined) === (route.limits === undefined)) {
         throw new Error(`route ${spec}: give either policy or limits`);
       }
-      if (route.limits !== undefined && (!Array.isArray(route.limits) || !route.limits.length
-          || !route.limits.every((l) => typeof l === "object" && l !== null))) {
-        throw new Error(`route ${spec}: limits must be a list of limit objects, e.g. [{ burst: 5, refill_per_minute: 5 }]`);
-      }
+      if (route.limits !== undefined && typeof route.limits !== "function") checkedLimits(route.limits, `route ${spec}`);
       const space = spec.lastIndexOf(" ");
       const method = space > 0 ? spec.slice(0, space).toUpperCase() : undefined;
       const pattern = globToRegExp(this.normalize(spec.slice(space + 1)));
@@ -437,6 +434,7 @@ export class RateLimitCore {
     }
     for (const { route } of this.routes) {
       try {
+        if (typeof route.limits === "function") continue; // the engine checks each call's
         if (route.limits !== undefined) {
           if (!limiter.validateLimits) continue;
           const definition = { limits: route.limits, ...(route.tiers ? { tiers: route.tiers } : {}) };
@@ -647,7 +645,7 @@ export class RateLimitCore {
 
 function firstBucket(route: Route, tier: string | undefined): [number, number] | undefined {
   const m = multiplier(route, tier);
-  for (const l of route.limits ?? []) if ("burst" in l) return [Number(l.burst) * m, Number(l.refill_per_minute) * m];
+  for (const l of fixedLimits(route)) if ("burst" in l) return [Number(l.burst) * m, Number(l.refill_per_minute) * m];
   return route.fallback;
 }
 
@@ -735,6 +733,21 @@ export function charge(request: object, cost: number): Promise<Answer | undefine
  * estimate took too much); never throws for a database that does not answer (logged). */
 export function refund(request: object, cost: number): Promise<void> {
   return limitsOf(request).refund(cost);
+}
+
+/** `limits` if it is a non-empty list of limit objects, else an Error that starts with `what`. */
+function checkedLimits(limits: unknown, what: string): Limit[] {
+  if (!Array.isArray(limits) || !limits.length || !limits.every((l) => typeof l === "object" && l !== null)) {
+    throw new Error(`${what}: limits must be a list of limit objects, e.g. [{ burst: 5, refill_per_minute: 5 }]`);
+  }
+  return limits;
+}
+
+/** The route as it limits `request`: itself, or a copy holding what its `limits` function
+ * answered for the request (what the check, its refund and the handler's charge all use). */
+export function routeFor<R extends Route>(route: R, request: unknown): R {
+  if (typeof route.limits !== "function") return route;
+  return { ...route, limits: checkedLimits(route.limits(request), `route ${JSON.stringify(route.name)}: limits(request)`) };
 }
 
 export function costOf(route: Route, request: unknown): number {

@@ -1,5 +1,5 @@
 // Express middleware: app.use(rateLimit({ limiter, routes })).
-import { attachLimits, costOf, Options, RateLimitCore, RequestLimits } from "./core";
+import { attachLimits, costOf, routeFor, Options, RateLimitCore, RequestLimits } from "./core";
 
 type Req = {
   method: string; path: string; headers: Record<string, string | string[] | undefined>;
@@ -47,8 +47,9 @@ export function rateLimit(options: Options) {
     }
     res.once("close", () => core.leave(receiving));
     try {
-      const route = core.match(req.method, req.path);
-      if (!route) return next();
+      const matched = core.match(req.method, req.path);
+      if (!matched) return next();
+      const route = routeFor(matched, req);
       const subject = core.subject((await route.identify?.(req)) || (await options.identify?.(req)), req.user?.id, req.socket.remoteAddress,
         req.headers["x-forwarded-for"]);
       const tier = await options.tier?.(req);

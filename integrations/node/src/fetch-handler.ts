@@ -1,6 +1,6 @@
 // Fetch-API handlers (Next.js route handlers and proxy.ts, or any runtime of Request and
 // Response): export const GET = withRateLimit({ ...options, peer }, async (request) => ...).
-import { attachLimits, costOf, Counters, Options, RateLimitCore, RequestLimits } from "./core";
+import { attachLimits, costOf, routeFor, Counters, Options, RateLimitCore, RequestLimits } from "./core";
 
 export interface FetchOptions extends Options {
   /**
@@ -61,8 +61,9 @@ export function withRateLimit(options: FetchOptions, handler: Handler): Handler 
     }
   };
   const decideAndRun = async (request: Request, context: any, path: string) => {
-    const route = core.match(request.method, path);
-    if (!route) return handler(request, context);
+    const matched = core.match(request.method, path);
+    if (!matched) return handler(request, context);
+    const route = routeFor(matched, request);
     const forwarded = request.headers.get("x-forwarded-for") ?? undefined;
     const subject = core.subject((await route.identify?.(request)) || (await options.identify?.(request)), undefined, options.peer(request), forwarded);
     const tier = await options.tier?.(request);

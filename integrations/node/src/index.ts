@@ -1,5 +1,5 @@
 export { Counters, LocalBucket, RateLimitCore, RefusalCache, RequestLimits, addressSubject, bounded, charge, clientAddress, databaseOf,
-  networks, normalizeIdentifier, normalizePath, parseAddress, refund, refundRule, IDENTIFIER_MAX_BYTES } from "./core";
+  networks, normalizeIdentifier, normalizePath, parseAddress, refund, refundRule, routeFor, IDENTIFIER_MAX_BYTES } from "./core";
 export type { Address, Decision, Network, Options } from "./core";
 export { rateLimit } from "./express";
 export { fetchWithRateLimit, retryAfterMs, backoffMs } from "./fetch";

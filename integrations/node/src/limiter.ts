@@ -30,11 +30,14 @@ export type Limit =
  * handler works before it fails. `identify` chooses this route's subject in place of the
  * middleware's (a function of the request as the middleware's `identify` gets it); an
  * empty answer falls back to the middleware's `identify`, then the signed-in user, then
- * the client address.
+ * the client address. `limits` may be a function of the request that answers them, for
+ * limits that differ by customer (a budget counted from each one's billing date:
+ * `(req) => [{ period: \`month from ${day}\`, quota }]`); the engine validates its answer
+ * on every call instead of at startup.
  */
 export interface Route {
   policy?: string;
-  limits?: Limit[];
+  limits?: Limit[] | ((request: any) => Limit[]);
   tiers?: Record<string, number>;
   cost?: number | ((request: any) => number);
   sensitive?: boolean;
@@ -116,13 +119,21 @@ export function multiplier(route: Route, tier: string | undefined): number {
 
 type Item = { key: string; cost: number } & Record<string, unknown>;
 
+/** A route's limits as fixed for one request (`routeFor` calls a `limits` function first). */
+export function fixedLimits(route: Route): Limit[] {
+  if (typeof route.limits === "function") {
+    throw new TypeError(`route ${JSON.stringify(route.name)}: its limits function was not called for the request (routeFor)`);
+  }
+  return route.limits ?? [];
+}
+
 /**
  * The route's limits as rl_take_all items, passed through whatever their kind: each with its
  * key, the cost and the tier's multiplier, which the engine applies as a policy's tier.
  */
 function takeItems(route: Route, subject: string, tier: string | undefined, cost: number): Item[] {
   const m = multiplier(route, tier);
-  return (route.limits ?? []).map((limit, i) => ({
+  return fixedLimits(route).map((limit, i) => ({
     ...limit, key: limitKey(route.name ?? "", subject, i), cost, ...(m === 1 ? {} : { multiplier: m }),
   }));
 }

@@ -26,8 +26,15 @@ if (limiter.pool) limiter.pool.on("error", () => {});
 const authorization = (req) => (typeof req.get === "function" ? req.get("authorization") : req.headers.get("authorization"));
 // identify_by_query: the route's own identify, a query parameter of Express's req or a Fetch Request
 const byQuery = (name) => (req) => (req.query ? req.query[name] : new URL(req.url).searchParams.get(name) ?? undefined);
+// period_by_query: the route's limits as a function of the request, each budget with the
+// period that query parameter holds, when it holds one (a customer's own billing period)
+const periodByQuery = (name, limits) => (req) => {
+  const period = byQuery(name)(req);
+  return limits.map((l) => (period && "period" in l ? { ...l, period } : l));
+};
 const routes = Object.fromEntries(Object.entries(SPEC.routes).map(([pattern, r]) => [pattern,
-  { ...r, refundOn: r.refund_on, ...(r.identify_by_query ? { identify: byQuery(r.identify_by_query) } : {}) }]));
+  { ...r, refundOn: r.refund_on, ...(r.identify_by_query ? { identify: byQuery(r.identify_by_query) } : {}),
+    ...(r.period_by_query ? { limits: periodByQuery(r.period_by_query, r.limits) } : {}) }]));
 if (process.env.RL_WEB_EXTRA_POLICY) routes["/extra"] = { policy: process.env.RL_WEB_EXTRA_POLICY };
 if (process.env.RL_WEB_EXTRA_LIMITS) routes["/extra"] = { limits: JSON.parse(process.env.RL_WEB_EXTRA_LIMITS) };
 const options = {
@@ -68,7 +75,7 @@ app.all(["/fail", "/pfail", "/sms", "/refund/:order"], (req, res) => {
   throw new Error("the handler failed");
 });
 // the work, then its real cost charged (or an estimate's surplus refunded)
-app.get(["/ai", "/pai"], async (req, res) => {
+app.get(["/ai", "/pai", "/bill"], async (req, res) => {
   ran(req.path);
   if (req.query.tokens !== undefined) await charge(req, Number(req.query.tokens));
   if (req.query.refund !== undefined) await refund(req, Number(req.query.refund));
@@ -91,7 +98,7 @@ const handler = withRateLimit({ ...options, metrics: fetchMetrics, peer: peers.h
   }
   ran(url.pathname);
   const handlerPath = normalizePath(url.pathname);
-  if (handlerPath === "/ai" || handlerPath === "/pai") {
+  if (handlerPath === "/ai" || handlerPath === "/pai" || handlerPath === "/bill") {
     if (url.searchParams.has("tokens")) await charge(request, Number(url.searchParams.get("tokens")));
     if (url.searchParams.has("refund")) await refund(request, Number(url.searchParams.get("refund")));
   }

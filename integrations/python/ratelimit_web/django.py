@@ -119,6 +119,7 @@ class _Check:
     in Django's database thread, through sync_to_async)."""
 
     def __init__(self, rules: RateLimitRules, limiter: DjangoLimiter, route: Route, request):
+        route = rules.for_request(route, request)
         self.rules, self.limiter, self.route, self.request = rules, limiter, route, request
         self.subject = _subject(rules, route, request)
         self.tier = rules.tier(request) if rules.tier else None

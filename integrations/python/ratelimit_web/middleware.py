@@ -115,6 +115,7 @@ class RateLimitMiddleware:
         subject = rules.subject(identified, _signed_in(scope), scope["client"][0] if scope.get("client") else None,
                                 forwarded)
         tier = await _maybe_await(rules.tier(request)) if rules.tier else None
+        route = rules.for_request(route, request)
         cost = rules.cost(route, request)
         decision, slot = rules.begin_check(route, subject, tier)
         if decision is None:

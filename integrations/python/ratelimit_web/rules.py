@@ -18,7 +18,7 @@ import time
 import unicodedata
 import urllib.parse
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from .fallback import LocalBucket
@@ -27,13 +27,24 @@ from .limiter import Answer, DatabaseUnavailable, is_missing_policy
 log = logging.getLogger("ratelimit_web")
 
 
+def limit_list(limits, what: str) -> list:
+    """`limits` as a list of limit objects, or a ValueError that starts with `what`."""
+    if not isinstance(limits, (list, tuple)) or not limits or not all(isinstance(l, dict) for l in limits):
+        raise ValueError(f"{what}: limits must be a list of limit objects, e.g. "
+                         '[{"burst": 5, "refill_per_minute": 5}]')
+    return list(limits)
+
+
 @dataclass
 class Route:
     """How one route (or route pattern) is limited: a policy's name (rl_check, the tier as
     its tier), or explicit `limits` as rl_take_all items without key and cost (buckets
     `{"burst", "refill_per_minute"}`, budgets `{"period", "quota"}`, windows `{"limit",
     "window_seconds"}`, fixed windows `{"limit", "fixed_window_seconds"}`) with `tiers`
-    giving their multipliers. `cost` is a number or a
+    giving their multipliers. `limits` may be a function of the request that answers
+    them, for limits that differ by customer (a budget counted from each customer's billing
+    date: `lambda request: [{"period": f"month from {day}", "quota": quota}]`); the engine
+    validates its answer on every call instead of at startup. `cost` is a number or a
     function of the request. A `sensitive` route fails closed (503) while the database is
     unreachable; the others admit through a local bucket at the middleware's
     `fallback_share` of their first bucket (for a policy, the one its last answer reported,
@@ -53,7 +64,7 @@ class Route:
     `identify`, then the signed-in user, then the client address."""
 
     policy: Optional[str] = None
-    limits: Optional[list] = None
+    limits: Union[None, list, Callable[[Any], list]] = None
     tiers: Dict[str, float] = field(default_factory=dict)
     cost: Union[float, Callable[[Any], float]] = 1
     sensitive: bool = False
@@ -66,11 +77,16 @@ class Route:
         if (self.policy is None) == (self.limits is None):
             raise ValueError(f"Route {self.name!r}: give either policy or limits" if self.name
                              else "Route: give either policy or limits")
-        if self.limits is not None and (not isinstance(self.limits, (list, tuple)) or not self.limits
-                                        or not all(isinstance(l, dict) for l in self.limits)):
-            raise ValueError("Route: limits must be a list of limit objects, e.g. "
-                             '[{"burst": 5, "refill_per_minute": 5}]')
+        if self.limits is not None and not callable(self.limits):
+            self.limits = limit_list(self.limits, "Route")
         self.refunds = refund_rule(self.refund_on)
+
+    def for_request(self, request) -> "Route":
+        """This route as it limits `request`: itself, or a copy holding what its `limits`
+        function answered for the request."""
+        if not callable(self.limits):
+            return self
+        return replace(self, limits=limit_list(self.limits(request), f"Route {self.name!r}: limits(request)"))
 
     def multiplier(self, tier: Optional[str]) -> float:
         if tier is None or not self.tiers:  # a route without tiers is the same for all
@@ -470,6 +486,12 @@ class RateLimitRules:
         return "ip:" + client_address(peer, forwarded, self.trusted, self.ipv6_prefix)
 
     @staticmethod
+    def for_request(route: Route, request) -> Route:
+        """The route with the limits its `limits` function gives `request` (itself when they
+        are fixed): what the check, its refund and the handler's charge all use."""
+        return route.for_request(request)
+
+    @staticmethod
     def cost(route: Route, request) -> float:
         return float(route.cost(request) if callable(route.cost) else route.cost)
 
@@ -485,7 +507,8 @@ class RateLimitRules:
         (the engine validates the route's explicit limits), ("policy", route) (its policy
         exists)."""
         for _, _, route in self.routes:
-            yield ("limits" if route.limits is not None else "policy"), route
+            if not callable(route.limits):  # limits per request: the engine checks each call's
+                yield ("limits" if route.limits is not None else "policy"), route
 
     @staticmethod
     def missing(route: Route) -> str:

@@ -49,6 +49,7 @@ class RateLimitWSGI:
         subject = rules.subject(rules.identifier(route, environ), environ.get("REMOTE_USER"),
                                 environ.get("REMOTE_ADDR"), forwarded)
         tier = rules.tier(environ) if rules.tier else None
+        route = rules.for_request(route, environ)
         cost = rules.cost(route, environ)
         decision = rules.decide(route, subject, tier, cost, lambda: self.limiter.check(route, subject, tier, cost))
         if decision.kind == "answer":

@@ -98,7 +98,8 @@ app = Starlette(
             Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/sms", fail), Path("/refund/{order}", fail), Path("/open", ok),
             Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok), Path("/window", ok), Path("/hourly", ok),
             Path("/counts", counts), Path("/runs", run_counts), Path("/metrics", metrics), Path("/slow", slow),
-            Path("/flood", ok), Path("/gone", ok), Path("/extra", ok), Path("/ai", ai), Path("/pai", ai_sync), Path("/team", ok)],
+            Path("/flood", ok), Path("/gone", ok), Path("/extra", ok), Path("/ai", ai), Path("/pai", ai_sync), Path("/team", ok),
+            Path("/bill", ai)],
     lifespan=lifespan)
 app.add_middleware(
     RateLimitMiddleware, limiter=limiter, identify=user, tier=plan,

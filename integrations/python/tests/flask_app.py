@@ -36,6 +36,7 @@ def ok(name=None):
 
 @app.route("/ai")
 @app.route("/pai")
+@app.route("/bill")
 def ai():
     """The work, then its real cost charged (or an estimate's surplus refunded)."""
     ran(normalize_path(request.path))

@@ -52,10 +52,23 @@ def by_query(name):
     return identify
 
 
+def period_by_query(name, limits):
+    """A route's `limits` as a function of the request: each budget with the period the
+    query parameter `name` holds, when it holds one (a customer's own billing period)."""
+    read = by_query(name)
+
+    def limits_of(request):
+        period = read(request)
+        return [{**limit, "period": period} if period and "period" in limit else limit for limit in limits]
+    return limits_of
+
+
 def route_of(fields):
     fields = dict(fields)
     if "identify_by_query" in fields:
         fields["identify"] = by_query(fields.pop("identify_by_query"))
+    if "period_by_query" in fields:
+        fields["limits"] = period_by_query(fields.pop("period_by_query"), fields["limits"])
     return Route(**fields)
 
 

@@ -89,6 +89,25 @@ def test_the_keys_of_explicit_limits_are_the_engines_rl_key():
         assert got[0] == case["expect"], case
 
 
+def test_limits_of_each_request_are_checked_as_the_fixed_ones_are():
+    """A route's `limits` function: its answer is what the check, the refund and a charge
+    use (the route itself is left as it was); an answer that is no list of limit objects is
+    an error that names the route; startup skips what only a request can tell."""
+    plans = {"ann": "month from 3 in Europe/Paris", "bob": "month from 20"}
+    route = Route(limits=lambda user: [{"period": plans[user], "quota": 3}], name="/bill")
+    assert route.for_request("ann").limits == [{"period": "month from 3 in Europe/Paris", "quota": 3}]
+    assert route.for_request("bob").limits[0]["period"] == "month from 20" and callable(route.limits)
+    fixed = Route(limits=[{"burst": 1, "refill_per_minute": 1}])
+    assert fixed.for_request("ann") is fixed
+    for wrong in ([], {"period": "month"}, ["month"], None):
+        with pytest.raises(ValueError, match=r"^Route '/bill': limits\(request\): limits must be a list of limit objects"):
+            Route(limits=lambda _: wrong, name="/bill").for_request("ann")
+    with pytest.raises(ValueError, match=r"^Route: limits must be a list of limit objects"):
+        Route(limits="month")
+    rules = RateLimitRules({"/bill": route, "/fixed": fixed})
+    assert [(kind, r.name) for kind, r in rules.startup_questions()] == [("limits", "/fixed")]
+
+
 def test_the_spec_files_follow_their_schemas():
     """cases.json and app.json against cases.schema.json and app.schema.json, which refuse
     unknown fields: a misspelt field in a case is an error, not a check silently skipped."""

@@ -61,6 +61,13 @@ module TestApp
     if (name = fields.delete(:identify_by_query))
       fields[:identify] = ->(request) { request.params[name] }
     end
+    if (param = fields.delete(:period_by_query)) # a customer's own billing period
+      limits = fields[:limits]
+      fields[:limits] = lambda do |request|
+        period = request.params[param]
+        limits.map { |l| period && !period.empty? && l.key?("period") ? l.merge("period" => period) : l }
+      end
+    end
     R.new(**fields)
   end
 
@@ -68,13 +75,13 @@ module TestApp
 
   def self.runs = RUNS_LOCK.synchronize { RUNS.dup }
 
-  # The handlers every test application serves: /ai and /pai charge `tokens` (or refund
+  # The handlers every test application serves: /ai, /pai and /bill charge `tokens` (or refund
   # `refund`) after the work, through RatelimitWeb.charge on `request`; /fail, /pfail, /sms and
   # /refund/* fail as asked (a run counted first), /slow sleeps, the rest answer {ok, path}.
   def self.answer(path, params, request = nil)
     ran(path) unless path == "/slow"
     case RatelimitWeb.normalize_path(path, formats: true)
-    when "/ai", "/pai"
+    when "/ai", "/pai", "/bill"
       RatelimitWeb.charge(request, Float(params["tokens"])) if params["tokens"]
       RatelimitWeb.refund(request, Float(params["refund"])) if params["refund"]
     when "/fail", "/pfail", "/sms", %r{\A/refund/}

@@ -8,6 +8,7 @@ urlpatterns = [
     path("api/<str:name>", views.ok),
     path("slow", views.slow),
     path("ai", views.ai),
+    path("bill", views.ai),
     path("pai", views.ai_async),
     path("counts", views.counts),
     path("runs", views.run_counts),

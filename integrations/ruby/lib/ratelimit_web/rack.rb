@@ -66,6 +66,7 @@ module RatelimitWeb
     attr_reader :headers
 
     def initialize(rules, limiter, route, request, user:, peer:, forwarded:)
+      route = route.for_request(request)
       @rules, @limiter, @route = rules, limiter, route
       identified = route.identify&.call(request) # the route's own first, then the middleware's
       identified = rules.identify&.call(request) if identified.nil? || identified.to_s.empty?

@@ -5,7 +5,10 @@ module RatelimitWeb
   # tier), or explicit `limits` as rl_take_all items without key and cost (buckets
   # {burst:, refill_per_minute:}, budgets {period:, quota:}, windows {limit:,
   # window_seconds:}, fixed windows {limit:, fixed_window_seconds:}) with `tiers` giving
-  # their multipliers. `cost` is a number or a callable
+  # their multipliers. `limits` may be a callable of the request that answers them, for
+  # limits that differ by customer (a budget counted from each one's billing date:
+  # `->(request) { [{ period: "month from #{day}", quota: quota }] }`); the engine validates
+  # its answer on every call instead of at startup. `cost` is a number or a callable
   # of the request. A `sensitive` route fails closed (503) while the database is
   # unreachable; the others admit through a local bucket at the middleware's fallback_share
   # of their first bucket (for a policy, the one its last answer reported, or `fallback` =
@@ -27,14 +30,34 @@ module RatelimitWeb
     def initialize(policy: nil, limits: nil, tiers: {}, cost: 1, sensitive: false, fallback: nil, name: nil,
                    refund_on: nil, identify: nil)
       raise ArgumentError, "Route: give either policy or limits" if policy.nil? == limits.nil?
-      if !limits.nil? && (!limits.is_a?(Array) || limits.empty? || !limits.all? { |l| l.is_a?(Hash) })
-        raise ArgumentError, 'Route: limits must be a list of limit objects, e.g. [{burst: 5, refill_per_minute: 5}]'
-      end
 
-      @limits = limits&.map { |l| l.transform_keys(&:to_s) }
+      @limits = limits.respond_to?(:call) ? limits : limits && Route.limit_list(limits, "Route")
       @policy, @tiers, @cost, @sensitive, @fallback, @name = policy, tiers.transform_keys(&:to_s), cost, sensitive, fallback, name
       @refund_on, @identify = refund_on, identify
       @refunds = RatelimitWeb.refund_rule(refund_on)
+    end
+
+    # `limits` as a list of limit objects with text keys, or an ArgumentError that starts
+    # with `what`.
+    def self.limit_list(limits, what)
+      unless limits.is_a?(Array) && !limits.empty? && limits.all? { |l| l.is_a?(Hash) }
+        raise ArgumentError, "#{what}: limits must be a list of limit objects, e.g. [{burst: 5, refill_per_minute: 5}]"
+      end
+
+      limits.map { |l| l.transform_keys(&:to_s) }
+    end
+
+    # Whether `limits` is a callable of the request (the engine checks each call's answer).
+    def per_request? = @limits.respond_to?(:call)
+
+    # This route as it limits `request`: itself, or a copy holding what its `limits`
+    # callable answered for the request (what the check, its refund and a charge all use).
+    def for_request(request)
+      return self unless per_request?
+
+      copy = dup
+      copy.instance_variable_set(:@limits, Route.limit_list(@limits.call(request), "Route #{name.inspect}: limits(request)"))
+      copy
     end
 
     def multiplier(tier)

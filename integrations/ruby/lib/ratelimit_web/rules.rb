@@ -264,6 +264,8 @@ module RatelimitWeb
     def check_routes(limiter)
       @policies.each { |name, definition| limiter.set_policy(name.to_s, definition) }
       @routes.each do |_, _, route|
+        next if route.per_request? # limits per request: the engine checks each call's
+
         if route.limits
           problem, limits = limiter.validate_limits(route.definition)
           return "route #{route.name.inspect}: #{problem}" if problem
