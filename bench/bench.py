@@ -8,6 +8,7 @@ and targets.md (the speed targets from one interleaved run, with profiles).
 
 Every cell is the median of RL_BENCH_REPS runs (default 3) of RL_BENCH_SECONDS each
 (default 3); the runs of all systems are interleaved so that drift affects all alike."""
+import calendar
 import glob
 import json
 import os
@@ -418,14 +419,26 @@ RLS_TARGET = os.path.join(ROOT, "target", "rls")
 NEAR_BUDGETS = int(os.environ.get("RL_BENCH_NEAR_BUDGETS", "1000000"))
 
 
+def sqlite_with_tables(name):
+    """A new SQLite file in WAL mode with the extension loaded and its tables made: (path,
+    connection in autocommit)."""
+    import sqlite3
+
+    path = os.path.join(tempfile.mkdtemp(prefix=f"rl_{name}_"), f"{name}.db")
+    lite = sqlite3.connect(path, isolation_level=None)
+    lite.enable_load_extension(True)
+    lite.load_extension(SQLITE_EXT)
+    lite.execute("PRAGMA journal_mode = WAL")
+    lite.execute("SELECT rl_spend('made', 'day', 1, 1)")  # the tables
+    return path, lite
+
+
 def budgets_near_section():
     """What rl_budgets_near costs over NEAR_BUDGETS budget rows (a month's, shares of the quota
     spread evenly from 0 to 0.999): its call (the 100 largest shares of the 1 % at 0.99 or
     more) beside a plain count of the same table, the least any read of every row costs, on
     the native extension, the SQL edition and SQLite; one connection each, the calls
     interleaved, medians of RL_BENCH_REPS x 5 calls."""
-    import sqlite3
-
     import psycopg2
 
     print(f"budgets near their quota: {NEAR_BUDGETS:,} rows in each engine", file=sys.stderr)
@@ -437,12 +450,7 @@ def budgets_near_section():
     for db in (DB, SQL_DB):
         psql(fill, db=db)
         psql("VACUUM ANALYZE ratelimit.rl_budget", db=db)
-    path = os.path.join(tempfile.mkdtemp(prefix="rl_near_"), "near.db")
-    lite = sqlite3.connect(path, isolation_level=None)
-    lite.enable_load_extension(True)
-    lite.load_extension(SQLITE_EXT)
-    lite.execute("PRAGMA journal_mode = WAL")
-    lite.execute("SELECT rl_spend('made', 'day', 1, 1)")  # the tables
+    path, lite = sqlite_with_tables("near")
     lite.execute("DELETE FROM rl_budget")
     lite.execute("WITH RECURSIVE n(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM n WHERE g < ?) "
                  "INSERT INTO rl_budget (key, period, used, resets_at, quota) "
@@ -467,6 +475,71 @@ def budgets_near_section():
     for conn in engines.values():
         conn.close()
     shutil.rmtree(os.path.dirname(path))
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
+
+
+USAGE_KEYS = int(os.environ.get("RL_BENCH_USAGE_KEYS", "1000000"))
+# twelve ended months of 2025 for every key, as the sweep keeps them
+USAGE_MONTHS = [(calendar.timegm((2025, m, 1, 0, 0, 0)) * 1000, calendar.timegm((2025 + m // 12, m % 12 + 1, 1, 0, 0, 0)) * 1000)
+                for m in range(1, 13)]
+
+
+def usage_section():
+    """What reading a year of one key's kept usage costs among USAGE_KEYS keys that each have
+    twelve ended months (12 rows a key): rl_usage(key, from, to) beside the plain SELECT of
+    the same rows by the table's primary key, the least such a read costs, on the native
+    extension, the SQL edition and SQLite; a random key a call, one connection each, the
+    calls interleaved, medians of RL_BENCH_REPS x 100 calls."""
+    import random
+
+    import psycopg2
+
+    print(f"usage kept for invoicing: {USAGE_KEYS:,} keys x 12 months in each engine", file=sys.stderr)
+    setup_postgres(KEYS)
+    install_sql_edition(SQL_DB)
+    months = ", ".join(f"({s}, {e})" for s, e in USAGE_MONTHS)
+    fill = ("INSERT INTO ratelimit.rl_usage (key, period, starts_at, ends_at, used, quota) "
+            "SELECT 'cust:' || g, 'month', m.s, m.e, (g % 1000) * 1000000, 1000000000 "
+            f"FROM generate_series(1, {USAGE_KEYS}) AS g, (VALUES {months}) AS m(s, e)")
+    for db in (DB, SQL_DB):
+        psql("TRUNCATE ratelimit.rl_usage", db=db)
+        psql(fill, db=db)
+        psql("VACUUM ANALYZE ratelimit.rl_usage", db=db)
+    path, lite = sqlite_with_tables("usage")
+    lite.execute("BEGIN")
+    lite.executemany("INSERT INTO rl_usage (key, period, starts_at, ends_at, used, quota) "
+                     "WITH RECURSIVE n(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM n WHERE g < ?) "
+                     "SELECT 'cust:' || g, 'month', ?, ?, (g % 1000) * 1000000, 1000000000 FROM n",
+                     [(USAGE_KEYS, s, e) for s, e in USAGE_MONTHS])
+    lite.execute("COMMIT")
+    lite.execute("ANALYZE")
+    year = (USAGE_MONTHS[0][0], USAGE_MONTHS[-1][1])
+    engines = {"native": psycopg2.connect(dbname=DB), "SQL edition": psycopg2.connect(dbname=SQL_DB), "SQLite": lite}
+    queries = {"rl_usage(key, a year)": "SELECT rl_usage({p}, {p}, {p})",
+               "SELECT of its rows": "SELECT count(*) FROM (SELECT period, starts_at, ends_at, used, quota FROM {table} "
+                                     "WHERE key = {p} AND ends_at > {p} AND ends_at <= {p} ORDER BY ends_at, period) AS r"}
+    times = {(engine, query): [] for engine in engines for query in queries}
+    draw = random.Random(58)
+    for _ in range(REPS * 100):
+        key = f"cust:{draw.randint(1, USAGE_KEYS)}"
+        for engine, conn in engines.items():
+            table, p = ("main.rl_usage", "?") if engine == "SQLite" else ("ratelimit.rl_usage", "%s")
+            for query, sql in queries.items():
+                cur = conn.cursor()
+                start = time.perf_counter()
+                cur.execute(sql.format(table=table, p=p), (key, *year))
+                answer = cur.fetchone()[0]
+                times[(engine, query)].append(time.perf_counter() - start)
+                if query.startswith("rl_usage"):
+                    read = json.loads(answer) if isinstance(answer, str) else answer
+                    assert len(read["periods"]) == 12, read
+                else:
+                    assert answer == 12, answer
+    for conn in engines.values():
+        conn.close()
+    shutil.rmtree(os.path.dirname(path))
+    for db in (DB, SQL_DB):
+        psql("TRUNCATE ratelimit.rl_usage", db=db)
     return {k: statistics.median(v) * 1000 for k, v in times.items()}
 
 
@@ -644,6 +717,9 @@ def main():
         return
     if os.environ.get("RL_BENCH_ONLY") == "near":
         report.write_budgets_near(budgets_near_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "usage":
+        report.write_usage(usage_section())
         return
     if os.environ.get("RL_BENCH_ONLY") == "rls":
         report.write_rls(rls_section())

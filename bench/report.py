@@ -291,12 +291,32 @@ def write_budgets_near(ms):
              "100 largest shares of the 10,000 at 0.99 or more) beside `count(*)` of the same table, the least a "
              "read of every row costs; one connection per engine, the calls interleaved.", "",
         "| engine | rl_budgets_near(0.99) | count(*) | ratio |", "|---|---|---|---|"]
+    write_engine_ratios("budgets_near.md", lines, ms, "rl_budgets_near(0.99)", "count(*)", ",.0f")
+
+
+def write_engine_ratios(name, lines, ms, call, baseline, figure):
+    """`lines`, then a row per engine: the call's median, the baseline's, and their ratio."""
     for engine in ("native", "SQL edition", "SQLite"):
-        near, count = ms[(engine, "rl_budgets_near(0.99)")], ms[(engine, "count(*)")]
-        lines.append(f"| {engine} | {near:,.0f} ms | {count:,.0f} ms | {near / count:.1f}x |")
+        a, b = ms[(engine, call)], ms[(engine, baseline)]
+        lines.append(f"| {engine} | {a:{figure}} ms | {b:{figure}} ms | {a / b:.1f}x |")
     lines.append("")
-    with open(os.path.join(RESULTS, "budgets_near.md"), "w") as f:
+    with open(os.path.join(RESULTS, name), "w") as f:
         f.write("\n".join(lines))
+
+
+def write_usage(ms):
+    keys = int(os.environ.get("RL_BENCH_USAGE_KEYS", "1000000"))
+    reps = int(os.environ.get("RL_BENCH_REPS", "3"))
+    lines = ["# Reading a year of one key's usage among a million keys", "",
+             f"One interleaved run (`RL_BENCH_REPS={reps} RL_BENCH_ONLY=usage bash scripts/bench.sh`), the median "
+             f"of {100 * reps} calls per cell; 2 cores, PostgreSQL 15, {keys:,} keys with twelve ended months each "
+             f"({12 * keys:,} rows of `rl_usage`), in each engine (the native extension, the SQL edition in another "
+             "database of the same cluster, SQLite in WAL mode): `rl_usage(key, from_ms, to_ms)` over the year, for "
+             "a random key a call, beside a plain `SELECT` of the same twelve rows by the table's primary key, the "
+             "least such a read costs; one connection per engine, the calls interleaved, times as the client sees "
+             "them (a round trip included).", "",
+             "| engine | rl_usage (a year, 12 periods) | SELECT of its rows | ratio |", "|---|---|---|---|"]
+    write_engine_ratios("usage.md", lines, ms, "rl_usage(key, a year)", "SELECT of its rows", ",.3f")
 
 
 def write_rls(cells):

@@ -8,7 +8,8 @@
 #   beside many, per store, 8 and 32 clients, synchronous_commit on and off (a few minutes);
 #   edition the SQL edition beside the native table store; instructions the same two
 #   databases' rl_take and rl_check counted by callgrind (a few minutes); near rl_budgets_near over a
-#   million budget rows on each engine (a minute);
+#   million budget rows on each engine (a minute); usage rl_usage of one key's year among a
+#   million keys with twelve ended months each (a few minutes);
 #   RL_BENCH_ONLY=targets only the speed targets, every ratio from one interleaved run and
 #   a profile of each system (about 12 minutes; shared_buffers holds all of its tables).
 set -euo pipefail
