@@ -4,10 +4,12 @@ declares, and every metric the Grafana dashboard reads is one an exporter emits:
 postgres_exporter's `<query>_<column>` for the file's queries (its documented naming; the
 exporter itself is a Go binary this machine cannot fetch), and the web packages' names as
 prometheus_client writes them from the installed package."""
+import datetime
 import json
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -65,7 +67,11 @@ def test_every_exporter_query_answers_its_declared_columns(pg_db):
         cur.execute("""SELECT rl_policy_set('login', '{"limits": [{"burst": 1, "refill_per_minute": 0.001}]}')""")
         cur.execute("SELECT rl_stats_reset()")
         cur.execute("SELECT rl_check('login', 'ip:1'), rl_check('login', 'ip:1'), rl_block('ip:2', NULL), rl_block('ip:3', 60)")
-        cur.execute("SELECT rl_spend('team:7', 'month', 100, 93.5), rl_spend('team:8', 'month', 100, 20)")
+        cur.execute("SELECT rl_spend('team:7', 'month', 100, 93.5), rl_spend('team:8', 'month', 100, 20), "
+                    "rl_spend('team:9', 'month from 15 09:00 in europe/paris', 100, 60)")
+        cur.execute("SELECT (rl_budget('team:9', 'month from 15 09:00 in Europe/Paris', 100, 0) ->> 'resets_at')::float8"
+                    " - extract(epoch FROM clock_timestamp())::float8")
+        team_9_left = cur.fetchone()[0]
         cur.execute(f"SET ROLE {monitor}")
         try:
             for query, spec in exporter_queries().items():
@@ -84,7 +90,15 @@ def test_every_exporter_query_answers_its_declared_columns(pg_db):
             cur.execute(exporter_queries()["pg_ratelimit_blocks"]["query"])
             assert cur.fetchone() == (2, 1)
             cur.execute(exporter_queries()["pg_ratelimit_budget"]["query"])
-            assert cur.fetchall() == [("team:7", "month", 93.5, 100.0)], "from half the quota up"
+            budgets = cur.fetchall()
+            assert [row[:4] for row in budgets] == [("team:7", "month", 93.5, 100.0),
+                                                    ("team:9", "month from 15 09:00 in Europe/Paris", 60.0, 100.0)], \
+                "from half the quota up, the largest share first, each period as stored"
+            # the seconds left are each budget's own: a UTC month's, and the customer's from the 15th in Paris
+            month_left = datetime.datetime(*((lambda t: (t.year + t.month // 12, t.month % 12 + 1, 1))(
+                datetime.datetime.now(datetime.timezone.utc))), tzinfo=datetime.timezone.utc).timestamp() - time.time()
+            assert abs(budgets[0][4] - month_left) < 60 and abs(budgets[1][4] - team_9_left) < 60, (budgets, month_left, team_9_left)
+            assert 0 < budgets[1][4] <= 31 * 86400 + 3600
         finally:
             cur.execute("RESET ROLE")
             cur.execute(f"DROP ROLE {monitor}")
