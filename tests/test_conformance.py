@@ -450,6 +450,35 @@ STEPS = [
     ("rl_usage", ("inv", 0, 1.5),
      ("error", "rl_usage: to_ms must be an integer number of epoch milliseconds from 0 to 253402300799999, got 1.5")),
     ("rl_usage", ("", 0, 4), ("error", "rl_usage: key must not be empty")),
+    # every key's kept periods, a page at a time, by end, key and period: next is where a page stopped
+    ("rl_usage_all", (0, 172_800_000, None, 1), {"from_ms": 0, "to_ms": 172_800_000, "periods": [
+        {"key": "inv", "period": "day", "starts_at": 0, "ends_at": 86_400, "used": 2.500001, "quota": 10}],
+        "next": [86_400_000, "inv", "day"]}),
+    ("rl_usage_all", (0, 172_800_000, '[86400000, "inv", "day"]', 1), {"from_ms": 0, "to_ms": 172_800_000, "periods": [
+        {"key": "inv", "period": "day", "starts_at": 86_400, "ends_at": 172_800, "used": 1, "quota": 12}], "next": None}),
+    ("rl_usage_all", (0, 172_800_000, '[172800000, "inv", "day"]', 10_000),
+     {"from_ms": 0, "to_ms": 172_800_000, "periods": [], "next": None}),
+    ("rl_usage_all", (ms(2026, 1, 1), ms(2027, 6, 1), None, 2), {"from_ms": ms(2026, 1, 1), "to_ms": ms(2027, 6, 1), "periods": [
+        {"key": "a", "period": "day", "starts_at": ms(2026, 11, 29) // 1000, "ends_at": ms(2026, 11, 30) // 1000, "used": 2, "quota": 2},
+        {"key": "ph", "period": "hour", "starts_at": ms(2026, 12, 6) // 1000, "ends_at": ms(2026, 12, 6, 1) // 1000, "used": 1, "quota": 2}],
+        "next": [ms(2026, 12, 6, 1), "ph", "hour"]}),
+    ("rl_usage_all", (ms(2026, 1, 1), ms(2027, 6, 1), f'[{ms(2026, 12, 6, 1)}, "ph", "hour"]'),
+     {"from_ms": ms(2026, 1, 1), "to_ms": ms(2027, 6, 1), "periods": [
+        {"key": "edge", "period": "day", "starts_at": ms(2026, 12, 31) // 1000, "ends_at": ms(2027, 1, 1) // 1000, "used": 1, "quota": 1}],
+        "next": None}),
+    ("rl_usage_all", (5, 4), ("error", "rl_usage_all: to_ms must not be before from_ms, got from_ms 5 and to_ms 4")),
+    ("rl_usage_all", (0, 4, "null"),
+     ("error", "rl_usage_all: after must be the next of an earlier answer, an array [ends_at_ms, key, period], got null")),
+    ("rl_usage_all", (0, 4, '"inv"'),
+     ("error", "rl_usage_all: after must be the next of an earlier answer, an array [ends_at_ms, key, period], got a string")),
+    ("rl_usage_all", (0, 4, '[1, "inv"]'),
+     ("error", "rl_usage_all: after must be the next of an earlier answer, an array [ends_at_ms, key, period], got an array of 2 values")),
+    ("rl_usage_all", (0, 4, '[1.5, "inv", "day"]'), ("error", "rl_usage_all: after must be [ends_at_ms, key, period] as an "
+                                                              "earlier answer's next: an integer from 0 to 253402300799999 and two strings")),
+    ("rl_usage_all", (0, 4, '[1, "inv", 2]'), ("error", "rl_usage_all: after must be [ends_at_ms, key, period] as an "
+                                                        "earlier answer's next: an integer from 0 to 253402300799999 and two strings")),
+    ("rl_usage_all", (0, 4, None, 0), ("error", "rl_usage_all: n must be an integer from 1 to 10000, got 0")),
+    ("rl_usage_all", (0, 4, None, 10_001), ("error", "rl_usage_all: n must be an integer from 1 to 10000, got 10001")),
     # periods anchored to a billing date and in a customer's time zone (docs/guides/billing-periods.md):
     # a month from the 31st at 09:00 runs to the 28th of February at 09:00, then to the 31st of March
     ("rl_spend", ("bill", "month from 31 09:00", 10, 4, ms(2027, 2, 10)),

@@ -175,6 +175,13 @@ def random_call(rng, functions):
                 args.append(rng.choice(CLOCKS))
     elif function == "rl_usage":
         args = [keys(rng), rng.choice(NUMBERS + CLOCKS), rng.choice(NUMBERS + CLOCKS)]
+    elif function == "rl_usage_all":
+        args = [rng.choice(NUMBERS + CLOCKS), rng.choice(NUMBERS + CLOCKS)]
+        if rng.random() < 0.7:
+            args.append(rng.choice([None, '[0, "a", "day"]', '[86400000, "k", "month"]', "null", "[]", '"x"', "[1, 2, 3]",
+                                    '[-1, "a", "b"]', '[1e400, "a", "b"]', json_text(rng)]))
+            if rng.random() < 0.7:
+                args.append(rng.choice([1, 2, 1000, 10_000, 0, 10_001, -1, None, 2.5, "3"]))
     elif function == "rl_usage_retention":
         args = [] if rng.random() < 0.3 else [rng.choice(NUMBERS + [None, 1, 30, 400, 36_500, 36_501, 0, -1, "30"])]
     else:
@@ -244,6 +251,12 @@ def check_answer(function, value):
         ends = [(p["ends_at"], p["period"]) for p in r["periods"]]
         assert ends == sorted(ends) and all(r["from_ms"] < 1000 * e <= r["to_ms"] for e, _ in ends)
         assert all(p["starts_at"] < p["ends_at"] and p["used"] != 0 for p in r["periods"])
+        return
+    if function == "rl_usage_all":
+        assert sorted(r) == sorted(RESULT_KEYS[function]) and r["from_ms"] <= r["to_ms"]
+        places = [(p["ends_at"], p["key"].encode(), p["period"].encode()) for p in r["periods"]]
+        assert places == sorted(places) and all(r["from_ms"] < 1000 * e <= r["to_ms"] for e, _, _ in places)
+        assert r["next"] is None or (len(r["next"]) == 3 and r["next"][1:] == [r["periods"][-1]["key"], r["periods"][-1]["period"]])
         return
     if function == "rl_policy_stats":
         r = json.loads(value) if isinstance(value, str) else value

@@ -188,7 +188,7 @@ fn schema() -> String {
     SCHEMA
         .replace("CREATE SCHEMA ratelimit;", "CREATE SCHEMA IF NOT EXISTS ratelimit;")
         .replace("CREATE TABLE ratelimit.", "CREATE TABLE IF NOT EXISTS ratelimit.")
-        .replace("CREATE INDEX rl_entries_strikes", "CREATE INDEX IF NOT EXISTS rl_entries_strikes")
+        .replace("CREATE INDEX rl_", "CREATE INDEX IF NOT EXISTS rl_")
         // a table an earlier script made gains what this version's has (0.4.0: the quota)
         .replace(
             "REVOKE ALL ON ratelimit.rl_bucket,",

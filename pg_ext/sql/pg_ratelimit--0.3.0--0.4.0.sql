@@ -31,7 +31,7 @@ DO $rl_existing$ BEGIN
     PERFORM pg_catalog.set_config('pg_ratelimit_install.existing_functions', coalesce((
         SELECT pg_catalog.string_agg(p.oid::text, ' ') FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.current_schema()::regnamespace
-          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_charge_all', 'rl_check_limits', 'rl_window', 'rl_window_peek', 'rl_fixed_window', 'rl_fixed_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_charge_check', 'rl_peek_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_usage', 'rl_usage_retention', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
+          AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['rl_take', 'rl_spend', 'rl_budget', 'rl_sweep', 'rl_key', 'rl_peek', 'rl_refund', 'rl_refund_budget', 'rl_reset', 'rl_take_all', 'rl_refund_all', 'rl_charge_all', 'rl_check_limits', 'rl_window', 'rl_window_peek', 'rl_fixed_window', 'rl_fixed_window_peek', 'rl_acquire', 'rl_release', 'rl_renew', 'rl_in_flight', 'rl_charge', 'rl_charge_budget', 'rl_policy_set', 'rl_policy_validate', 'rl_policy_drop', 'rl_check', 'rl_refund_check', 'rl_charge_check', 'rl_peek_check', 'rl_penalize', 'rl_block', 'rl_unblock', 'rl_policy_stats', 'rl_stats_reset', 'rl_top_refused', 'rl_budgets_near', 'rl_usage', 'rl_usage_all', 'rl_usage_retention', 'rl_headers', 'rl_version', 'rl_memory_stats', 'rl_self_test']::name[])), ''), true);
 END $rl_existing$;
 -- end generated
 
@@ -158,6 +158,10 @@ CREATE TABLE ratelimit.rl_usage (
 REVOKE ALL ON ratelimit.rl_usage FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('ratelimit.rl_usage', '');
 COMMENT ON TABLE ratelimit.rl_usage IS 'ended budget periods kept for invoicing (rl_usage): used and the last spend''s quota in millionths, starts_at and ends_at in epoch ms; rl_sweep removes them 400 days after they end (rl_usage_retention)';
+-- rl_usage_all pages through every key's ended periods by end, key and period, the texts in
+-- byte order whatever the database's collation; rl_sweep finds those past their retention.
+CREATE INDEX rl_usage_ended ON ratelimit.rl_usage (ends_at, key COLLATE "C", period COLLATE "C");
+COMMENT ON INDEX ratelimit.rl_usage_ended IS 'kept periods by end, key and period in byte order: rl_usage_all''s pages and rl_sweep''s cutoff';
 CREATE FUNCTION "rl_usage"("key" text, "from_ms" double precision, "to_ms" double precision) RETURNS jsonb
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_usage_wrapper';
@@ -214,6 +218,7 @@ BEGIN
          'rl_stats_reset()',
          'rl_top_refused(text, bigint)',
          'rl_budgets_near(double precision, bigint, double precision)',
+         'rl_usage_all(double precision, double precision, jsonb, bigint)',
          'rl_usage_retention(bigint)',
          'rl_self_test()']::regprocedure[]) AS f(oid)
         JOIN pg_catalog.pg_proc AS p ON p.oid OPERATOR(pg_catalog.=) f.oid
@@ -311,6 +316,7 @@ BEGIN
          'rl_stats_reset()',
          'rl_top_refused(text, bigint)',
          'rl_budgets_near(double precision, bigint, double precision)',
+         'rl_usage_all(double precision, double precision, jsonb, bigint)',
          'rl_usage_retention(bigint)',
          'rl_self_test()']::regprocedure[]::oid[])) AS x,
              pg_catalog.aclexplode(x.acl) AS a

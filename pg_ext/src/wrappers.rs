@@ -234,6 +234,17 @@ fn rl_usage(key: Option<&str>, from_ms: Option<f64>, to_ms: Option<f64>) -> Json
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn rl_usage_all(
+    from_ms: Option<f64>,
+    to_ms: Option<f64>,
+    after: default!(Option<JsonbArg>, "NULL"),
+    n: default!(Option<i64>, 1000),
+) -> JsonbResult {
+    let after = json_text(&f::RL_USAGE_ALL, "after", after);
+    run(&f::RL_USAGE_ALL, &[real(from_ms), real(to_ms), text(after.as_deref()), int(n)])
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 fn rl_usage_retention(days: default!(Option<i64>, "NULL")) -> i64 {
     run::<i64>(&f::RL_USAGE_RETENTION, &[int(days)])
 }

@@ -11,7 +11,7 @@ use ratelimit_core::memory;
 use ratelimit_core::memory_store::{MemoryStore, SharedTable};
 use ratelimit_core::store::{
     BucketRows, ChangeResult, Changed, EntriesRow, EntryKind, PolicyGuard, RowAt, Rows, StoreResult, StoredPolicy,
-    TableRow, TableRows,
+    TableRow, TableRows, UsageOf,
 };
 use ratelimit_core::take_all::BucketItem;
 use ratelimit_core::units::{Period, Unit, MAX_NOW_MS, MAX_WAIT_MS};
@@ -249,14 +249,20 @@ impl TableRows for MapStore {
         ended.truncate(limit as usize);
         Ok(ended)
     }
-    fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
+    fn read_usage(&mut self, of: UsageOf, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
+        let place = |u: &UsagePeriod| (u.ends_at, u.key.clone(), u.period.clone());
         let mut found: Vec<UsagePeriod> = self
             .usage
             .values()
-            .filter(|u| u.key == key && u.ends_at > from_ms && u.ends_at <= to_ms)
+            .filter(|u| u.ends_at > from_ms && u.ends_at <= to_ms)
+            .filter(|u| match of {
+                UsageOf::Key(key) => u.key == key,
+                UsageOf::Every { after: None } => true,
+                UsageOf::Every { after: Some(c) } => place(u) > (c.ends_at, c.key.clone(), c.period.clone()),
+            })
             .cloned()
             .collect();
-        found.sort_by(|a, b| (a.ends_at, &a.period).cmp(&(b.ends_at, &b.period)));
+        found.sort_by_key(place);
         found.truncate(limit as usize);
         Ok(found)
     }

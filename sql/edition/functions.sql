@@ -650,17 +650,7 @@ DECLARE
     found_n bigint;
 BEGIN
     -- the arguments in their order, as call_args::UsageArgs checks them
-    IF NOT coalesce(from_ms = trunc(from_ms) AND from_ms >= 0 AND from_ms <= @MAX_NOW_MS@, false) THEN
-        PERFORM ratelimit.rl__invalid(fn, format(@MSG_EPOCH_MS_RANGE@, 'from_ms', @MAX_NOW_MS@, ratelimit.rl__describe(from_ms)));
-    END IF;
-    IF NOT coalesce(to_ms = trunc(to_ms) AND to_ms >= 0 AND to_ms <= @MAX_NOW_MS@, false) THEN
-        PERFORM ratelimit.rl__invalid(fn, format(@MSG_EPOCH_MS_RANGE@, 'to_ms', @MAX_NOW_MS@, ratelimit.rl__describe(to_ms)));
-    END IF;
-    from_at := from_ms::bigint;
-    to_at := to_ms::bigint;
-    IF to_at < from_at THEN
-        PERFORM ratelimit.rl__invalid(fn, format(@MSG_USAGE_RANGE@, from_at, to_at));
-    END IF;
+    SELECT r.from_at, r.to_at INTO from_at, to_at FROM ratelimit.rl__usage_range(fn, from_ms, to_ms) AS r;
     SELECT count(*) INTO found_n FROM (SELECT FROM ratelimit.rl_usage AS u
         WHERE u.key = k AND u.ends_at > from_at AND u.ends_at <= to_at LIMIT @MAX_USAGE_PERIODS@ + 1) AS c;
     IF found_n > @MAX_USAGE_PERIODS@ THEN

@@ -43,6 +43,26 @@ BEGIN
 END
 $$;
 
+-- The range of rl_usage and rl_usage_all (call_args::usage_range): epoch ms, to_ms not
+-- before from_ms.
+CREATE OR REPLACE FUNCTION ratelimit.rl__usage_range(fn text, from_ms double precision, to_ms double precision,
+                                                     OUT from_at bigint, OUT to_at bigint)
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF NOT coalesce(from_ms = trunc(from_ms) AND from_ms >= 0 AND from_ms <= @MAX_NOW_MS@, false) THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_EPOCH_MS_RANGE@, 'from_ms', @MAX_NOW_MS@, ratelimit.rl__describe(from_ms)));
+    END IF;
+    IF NOT coalesce(to_ms = trunc(to_ms) AND to_ms >= 0 AND to_ms <= @MAX_NOW_MS@, false) THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_EPOCH_MS_RANGE@, 'to_ms', @MAX_NOW_MS@, ratelimit.rl__describe(to_ms)));
+    END IF;
+    from_at := from_ms::bigint;
+    to_at := to_ms::bigint;
+    IF to_at < from_at THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_USAGE_RANGE@, from_at, to_at));
+    END IF;
+END
+$$;
+
 -- The shortest decimal that reads back as v (float8out's, whatever extra_float_digits the
 -- caller set): a function of its own, since its SET costs every call that makes one.
 CREATE OR REPLACE FUNCTION ratelimit.rl__shortest(v double precision) RETURNS numeric

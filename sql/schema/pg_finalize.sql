@@ -76,6 +76,8 @@ COMMENT ON FUNCTION rl_budgets_near(double precision, bigint, double precision) 
   'the budgets of the current period that used at least fraction of their quota (the quota the last rl_spend, rl_take_all or rl_check gave), the largest share first, at most n (1 to 10000): key, period, used, quota, resets_at; a scan of every budget row (rl_admin only)';
 COMMENT ON FUNCTION rl_usage(text, double precision, double precision) IS
   'the ended periods of key''s budgets, kept for invoicing, that ended after from_ms and by to_ms (epoch ms), by end then period: period, starts_at, ends_at (epoch seconds), used and quota (the last spend''s) in exact decimals; kept 400 days, then rl_sweep removes them; at most 10000 periods';
+COMMENT ON FUNCTION rl_usage_all(double precision, double precision, jsonb, bigint) IS
+  'every key''s ended budget periods kept for invoicing that ended after from_ms and by to_ms (epoch ms), a page of at most n (1 to 10000) by end, then key, then period (in byte order): key, period, starts_at, ends_at (epoch seconds), used and quota in exact decimals; next is where the page stopped, to pass as after for the next page, or null after the last (rl_admin only)';
 COMMENT ON FUNCTION rl_usage_retention(bigint) IS
   'how many days rl_sweep keeps ended budget periods (rl_usage) after they end: with days (1 to 36500), set it first; returns the retention in force (default 400; rl_admin only)';
 COMMENT ON FUNCTION rl_headers(jsonb) IS
@@ -138,6 +140,7 @@ BEGIN
          'rl_stats_reset()',
          'rl_top_refused(text, bigint)',
          'rl_budgets_near(double precision, bigint, double precision)',
+         'rl_usage_all(double precision, double precision, jsonb, bigint)',
          'rl_usage_retention(bigint)',
          'rl_self_test()']::regprocedure[]) AS f(oid)
         JOIN pg_catalog.pg_proc AS p ON p.oid OPERATOR(pg_catalog.=) f.oid
@@ -235,6 +238,7 @@ BEGIN
          'rl_stats_reset()',
          'rl_top_refused(text, bigint)',
          'rl_budgets_near(double precision, bigint, double precision)',
+         'rl_usage_all(double precision, double precision, jsonb, bigint)',
          'rl_usage_retention(bigint)',
          'rl_self_test()']::regprocedure[]::oid[])) AS x,
              pg_catalog.aclexplode(x.acl) AS a

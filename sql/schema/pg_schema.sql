@@ -55,6 +55,10 @@ REVOKE ALL ON ratelimit.rl_bucket, ratelimit.rl_budget, ratelimit.rl_entries, ra
 -- windows and leases stay HOT.
 CREATE INDEX rl_entries_strikes ON ratelimit.rl_entries (key) WHERE kind = 'block';
 COMMENT ON INDEX ratelimit.rl_entries_strikes IS 'the rows of strikes and blocks, which rl_check lists while they are few';
+-- rl_usage_all pages through every key's ended periods by end, key and period, the texts in
+-- byte order whatever the database's collation; rl_sweep finds those past their retention.
+CREATE INDEX rl_usage_ended ON ratelimit.rl_usage (ends_at, key COLLATE "C", period COLLATE "C");
+COMMENT ON INDEX ratelimit.rl_usage_ended IS 'kept periods by end, key and period in byte order: rl_usage_all''s pages and rl_sweep''s cutoff';
 -- Who may change policies, lift blocks and reset keys: members of rl_admin (a role of the
 -- cluster, made once by the first install) and the owner. Application roles may check
 -- policies but never loosen their own limits. An installing role that may not create

@@ -45,6 +45,8 @@ CREATE TABLE IF NOT EXISTS main.rl_usage (
     quota     INTEGER NOT NULL,
     PRIMARY KEY (key, period, ends_at)
 ) WITHOUT ROWID;
+-- rl_usage_all pages through every key's ended periods by end, key and period.
+CREATE INDEX IF NOT EXISTS main.rl_usage_ended ON rl_usage (ends_at, key, period);
 CREATE TABLE IF NOT EXISTS main.rl_setting (
     name  TEXT    NOT NULL PRIMARY KEY,
     value INTEGER NOT NULL

@@ -231,6 +231,36 @@ pub const MAX_RETENTION_DAYS: i64 = 36_500;
 /// Most ended periods one rl_usage call answers.
 pub const MAX_USAGE_PERIODS: i64 = 10_000;
 
+/// The periods one rl_usage_all page lists unless told otherwise.
+pub const USAGE_PAGE: i64 = 1_000;
+
+/// Where a page of every key's ended periods stopped: the last period listed, by its end,
+/// key and period (rl_usage_all's order); the next page starts after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageCursor {
+    pub ends_at: i64,
+    pub key: String,
+    pub period: String,
+}
+
+impl UsageCursor {
+    /// The place of `period` in rl_usage_all's order.
+    pub fn at(period: &UsagePeriod) -> UsageCursor {
+        UsageCursor { ends_at: period.ends_at, key: period.key.clone(), period: period.period.clone() }
+    }
+}
+
+/// One page of every key's ended periods, as rl_usage_all answers: those that ended after
+/// `from_ms` and by `to_ms`, by end, then key, then period (in byte order), after the
+/// cursor it was given; `next` is the last one's place when more follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsagePage {
+    pub from_ms: i64,
+    pub to_ms: i64,
+    pub periods: Vec<UsagePeriod>,
+    pub next: Option<UsageCursor>,
+}
+
 /// Ended periods of one key, as rl_usage answers: those that ended after `from_ms` and by
 /// `to_ms`, by end then period.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -135,6 +135,9 @@ statements! {
     BudgetsEnded => "budgets_ended",
     /// rl_usage: one key's kept periods in a range (the primary key's order).
     UsageRead => "usage_read",
+    /// rl_usage_all: a page of every key's kept periods in a range, after a place in the
+    /// order of the index rl_usage_ended.
+    UsagePage => "usage_page",
     SweepUsage => "sweep_usage",
     /// A setting of the installation (rl_setting), such as how long ended periods are kept.
     SettingRead => "setting_read",
@@ -155,7 +158,9 @@ impl Statement {
             Statement::StrikeRowsRead => &[SqlType::Text, SqlType::Text],
             Statement::BudgetsNear => &[SqlType::Text, SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8],
             Statement::BudgetsEnded => &[SqlType::Text, SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8],
-            Statement::UsageRead => &[SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8, SqlType::Int8],
+            Statement::UsageRead | Statement::UsagePage => {
+                &[SqlType::Text, SqlType::Text, SqlType::Int8, SqlType::Int8, SqlType::Int8, SqlType::Int8]
+            }
             Statement::ChecksEpochRead => &[SqlType::Text],
             Statement::SettingRead => &[SqlType::Int8],
             _ => &[],
@@ -192,9 +197,10 @@ pub const TABLES: [&str; 7] =
     ["rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta", "rl_usage", "rl_setting"];
 
 /// A statement as SQLite runs it: the tables in `main`, the functions without a schema,
-/// and plain operators.
+/// plain operators, and texts compared in SQLite's own byte order (PostgreSQL's `COLLATE
+/// "C"`, which SQLite does not name).
 pub fn sqlite(text: &str) -> String {
-    let mut text = text.to_owned();
+    let mut text = text.replace(" COLLATE \"C\"", "");
     for table in TABLES {
         let qualified = format!("{SCHEMA}{table}");
         let mut at = 0;

@@ -9,7 +9,7 @@ use crate::decision_slot::{self, Decide};
 use crate::sql::{Statement, Value};
 use crate::store::{
     BucketRows, BudgetAt, ChangeResult, Changed, PolicyGuard, RowAt, StoreError, StoreResult, StoredPolicy, TableRow,
-    TableRows,
+    TableRows, UsageOf,
 };
 use crate::take_all::BucketItem;
 use crate::units::Period;
@@ -347,18 +347,35 @@ impl<E: SqlEngine> TableRows for SqlStore<E> {
         Ok(())
     }
 
-    fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
-        let params = [Value::Text(key), Value::Int(from_ms), Value::Int(to_ms), Value::Int(limit)];
-        let rows = self.0.query_rows(Statement::UsageRead, &params)?;
+    fn read_usage(&mut self, of: UsageOf, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
+        let rows = match of {
+            UsageOf::Key(key) => {
+                let params = [Value::Text(key), Value::Int(from_ms), Value::Int(to_ms), Value::Int(limit)];
+                self.0.query_rows(Statement::UsageRead, &params)?
+            }
+            UsageOf::Every { after } => {
+                // from the start: after (from_ms, "", ""), before every period that ended later
+                let (ends_at, key, period) = after.map_or((from_ms, "", ""), |c| (c.ends_at, &c.key, &c.period));
+                let params = [
+                    Value::Int(from_ms),
+                    Value::Int(to_ms),
+                    Value::Int(ends_at),
+                    Value::Text(key),
+                    Value::Text(period),
+                    Value::Int(limit),
+                ];
+                self.0.query_rows(Statement::UsagePage, &params)?
+            }
+        };
         Ok(rows
             .into_iter()
             .map(|r| UsagePeriod {
-                key: key.to_owned(),
-                period: r[0].as_text().to_owned(),
-                starts_at: r[1].as_i64(),
-                ends_at: r[2].as_i64(),
-                used: r[3].as_i64(),
-                quota: r[4].as_i64(),
+                key: r[0].as_text().to_owned(),
+                period: r[1].as_text().to_owned(),
+                starts_at: r[2].as_i64(),
+                ends_at: r[3].as_i64(),
+                used: r[4].as_i64(),
+                quota: r[5].as_i64(),
             })
             .collect())
     }

@@ -16,7 +16,7 @@
 //! only if it still holds what was read.
 
 use crate::bucket::BucketState;
-use crate::budget::{BudgetState, NearBudget, UsagePeriod};
+use crate::budget::{BudgetState, NearBudget, UsageCursor, UsagePeriod};
 use crate::decision_slot::Decide;
 use crate::sql::{RowStatements, Statement, Value};
 use crate::take_all::BucketItem;
@@ -39,6 +39,14 @@ impl From<StoreError> for crate::error::Error {
         error.engine_code = e.engine_code;
         error
     }
+}
+
+/// Whose kept periods a read lists: one key's (rl_usage), or every key's after a place in
+/// the order (a page of rl_usage_all; None: from the start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageOf<'a> {
+    Key(&'a str),
+    Every { after: Option<&'a UsageCursor> },
 }
 
 /// What a guarded write did: the row it last decided on (None: there was no row), and
@@ -298,9 +306,9 @@ pub trait TableRows {
     /// At most `limit` budget rows whose period ended by `cutoff_ms` with something counted
     /// (key, period, row), in key and period order (no lock).
     fn ended_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<Vec<(String, String, BudgetState)>>;
-    /// The kept periods of `key` that ended after `from_ms` and by `to_ms`, by end then
-    /// period, at most `limit` (no lock).
-    fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>>;
+    /// The kept periods of `of` that ended after `from_ms` and by `to_ms`, by end, then key,
+    /// then period (in byte order), at most `limit` (no lock).
+    fn read_usage(&mut self, of: UsageOf, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>>;
     /// Deletes at most `limit` kept periods that ended by `cutoff_ms`.
     fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64>;
     /// The installation's setting `name` (rl_setting), None when never set.
@@ -401,8 +409,8 @@ impl<S: TablesElsewhere> TableRows for S {
     fn ended_budgets(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<Vec<(String, String, BudgetState)>> {
         self.tables().ended_budgets(cutoff_ms, limit)
     }
-    fn read_usage(&mut self, key: &str, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
-        self.tables().read_usage(key, from_ms, to_ms, limit)
+    fn read_usage(&mut self, of: UsageOf, from_ms: i64, to_ms: i64, limit: i64) -> StoreResult<Vec<UsagePeriod>> {
+        self.tables().read_usage(of, from_ms, to_ms, limit)
     }
     fn sweep_usage(&mut self, cutoff_ms: i64, limit: i64) -> StoreResult<i64> {
         self.tables().sweep_usage(cutoff_ms, limit)

@@ -414,22 +414,81 @@ pub struct UsageArgs<'a> {
 impl<'a> UsageArgs<'a> {
     pub fn parse(call: &CallArgs<'_, 'a>) -> Result<Self> {
         let key = call.key()?;
-        let epoch_ms = |name: &str| {
-            let arg = call.get(name).arg;
-            match as_integer(&arg) {
-                Some(ms) if (0..=crate::units::MAX_NOW_MS).contains(&ms) => Ok(ms),
-                _ => Err(Error::invalid(msg::EPOCH_MS_RANGE.render(&[
-                    &name,
-                    &crate::units::MAX_NOW_MS,
-                    &arg.describe(),
-                ]))),
-            }
-        };
-        let (from_ms, to_ms) = (epoch_ms("from_ms")?, epoch_ms("to_ms")?);
-        if to_ms < from_ms {
-            return Err(Error::invalid(msg::USAGE_RANGE.render(&[&from_ms, &to_ms])));
-        }
+        let (from_ms, to_ms) = usage_range(call)?;
         Ok(UsageArgs { key, from_ms, to_ms })
+    }
+}
+
+/// `(from_ms, to_ms)` of rl_usage and rl_usage_all: epoch ms, to_ms not before from_ms.
+fn usage_range(call: &CallArgs) -> Result<(i64, i64)> {
+    let epoch_ms = |name: &str| {
+        let arg = call.get(name).arg;
+        match as_integer(&arg) {
+            Some(ms) if (0..=crate::units::MAX_NOW_MS).contains(&ms) => Ok(ms),
+            _ => Err(Error::invalid(msg::EPOCH_MS_RANGE.render(&[&name, &crate::units::MAX_NOW_MS, &arg.describe()]))),
+        }
+    };
+    let (from_ms, to_ms) = (epoch_ms("from_ms")?, epoch_ms("to_ms")?);
+    if to_ms < from_ms {
+        return Err(Error::invalid(msg::USAGE_RANGE.render(&[&from_ms, &to_ms])));
+    }
+    Ok((from_ms, to_ms))
+}
+
+/// `(from_ms, to_ms [, after [, n]])` of rl_usage_all: a page of every key's ended periods
+/// whose end is in `(from_ms, to_ms]`, after the cursor an earlier page answered as `next`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageAllArgs {
+    pub from_ms: i64,
+    pub to_ms: i64,
+    pub after: Option<crate::budget::UsageCursor>,
+    /// The most periods listed, 1 to [`crate::budget::MAX_USAGE_PERIODS`].
+    pub n: i64,
+}
+
+impl UsageAllArgs {
+    pub fn parse(call: &CallArgs) -> Result<Self> {
+        let (from_ms, to_ms) = usage_range(call)?;
+        let after = match call.get("after").arg {
+            Arg::Null => None,
+            arg => Some(usage_cursor(&arg)?),
+        };
+        let most = crate::budget::MAX_USAGE_PERIODS;
+        let n = match call.get("n").passed() {
+            None => crate::budget::USAGE_PAGE,
+            Some(a) => match as_integer(&a) {
+                Some(n) if (1..=most).contains(&n) => n,
+                _ => return Err(Error::invalid(msg::INTEGER_RANGE.render(&[&"n", &most, &a.describe()]))),
+            },
+        };
+        Ok(UsageAllArgs { from_ms, to_ms, after, n })
+    }
+}
+
+/// A cursor as rl_usage_all answers it in `next`: `[ends_at_ms, key, period]`. What is
+/// none is named by its JSON type (the engines write a JSON value's text differently).
+fn usage_cursor(arg: &Arg) -> Result<crate::budget::UsageCursor> {
+    let wrong = |what: String| Error::invalid(msg::USAGE_CURSOR.render(&[&what]));
+    let Arg::Text(text) = arg else { return Err(wrong("text that is not JSON".into())) };
+    let value: Value = serde_json::from_str(text).map_err(|_| wrong("text that is not JSON".into()))?;
+    let parts = match &value {
+        Value::Array(parts) if parts.len() == 3 => parts,
+        Value::Array(parts) => return Err(wrong(format!("an array of {} values", parts.len()))),
+        Value::Null => return Err(wrong("null".into())),
+        Value::Bool(_) => return Err(wrong("a boolean".into())),
+        Value::Number(_) => return Err(wrong("a number".into())),
+        Value::String(_) => return Err(wrong("a string".into())),
+        Value::Object(_) => return Err(wrong("an object".into())),
+    };
+    let most = crate::units::MAX_NOW_MS;
+    match parts.as_slice() {
+        [Value::Number(ends_at), Value::String(key), Value::String(period)] => {
+            match ends_at.as_i64().filter(|ms| (0..=most).contains(ms)) {
+                Some(ends_at) => Ok(crate::budget::UsageCursor { ends_at, key: key.clone(), period: period.clone() }),
+                None => Err(Error::invalid(msg::USAGE_CURSOR_PARTS.render(&[&most]))),
+            }
+        }
+        _ => Err(Error::invalid(msg::USAGE_CURSOR_PARTS.render(&[&most]))),
     }
 }
 

@@ -144,6 +144,7 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
         StateCall::Block => json(&protocol::block(store, &BlockArgs::parse(call, clock)?)?),
         StateCall::BudgetsNear => json(&protocol::budgets_near(store, &BudgetsNearArgs::parse(call, clock)?)?),
         StateCall::Usage => json(&protocol::usage(store, &crate::call_args::UsageArgs::parse(call)?)?),
+        StateCall::UsageAll => json(&protocol::usage_page(store, &crate::call_args::UsageAllArgs::parse(call)?)?),
         StateCall::UsageRetention => {
             Answer::Int(protocol::usage_retention(store, crate::call_args::retention_days(call)?)?)
         }

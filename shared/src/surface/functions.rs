@@ -176,6 +176,7 @@ pub enum StateCall {
     Unblock,
     BudgetsNear,
     Usage,
+    UsageAll,
     UsageRetention,
 }
 
@@ -523,6 +524,10 @@ mod table {
         ..state("rl_usage", StateCall::Usage,
         &[KEY, required("from_ms", Float8), required("to_ms", Float8)],
         "the ended periods of key's budgets, kept for invoicing, that ended after from_ms and by to_ms (epoch ms), by end then period: period, starts_at, ends_at (epoch seconds), used and quota (the last spend's) in exact decimals; kept 400 days, then rl_sweep removes them; at most 10000 periods") };
+    pub const RL_USAGE_ALL: Function = Function { result_keys: &["from_ms", "to_ms", "periods", "next"], admin_only: true,
+        ..state("rl_usage_all", StateCall::UsageAll,
+        &[required("from_ms", Float8), required("to_ms", Float8), optional("after", Jsonb, "NULL"), optional("n", Int8, "1000")],
+        "every key's ended budget periods kept for invoicing that ended after from_ms and by to_ms (epoch ms), a page of at most n (1 to 10000) by end, then key, then period (in byte order): key, period, starts_at, ends_at (epoch seconds), used and quota in exact decimals; next is where the page stopped, to pass as after for the next page, or null after the last (rl_admin only)") };
     pub const RL_USAGE_RETENTION: Function = Function { returns: Int8, admin_only: true,
         ..state("rl_usage_retention", StateCall::UsageRetention, &[optional("days", Int8, "NULL")],
         "how many days rl_sweep keeps ended budget periods (rl_usage) after they end: with days (1 to 36500), set it first; returns the retention in force (default 400; rl_admin only)") };
@@ -609,6 +614,7 @@ pub const ALL: &[Function] = &[
     RL_TOP_REFUSED,
     RL_BUDGETS_NEAR,
     RL_USAGE,
+    RL_USAGE_ALL,
     RL_USAGE_RETENTION,
     RL_HEADERS,
     RL_VERSION,

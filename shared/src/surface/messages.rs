@@ -77,6 +77,10 @@ messages! {
     EPOCH_MS_RANGE = "{} must be an integer number of epoch milliseconds from 0 to {}, got {}";
     /// (from_ms, to_ms)
     USAGE_RANGE = "to_ms must not be before from_ms, got from_ms {} and to_ms {}";
+    /// (what was given: a JSON type, as call_args::usage_cursor names it)
+    USAGE_CURSOR = "after must be the next of an earlier answer, an array [ends_at_ms, key, period], got {}";
+    /// (the latest ends_at_ms)
+    USAGE_CURSOR_PARTS = "after must be [ends_at_ms, key, period] as an earlier answer's next: an integer from 0 to {} and two strings";
     /// (the most periods)
     USAGE_TOO_MANY = "more than {} ended periods in this range: ask for a shorter one";
     /// (what was given)

@@ -3,7 +3,7 @@
 //! itself and how numbers are written are [`crate::json`].
 
 use crate::bucket::{RefundDecision, TakeDecision};
-use crate::budget::{BudgetCharge, BudgetRefund, BudgetsNear, SpendDecision, Usage};
+use crate::budget::{BudgetCharge, BudgetRefund, BudgetsNear, SpendDecision, Usage, UsagePage, UsagePeriod};
 use crate::json::Json;
 use crate::lease::{AcquireDecision, RenewDecision};
 use crate::memory::MemoryStats;
@@ -142,28 +142,45 @@ impl ToJson for BudgetsNear {
     }
 }
 
+/// A kept period as rl_usage and rl_usage_all list it (the latter with its key first):
+/// its bounds in epoch seconds (as rl_spend's resets_at), its amounts in units, exact.
+fn usage_period(p: &UsagePeriod, with_key: bool) -> Json {
+    let o = JsonObject::new();
+    let o = if with_key { o.field("key", Json::Str(p.key.clone())) } else { o };
+    o.field("period", Json::Str(p.period.clone()))
+        .int("starts_at", p.starts_at / 1000)
+        .int("ends_at", p.ends_at / 1000)
+        .micros("used", p.used)
+        .micros("quota", p.quota)
+        .finish()
+}
+
 impl ToJson for Usage {
-    /// rl_usage's answer: each kept period's bounds in epoch seconds (as rl_spend's
-    /// resets_at), its amounts in units, exact.
+    /// rl_usage's answer: one key's kept periods.
     fn to_json(&self) -> Json {
-        let periods = self
-            .periods
-            .iter()
-            .map(|p| {
-                JsonObject::new()
-                    .field("period", Json::Str(p.period.clone()))
-                    .int("starts_at", p.starts_at / 1000)
-                    .int("ends_at", p.ends_at / 1000)
-                    .micros("used", p.used)
-                    .micros("quota", p.quota)
-                    .finish()
-            })
-            .collect();
+        let periods = self.periods.iter().map(|p| usage_period(p, false)).collect();
         JsonObject::new()
             .field("key", Json::Str(self.key.clone()))
             .int("from_ms", self.from_ms)
             .int("to_ms", self.to_ms)
             .field("periods", Json::Array(periods))
+            .finish()
+    }
+}
+
+impl ToJson for UsagePage {
+    /// rl_usage_all's answer: a page of every key's kept periods, and `next`, the cursor
+    /// `[ends_at_ms, key, period]` of the last one when more follow (else null).
+    fn to_json(&self) -> Json {
+        let periods = self.periods.iter().map(|p| usage_period(p, true)).collect();
+        let next = self.next.as_ref().map_or(Json::Null, |c| {
+            Json::Array(vec![Json::Int(c.ends_at), Json::Str(c.key.clone()), Json::Str(c.period.clone())])
+        });
+        JsonObject::new()
+            .int("from_ms", self.from_ms)
+            .int("to_ms", self.to_ms)
+            .field("periods", Json::Array(periods))
+            .field("next", next)
             .finish()
     }
 }

@@ -13,7 +13,7 @@ pub use checks::{
 };
 pub use rows::{
     acquire, budgets_near, charge, charge_budget, in_flight, peek, peek_budget, refund, refund_budget, release, renew,
-    reset, spend, sweep, take, usage, usage_retention, window, window_peek,
+    reset, spend, sweep, take, usage, usage_page, usage_retention, window, window_peek,
 };
 pub use take_all::{charge_all, refund_all, take_all};
 
@@ -23,7 +23,7 @@ use crate::bucket::{self, BucketState, RefundDecision, TakeDecision};
 use crate::budget::{self, BudgetCharge, BudgetRefund, BudgetState, SpendDecision};
 use crate::call_args::{
     AcquireArgs, BlockArgs, BudgetsNearArgs, CheckArgs, LeaseArgs, PenalizeArgs, RefundBudgetArgs, SpendArgs,
-    SweepArgs, TakeAllArgs, TakeArgs, UsageArgs, WindowArgs,
+    SweepArgs, TakeAllArgs, TakeArgs, UsageAllArgs, UsageArgs, WindowArgs,
 };
 use crate::decision_slot::Decide;
 use crate::error::{Error, ErrorKind, Result};
@@ -32,7 +32,9 @@ use crate::limit_json::LimitShape;
 use crate::penalty::{self, BlockAnswer, Escalation, Strikes};
 use crate::policy::{self, CheckDecision, LimitRefund, Policy, RefundAllDecision, RefundCheckDecision};
 use crate::stats::{self, Outcome};
-use crate::store::{BudgetAt, Changed, EntriesAt, EntriesRow, EntryKind, PolicyGuard, RowAt, Rows, Store, StoreResult};
+use crate::store::{
+    BudgetAt, Changed, EntriesAt, EntriesRow, EntryKind, PolicyGuard, RowAt, Rows, Store, StoreResult, UsageOf,
+};
 use crate::take_all::{self as all_or_none, ItemAnswer, ItemRow, Limit, TakeAllDecision};
 use crate::window::{self, WindowDecision};
 

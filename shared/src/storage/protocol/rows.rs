@@ -72,11 +72,22 @@ pub fn budgets_near<S: Store>(store: &mut S, a: &BudgetsNearArgs) -> Result<budg
 /// rl_usage: the ended periods kept for `key` in a range (read-only, like rl_budget).
 pub fn usage<S: Store>(store: &mut S, a: &UsageArgs) -> Result<budget::Usage> {
     let most = budget::MAX_USAGE_PERIODS;
-    let periods = store.read_usage(a.key, a.from_ms, a.to_ms, most + 1)?;
+    let periods = store.read_usage(UsageOf::Key(a.key), a.from_ms, a.to_ms, most + 1)?;
     if periods.len() as i64 > most {
         return Err(Error::new(ErrorKind::LimitExceeded, msg::USAGE_TOO_MANY.render(&[&most])));
     }
     Ok(budget::Usage { key: a.key.to_owned(), from_ms: a.from_ms, to_ms: a.to_ms, periods })
+}
+
+/// rl_usage_all: a page of every key's kept periods in a range, after the cursor of an
+/// earlier page (read-only, like rl_budgets_near); `next` only when more follow.
+pub fn usage_page<S: Store>(store: &mut S, a: &UsageAllArgs) -> Result<budget::UsagePage> {
+    let of = UsageOf::Every { after: a.after.as_ref() };
+    let mut periods = store.read_usage(of, a.from_ms, a.to_ms, a.n + 1)?;
+    let more = periods.len() as i64 > a.n;
+    periods.truncate(a.n as usize);
+    let next = if more { periods.last().map(budget::UsageCursor::at) } else { None };
+    Ok(budget::UsagePage { from_ms: a.from_ms, to_ms: a.to_ms, periods, next })
 }
 
 /// rl_usage_retention: how many days rl_sweep keeps ended periods; with `days`, set first
