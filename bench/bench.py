@@ -338,17 +338,27 @@ def edition_setup(owned=False):
         psql("VACUUM ANALYZE", db=db)
 
 
+FIRST_TOUCH = "rl_take (first touch)"
+FIRST_TOUCH_KEYS = 2_000_000_000
+
+
 def edition_section():
     """The SQL edition (managed PostgreSQL) beside the native table store: the same calls on
-    the same rows in two databases of one cluster, 8 clients, synchronous_commit on and off."""
+    the same rows in databases of one cluster, 8 clients, synchronous_commit on and off; the
+    edition installed by the superuser and by a role that is none owning its database (as on
+    managed platforms). Steady-state keys (their rows exist), and rl_take on first-touch
+    keys: drawn from FIRST_TOUCH_KEYS, so nearly every call is its key's first (each run
+    adds its rows, alike in every database)."""
     print("SQL edition: setup", file=sys.stderr)
-    edition_setup()
-    scripts = {"rl_spend": PG_SCRIPTS["rl_spend"], **KIND_SCRIPTS}
+    edition_setup(owned=True)
+    scripts = {"rl_spend": PG_SCRIPTS["rl_spend"], **KIND_SCRIPTS,
+               FIRST_TOUCH: f"SELECT rl_take('new:' || :k, {BIG});"}
     matrix = {}
     for sync in (True, False):
-        for name in EDITION_FUNCTIONS:
-            for edition, db in (("native", DB), ("sql", SQL_DB)):
-                matrix[(edition, name, sync)] = (lambda s=scripts[name], d=db, y=sync: pgbench(s, 8, KEYS, y, db=d))
+        for name in [EDITION_FUNCTIONS[0], FIRST_TOUCH, *EDITION_FUNCTIONS[1:]]:
+            keys = FIRST_TOUCH_KEYS if name == FIRST_TOUCH else KEYS
+            for edition, db in (("native", DB), ("sql", SQL_DB), ("sql owned", OWNED_DB)):
+                matrix[(edition, name, sync)] = (lambda s=scripts[name], d=db, y=sync, k=keys: pgbench(s, 8, k, y, db=d))
     return run_matrix(matrix)
 
 

@@ -209,21 +209,25 @@ def write_hot_key(cells):
 def write_edition(cells):
     lines = section_head("The SQL edition beside the native table store", "edition",
                          "pgbench with 8 clients and prepared statements, 100,000 keys whose rows exist, every call "
-                         "admitted. The native extension (table store) and the SQL edition (pg_ratelimit_sql, PL/pgSQL) "
-                         "in two databases of one cluster. Issue 39 wants, with synchronous_commit on, the edition's rl_take "
-                         "at least 0.8x the native one and its rl_check of a one-bucket policy at least 0.5x.") + [
-        "| function | synchronous_commit | native calls/s | SQL edition calls/s | edition / native | "
-        "edition p50 ms | edition p99 ms |", "|---|---|---|---|---|---|---|"]
+                         "admitted; `rl_take (first touch)` draws its keys from 2,000,000,000, so nearly every call is "
+                         "its key's first. The native extension (table store) and the SQL edition (pg_ratelimit_sql, "
+                         "PL/pgSQL) in databases of one cluster, the edition installed by the superuser and by a role "
+                         "that is none and owns its database (as on the managed platforms). Issue 58 wants the latter "
+                         "at least 0.8x native on steady-state keys and 0.7x on first-touch keys.") + [
+        "| function | synchronous_commit | native calls/s | edition (superuser's) calls/s | / native | "
+        "edition (owner's) calls/s | / native | owner's p50 ms | owner's p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|"]
     names = []
     for (_, name, _) in cells:
         if name not in names:
             names.append(name)
     for sync in (True, False):
         for name in names:
-            native, ours = cells[("native", name, sync)], cells[("sql", name, sync)]
+            native, ours, owned = (cells[(e, name, sync)] for e in ("native", "sql", "sql owned"))
             lines.append(f"| {name} | {'on' if sync else 'off'} | {native['calls_per_s']:,.0f} | "
                          f"{ours['calls_per_s']:,.0f} | {ours['calls_per_s'] / native['calls_per_s']:.2f}x | "
-                         f"{ours['p50_ms']:.3f} | {ours['p99_ms']:.3f} |")
+                         f"{owned['calls_per_s']:,.0f} | {owned['calls_per_s'] / native['calls_per_s']:.2f}x | "
+                         f"{owned['p50_ms']:.3f} | {owned['p99_ms']:.3f} |")
     lines.append("")
     with open(os.path.join(RESULTS, "edition.md"), "w") as f:
         f.write("\n".join(lines))

@@ -36,6 +36,19 @@ BEGIN
                        THEN ratelimit.rl__taken_answer(t.level, burst, t.full_at - now,
                                                        ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)) END
         INTO answer;
+        IF NOT FOUND THEN
+            -- No row (a key's first call), or one that refuses: a full bucket's row, taken
+            -- from, unless the key has a row (left to the checked path), in the same one
+            -- statement and with the same estimate of full_at as above.
+            INSERT INTO ratelimit.rl_bucket AS t (key, level, refilled_at, full_at)
+            SELECT rl_take.key, burst - cost, now, ratelimit.rl__taken_full_at(burst, now, burst, refill_per_minute, cost, now)
+            WHERE cost <= burst
+            ON CONFLICT ON CONSTRAINT rl_bucket_pkey DO NOTHING
+            RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(t.level, t.refilled_at, t.full_at, burst, refill_per_minute, now)
+                           THEN ratelimit.rl__taken_answer(t.level, burst, t.full_at - now,
+                                                           ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)) END
+            INTO answer;
+        END IF;
         IF answer IS NOT NULL THEN
             RETURN answer;
         ELSIF FOUND THEN
@@ -44,8 +57,8 @@ BEGIN
                                              ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
         END IF;
     END IF;
-    -- No row, a refusal, a row changed since, or an argument to refuse: the checked path
-    -- of every bucket change.
+    -- A refusal, a row changed since, or an argument to refuse: the checked path of every
+    -- bucket change.
     DECLARE
         fn CONSTANT text := 'rl_take';
         @ARGUMENTS@
@@ -479,6 +492,27 @@ BEGIN
                        THEN ratelimit.rl__taken_answer(b.level, l.burst, b.full_at - now, l.refill) END,
                   l.burst, l.rate, l.refill
         INTO answer, one_burst, one_rate, refill;
+        IF NOT FOUND THEN
+            -- No row (the subject's first call), or one that refuses: the same policy's one
+            -- bucket, and its full row taken from, unless the key has a row (left to the
+            -- checked path).
+            SELECT j.burst, j.rate, ratelimit.rl__refill_seconds(j.burst, j.rate) INTO one_burst, one_rate, refill
+            FROM (SELECT (def.v -> 'limits' -> 0 ->> 'burst')::float8 AS burst,
+                         (def.v -> 'limits' -> 0 ->> 'refill_per_minute')::float8 AS rate
+                  FROM (SELECT r.definition::jsonb AS v FROM ratelimit.rl_policy AS r WHERE r.name = p OFFSET 0) AS def
+                  WHERE jsonb_array_length(def.v -> 'limits') = 1 AND def.v -> 'limits' -> 0 ? 'burst'
+                    AND def.v -> 'shadow' = 'false' OFFSET 0) AS j
+            WHERE c <= j.burst AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block');
+            IF FOUND THEN
+                INSERT INTO ratelimit.rl_bucket AS b (key, level, refilled_at, full_at)
+                VALUES (ratelimit.rl__policy_key(p, s, 0), one_burst - c, now,
+                        ratelimit.rl__taken_full_at(one_burst, now, one_burst, one_rate, c, now))
+                ON CONFLICT ON CONSTRAINT rl_bucket_pkey DO NOTHING
+                RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(b.level, b.refilled_at, b.full_at, one_burst, one_rate, now)
+                               THEN ratelimit.rl__taken_answer(b.level, one_burst, b.full_at - now, refill) END
+                INTO answer;
+            END IF;
+        END IF;
         IF FOUND THEN
             IF answer IS NULL THEN
                 -- the estimate off the edge, as in rl_take
@@ -660,9 +694,68 @@ BEGIN
     RETURN jsonb_build_object('key', k, 'from_ms', from_at, 'to_ms', to_at, 'periods', coalesce((
         SELECT jsonb_agg(jsonb_build_object('period', u.period, 'starts_at', u.starts_at / 1000, 'ends_at', u.ends_at / 1000,
                                             'used', ratelimit.rl__micros(u.used), 'quota', ratelimit.rl__micros(u.quota))
-                         ORDER BY u.ends_at, u.period)
+                         ORDER BY u.ends_at, u.period COLLATE "C")
         FROM ratelimit.rl_usage AS u
         WHERE u.key = k AND u.ends_at > from_at AND u.ends_at <= to_at), '[]'::jsonb));
+END
+
+-- function: rl_usage_all
+DECLARE
+    fn CONSTANT text := 'rl_usage_all';
+    from_at bigint;
+    to_at bigint;
+    after_at bigint;
+    after_key text := '';
+    after_period text := '';
+    cursor_ok boolean;
+    page jsonb;
+    found_n bigint;
+    last_place jsonb;
+BEGIN
+    -- the arguments in their order, as call_args::UsageAllArgs checks them
+    SELECT r.from_at, r.to_at INTO from_at, to_at FROM ratelimit.rl__usage_range(fn, from_ms, to_ms) AS r;
+    -- from the start: after (from_at, '', ''), before every period that ended later
+    after_at := from_at;
+    IF after IS NOT NULL THEN
+        -- budget::UsageCursor as rl_usage_all answers it in next: [ends_at_ms, key, period];
+        -- what is none named by its JSON type, as call_args::UsageAllArgs names it
+        IF jsonb_typeof(after) <> 'array' OR jsonb_array_length(after) <> 3 THEN
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_USAGE_CURSOR@, CASE jsonb_typeof(after)
+                WHEN 'array' THEN format('an array of %s values', jsonb_array_length(after))
+                WHEN 'null' THEN 'null' WHEN 'boolean' THEN 'a boolean' WHEN 'number' THEN 'a number'
+                WHEN 'string' THEN 'a string' ELSE 'an object' END));
+        END IF;
+        cursor_ok := jsonb_typeof(after -> 0) = 'number' AND jsonb_typeof(after -> 1) = 'string'
+            AND jsonb_typeof(after -> 2) = 'string';
+        IF cursor_ok THEN
+            cursor_ok := (after ->> 0) ~ '^[0-9]{1,16}$' AND (after ->> 0)::bigint <= @MAX_NOW_MS@;
+        END IF;
+        IF NOT cursor_ok THEN
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_USAGE_CURSOR_PARTS@, @MAX_NOW_MS@));
+        END IF;
+        after_at := (after ->> 0)::bigint;
+        after_key := after ->> 1;
+        after_period := after ->> 2;
+    END IF;
+    IF n IS NULL OR n < 1 OR n > @MAX_USAGE_PERIODS@ THEN
+        PERFORM ratelimit.rl__invalid(fn, format(@MSG_INTEGER_RANGE@, 'n', @MAX_USAGE_PERIODS@, coalesce(n::text, 'NULL')));
+    END IF;
+    -- sql/statements/usage_page.sql: one more than the page, which tells whether more follow
+    SELECT coalesce(jsonb_agg(jsonb_build_object('key', u.key, 'period', u.period, 'starts_at', u.starts_at / 1000,
+                                                 'ends_at', u.ends_at / 1000, 'used', ratelimit.rl__micros(u.used),
+                                                 'quota', ratelimit.rl__micros(u.quota))
+                              ORDER BY u.i) FILTER (WHERE u.i <= n), '[]'::jsonb),
+           count(*),
+           (array_agg(jsonb_build_array(u.ends_at, u.key, u.period) ORDER BY u.i))[n::int]
+    INTO page, found_n, last_place
+    FROM (SELECT t.key, t.period, t.starts_at, t.ends_at, t.used, t.quota,
+                 row_number() OVER (ORDER BY t.ends_at, t.key COLLATE "C", t.period COLLATE "C") AS i
+          FROM (SELECT r.key, r.period, r.starts_at, r.ends_at, r.used, r.quota FROM ratelimit.rl_usage AS r
+                WHERE r.ends_at > from_at AND r.ends_at <= to_at
+                  AND (r.ends_at, r.key COLLATE "C", r.period COLLATE "C") > (after_at, after_key, after_period)
+                ORDER BY r.ends_at, r.key COLLATE "C", r.period COLLATE "C" LIMIT n + 1) AS t) AS u;
+    RETURN jsonb_build_object('from_ms', from_at, 'to_ms', to_at, 'periods', page,
+                              'next', CASE WHEN found_n > n THEN last_place END);
 END
 
 -- function: rl_usage_retention
