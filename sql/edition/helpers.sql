@@ -528,7 +528,7 @@ $$;
 -- from their start here (an ISO week starts on Monday; 1970-01-01 was a Thursday, three days
 -- after one), anchored or zoned ones by rl__period_bounds.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_start(period text, now bigint) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE period
         WHEN 'day' THEN (now / @MS_PER_DAY@) * @MS_PER_DAY@
         WHEN 'hour' THEN (now / @MS_PER_HOUR@) * @MS_PER_HOUR@
@@ -540,9 +540,12 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The end (exclusive) of the period containing now, epoch ms (period::Period::end_ms): a
--- UTC month's end is the first of the month 32 days after its start.
+-- UTC month's end is the first of the month 32 days after its start. STABLE, as
+-- rl__period_bounds is (a zone's rules are the server's data), and so PostgreSQL inlines
+-- this one and rl__period_start into their callers' expressions: declared IMMUTABLE, each
+-- ran as a SQL function of its own, about ten times as long.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_end(period text, now bigint) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE period
         WHEN 'day' THEN (now / @MS_PER_DAY@ + 1) * @MS_PER_DAY@
         WHEN 'hour' THEN (now / @MS_PER_HOUR@ + 1) * @MS_PER_HOUR@
@@ -899,7 +902,7 @@ $$;
 -- remaining below 0 past the quota.
 CREATE OR REPLACE FUNCTION ratelimit.rl__charged_answer(used bigint, resets_at bigint, period text, quota bigint,
                                                         now bigint)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('admitted', true, 'used', ratelimit.rl__micros(used), 'limit', ratelimit.rl__micros(quota),
         'remaining', ratelimit.rl__micros(quota - used), 'resets_at', resets_at / 1000, 'retry_after_seconds', 0,
         'reset_after_seconds', greatest(ratelimit.rl__ceil_seconds(resets_at - now), 0), 'exceeds_limit', false, 'period_seconds', (resets_at - ratelimit.rl__period_start(period, resets_at - 1)) / 1000)
@@ -948,7 +951,7 @@ DECLARE
     row_resets_at bigint;
     row_quota bigint;
     cur bigint;
-    period_end bigint := ratelimit.rl__period_end(p, now);
+    period_end bigint;  -- the end of the period now is in, worked out where a call needs it
     old bigint[];
 BEGIN
     IF NOT ratelimit.rl__writable(fn) THEN RETURN NULL; END IF;
@@ -957,7 +960,7 @@ BEGIN
         SET used = CASE op WHEN 'refund'
                 THEN greatest(CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END - amount, 0)
                 ELSE CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount END,
-            resets_at = CASE WHEN t.resets_at > now THEN t.resets_at ELSE period_end END,
+            resets_at = CASE WHEN t.resets_at > now THEN t.resets_at ELSE ratelimit.rl__period_end(p, now) END,
             quota = CASE WHEN op IN ('spend', 'charge_against') THEN rl__budget_change.quota ELSE t.quota END
         WHERE t.key = k AND t.period = p AND CASE op
             WHEN 'spend' THEN CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= rl__budget_change.quota
@@ -965,9 +968,13 @@ BEGIN
                  <> CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END
             ELSE CASE WHEN t.resets_at > now THEN greatest(t.used, 0) ELSE 0 END + amount <= max_used END
         -- a subquery of RETURNING reads the statement's snapshot: the row as the write found
-        -- it (a newer version a concurrent write made is one that write kept)
-        RETURNING t.used, t.resets_at, (SELECT ARRAY[o.used, o.resets_at, o.quota] FROM ratelimit.rl_budget AS o
-                                        WHERE o.key = k AND o.period = p)
+        -- it (a newer version a concurrent write made is one that write kept). Only a write
+        -- that may have started a new period reads it: one that leaves used at the amount
+        -- (at 0 for a refund), as every write into a new period does.
+        RETURNING t.used, t.resets_at,
+                  CASE WHEN t.used = CASE op WHEN 'refund' THEN 0 ELSE amount END
+                       THEN (SELECT ARRAY[o.used, o.resets_at, o.quota] FROM ratelimit.rl_budget AS o
+                             WHERE o.key = k AND o.period = p) END
         INTO new_used, new_resets_at, old;
         IF FOUND THEN
             IF old IS NOT NULL THEN
@@ -982,6 +989,7 @@ BEGIN
             END IF;
             RETURN ratelimit.rl__budget_answer(NULL, new_used, new_resets_at);
         END IF;
+        period_end := ratelimit.rl__period_end(p, now);
         SELECT t.used, t.resets_at, t.quota INTO row_used, row_resets_at, row_quota FROM ratelimit.rl_budget AS t
         WHERE t.key = k AND t.period = p;
         IF FOUND THEN
