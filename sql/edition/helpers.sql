@@ -458,8 +458,9 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The instant of epoch ms t, exactly: whole seconds through to_timestamp, then the ms.
+-- STABLE, as adding an interval to a timestamptz is, so PostgreSQL inlines it.
 CREATE OR REPLACE FUNCTION ratelimit.rl__instant(t bigint) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT to_timestamp(ratelimit.rl__floor_div(t, 1000)::float8)
            + (t - ratelimit.rl__floor_div(t, 1000) * 1000) * interval '1 millisecond'
 $$;
