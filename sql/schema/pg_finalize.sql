@@ -3,7 +3,7 @@
 COMMENT ON FUNCTION rl_take(text, double precision, double precision, double precision, double precision) IS
   'token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb';
 COMMENT ON FUNCTION rl_spend(text, text, double precision, double precision, double precision) IS
-  'calendar budget (a UTC hour, day, ISO week from Monday, month or year): spend cost (all or nothing) against quota; returns jsonb';
+  'calendar budget (an hour, day, ISO week from Monday, month or year, in UTC unless the period names an anchor and a time zone, as ''month from 15 09:00 in Europe/Paris''): spend cost (all or nothing) against quota; returns jsonb';
 COMMENT ON FUNCTION rl_budget(text, text, double precision, double precision, double precision) IS
   'what rl_spend with the same arguments would return, spending nothing';
 COMMENT ON FUNCTION rl_sweep(double precision, bigint) IS

@@ -411,7 +411,7 @@ mod table {
     pub const RL_TAKE: Function = Function { result_keys: TAKE_KEYS, ..state("rl_take", StateCall::Take, TAKE_ARGS,
         "token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb") };
     pub const RL_SPEND: Function = Function { result_keys: SPEND_KEYS, ..state("rl_spend", StateCall::Spend, SPEND_ARGS,
-        "calendar budget (a UTC hour, day, ISO week from Monday, month or year): spend cost (all or nothing) against quota; returns jsonb") };
+        "calendar budget (an hour, day, ISO week from Monday, month or year, in UTC unless the period names an anchor and a time zone, as 'month from 15 09:00 in Europe/Paris'): spend cost (all or nothing) against quota; returns jsonb") };
     pub const RL_BUDGET: Function = Function { result_keys: SPEND_KEYS, ..state("rl_budget", StateCall::Budget, BUDGET_ARGS,
         "what rl_spend with the same arguments would return, spending nothing") };
     pub const RL_SWEEP: Function = Function { returns: Int8, ..state("rl_sweep", StateCall::Sweep,
