@@ -97,10 +97,36 @@ END
 
 -- function: rl_spend
 DECLARE
-    fn CONSTANT text := 'rl_spend';
-    @ARGUMENTS@
+    -- The hot path, as rl_take's: arguments the rules' own predicates pass (a plain period,
+    -- which needs no reading), and a row of the current period, asked with its own quota,
+    -- that admits: one UPDATE, whose answer is the checked path's (budget::spend).
+    now bigint := CASE WHEN now_ms IS NULL THEN ratelimit.rl__clock_ms() END;
+    answer jsonb;
 BEGIN
-    RETURN ratelimit.rl__budget_change(fn, 'spend', k, p, q, c, now);
+    IF now_ms IS NOT NULL THEN
+        now := ratelimit.rl__now_or_null(now_ms);
+    END IF;
+    IF ratelimit.rl__key_ok(key) AND period IN (@PERIODS@) AND ratelimit.rl__amount_ok(quota)
+       AND ratelimit.rl__amount_ok(cost) AND now IS NOT NULL AND ratelimit.rl__read_write() THEN
+        UPDATE ratelimit.rl_budget AS t
+        SET used = t.used + ratelimit.rl__round(cost * @MICROS_PER_UNIT@)::bigint
+        WHERE t.key = rl_spend.key AND t.period = rl_spend.period AND t.resets_at > now AND t.used >= 0
+          AND t.quota = ratelimit.rl__round(rl_spend.quota * @MICROS_PER_UNIT@)::bigint
+          AND t.used + ratelimit.rl__round(cost * @MICROS_PER_UNIT@)::bigint <= t.quota
+        RETURNING ratelimit.rl__spend_answer(true, t.used, t.resets_at, rl_spend.period, t.quota, 0, now)
+        INTO answer;
+        IF FOUND THEN
+            RETURN answer;
+        END IF;
+    END IF;
+    -- No row, a new period, another quota, a refusal, a zoned or anchored period, or an
+    -- argument to refuse: the checked path of every budget change.
+    DECLARE
+        fn CONSTANT text := 'rl_spend';
+        @ARGUMENTS@
+    BEGIN
+        RETURN ratelimit.rl__budget_change(fn, 'spend', k, p, q, c, now);
+    END;
 END
 
 -- function: rl_budget

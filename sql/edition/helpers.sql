@@ -225,11 +225,17 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE ratelimit.rl__number_error(fn, what, v, '@MAX_TOKENS@', true) END
 $$;
 
+-- Whether rl__micros_of passes v (false or NULL where it raises).
+CREATE OR REPLACE FUNCTION ratelimit.rl__amount_ok(v double precision) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT v >= 1.0::float8 / @MICROS_PER_UNIT@ AND v <= @MAX_AMOUNT@::float8
+$$;
+
 -- A budget amount as an exact count of millionths (args::amount_micros): 0.000001 to
 -- 1,000,000,000, rounded half away from zero as Rust's f64::round.
 CREATE OR REPLACE FUNCTION ratelimit.rl__micros_of(fn text, what text, v double precision) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v >= 1.0::float8 / @MICROS_PER_UNIT@ AND v <= @MAX_AMOUNT@::float8 THEN ratelimit.rl__round(v * @MICROS_PER_UNIT@)::bigint
+    SELECT CASE WHEN ratelimit.rl__amount_ok(v) THEN ratelimit.rl__round(v * @MICROS_PER_UNIT@)::bigint
                 ELSE ratelimit.rl__number_error(fn, what, v, '@MAX_AMOUNT@', false)::bigint END
 $$;
 
