@@ -8,7 +8,7 @@ const test = require("node:test");
 const assert = require("node:assert/strict");
 const net = require("node:net");
 const { clientAddress, networks, normalizeIdentifier, normalizePath, refundRule, RateLimitCore, RequestLimits,
-  DatabaseUnavailable, charge, databaseOf, refund, UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE } = require("..");
+  DatabaseUnavailable, charge, databaseOf, refund, routeFor, UNKNOWN_POLICY_PREFIXES, UNKNOWN_POLICY_SQLSTATE } = require("..");
 const { attachLimits } = require("../dist/core");
 const { SPEC, CASES, ENGINES, database, token } = require("./support");
 const { server } = require("./servers");
@@ -21,6 +21,22 @@ test("client addresses", () => {
   for (const c of CASES.address) {
     assert.equal(clientAddress(c.peer, c.forwarded, TRUSTED, c.ipv6_prefix ?? 56), c.expect, JSON.stringify(c));
   }
+});
+
+test("a route's limits function: its answer for each request, checked as fixed limits are", () => {
+  const plans = { ann: "month from 3 in Europe/Paris", bob: "month from 20" };
+  const core = new RateLimitCore({ limiter, routes: { "/bill": { limits: (user) => [{ period: plans[user], quota: 3 }] } } });
+  const route = core.match("GET", "/bill");
+  assert.deepEqual(routeFor(route, "ann").limits, [{ period: "month from 3 in Europe/Paris", quota: 3 }]);
+  assert.equal(routeFor(route, "bob").limits[0].period, "month from 20");
+  assert.equal(typeof route.limits, "function", "the route itself is left as it was");
+  const fixed = { name: "/x", limits: BUCKET };
+  assert.equal(routeFor(fixed, "ann"), fixed);
+  for (const wrong of [[], { period: "month" }, ["month"], undefined]) {
+    assert.throws(() => routeFor({ name: "/bill", limits: () => wrong }, "ann"),
+      /^Error: route "\/bill": limits\(request\): limits must be a list of limit objects/);
+  }
+  assert.throws(() => new RateLimitCore({ limiter, routes: { "/x": { limits: "month" } } }), /route \/x: limits must be a list/);
 });
 
 test("paths as routers dispatch them", () => {
