@@ -14,6 +14,21 @@ class SpecTest < Minitest::Test
   TRUSTED = RatelimitWeb.networks(APP.dig("options", "trusted_proxies"))
   BUCKET = [{ burst: 1, refill_per_minute: 1 }].freeze
 
+  def test_a_routes_limits_callable_answers_for_each_request_checked_as_fixed_limits_are
+    plans = { "ann" => "month from 3 in Europe/Paris", "bob" => "month from 20" }
+    route = RatelimitWeb::Route.new(limits: ->(user) { [{ period: plans[user], quota: 3 }] }, name: "/bill")
+    assert_equal [{ "period" => "month from 3 in Europe/Paris", "quota" => 3 }], route.for_request("ann").limits
+    assert_equal "month from 20", route.for_request("bob").limits[0]["period"]
+    assert route.per_request? && route.limits.respond_to?(:call), "the route itself is left as it was"
+    fixed = RatelimitWeb::Route.new(limits: BUCKET)
+    assert_same fixed, fixed.for_request("ann")
+    [[], { "period" => "month" }, ["month"], nil].each do |wrong|
+      error = assert_raises(ArgumentError) { RatelimitWeb::Route.new(limits: ->(_) { wrong }, name: "/bill").for_request("ann") }
+      assert_match(%r{\ARoute "/bill": limits\(request\): limits must be a list of limit objects}, error.message)
+    end
+    assert_raises(ArgumentError) { RatelimitWeb::Route.new(limits: "month") }
+  end
+
   CASES.fetch("address").each_with_index do |c, i|
     define_method("test_address_#{i}") do
       got = RatelimitWeb.client_address(c["peer"], c["forwarded"], TRUSTED, c.fetch("ipv6_prefix", 56))
