@@ -4,6 +4,7 @@ the coordinator equal to the same node undistributed, delegation to the worker t
 the key, exact totals under concurrency, rl_take_all all or nothing across workers, a
 worker restart, and the one-node privilege and search_path tests through the coordinator.
 Skipped unless RL_CITUS=1 (with PGHOST/PGPORT/PGDATABASE naming the coordinator)."""
+import json
 import os
 import re
 import subprocess
@@ -204,6 +205,12 @@ def test_ended_periods_are_kept_on_the_worker_and_read_through_the_coordinator(c
     # the sweep keeps the second day before it removes the row
     assert one(cluster, "SELECT rl_sweep(%s)", (3 * day,)) == 2
     assert one(cluster, "SELECT jsonb_array_length(rl_usage(%s, 0, %s) -> 'periods')", (a, 3 * day)) == 2
+    # an invoicing run pages through both workers' periods, by end, then key, then period
+    first = one(cluster, "SELECT rl_usage_all(0, %s, NULL, 3)", (3 * day,))
+    rest = one(cluster, "SELECT rl_usage_all(0, %s, %s, 3)", (3 * day, json.dumps(first["next"])))
+    places = [(p["ends_at"], p["key"]) for p in first["periods"] + rest["periods"]]
+    assert places == sorted([(e, k) for e in (86_400, 172_800) for k in (a, b)], key=lambda p: (p[0], p[1].encode()))
+    assert len(first["periods"]) == 3 and rest["next"] is None
 
 
 def test_a_restarted_worker_loses_no_committed_admission(cluster):
