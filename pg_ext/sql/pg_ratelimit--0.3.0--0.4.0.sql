@@ -58,7 +58,7 @@ CREATE FUNCTION "rl_top_refused"("policy" text, "n" bigint DEFAULT 10) RETURNS j
 VOLATILE PARALLEL RESTRICTED
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_top_refused_wrapper';
 COMMENT ON FUNCTION rl_spend(text, text, double precision, double precision, double precision) IS
-  'calendar budget (a UTC hour, day, ISO week from Monday, month or year): spend cost (all or nothing) against quota; returns jsonb';
+  'calendar budget (an hour, day, ISO week from Monday, month or year, in UTC unless the period names an anchor and a time zone, as ''month from 15 09:00 in Europe/Paris''): spend cost (all or nothing) against quota; returns jsonb';
 COMMENT ON FUNCTION rl_top_refused(text, bigint) IS
   'the n (1 to 64) subjects rl_check refused most under policy (or rl_check_limits under that name) since rl_stats_reset, most first: subject, refusals (at most error more than the true count), error, last_refused_ms; from a summary of 64 subjects per policy, with the scope of rl_policy_stats; the view rl_refused lists every policy''s (rl_admin only)';
 COMMENT ON FUNCTION rl_policy_stats() IS
@@ -167,6 +167,12 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'rl_usage_wrapper';
 COMMENT ON FUNCTION rl_usage(text, double precision, double precision) IS
   'the ended periods of key''s budgets, kept for invoicing, that ended after from_ms and by to_ms (epoch ms), by end then period: period, starts_at, ends_at (epoch seconds), used and quota (the last spend''s) in exact decimals; kept 400 days, then rl_sweep removes them; at most 10000 periods';
+CREATE FUNCTION "rl_usage_all"("from_ms" double precision, "to_ms" double precision, "after" jsonb DEFAULT NULL,
+                               "n" bigint DEFAULT 1000) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'rl_usage_all_wrapper';
+COMMENT ON FUNCTION rl_usage_all(double precision, double precision, jsonb, bigint) IS
+  'every key''s ended budget periods kept for invoicing that ended after from_ms and by to_ms (epoch ms), a page of at most n (1 to 10000) by end, then key, then period (in byte order): key, period, starts_at, ends_at (epoch seconds), used and quota in exact decimals; next is where the page stopped, to pass as after for the next page, or null after the last (rl_admin only)';
 
 -- How long rl_sweep keeps ended periods, set by an administrator (rl_usage_retention).
 CREATE TABLE ratelimit.rl_setting (
