@@ -695,7 +695,7 @@ BEGIN
                                             'quota', ratelimit.rl__micros(x.quota), 'resets_at', x.resets_at / 1000)
                          ORDER BY x.i)
         FROM (SELECT t.key, t.period, t.used, t.quota, t.resets_at,
-                     row_number() OVER (ORDER BY t.used::float8 / t.quota::float8 DESC, t.key, t.period) AS i
+                     row_number() OVER (ORDER BY t.used::float8 / t.quota::float8 DESC, t.key COLLATE "C", t.period COLLATE "C") AS i
               FROM ratelimit.rl_budget AS t
               WHERE t.resets_at > now AND t.quota > 0 AND t.used::float8 / t.quota::float8 >= fraction) AS x
         WHERE x.i <= n), '[]'::jsonb));

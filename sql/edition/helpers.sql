@@ -2115,7 +2115,9 @@ BEGIN
     shadow := false;
     IF definition -> 'shadow' IS NOT NULL AND jsonb_typeof(definition -> 'shadow') <> 'null' THEN
         IF jsonb_typeof(definition -> 'shadow') <> 'boolean' THEN
-            PERFORM ratelimit.rl__invalid(fn, format(@MSG_SHADOW@, (definition -> 'shadow')::text));
+            PERFORM ratelimit.rl__invalid(fn, format(@MSG_SHADOW@, CASE jsonb_typeof(definition -> 'shadow')
+                WHEN 'array' THEN format('an array of %s values', jsonb_array_length(definition -> 'shadow'))
+                WHEN 'object' THEN 'an object' ELSE (definition -> 'shadow')::text END));
         END IF;
         shadow := (definition -> 'shadow')::boolean;
     END IF;

@@ -166,6 +166,12 @@ impl Policy {
         let shadow = match o.get("shadow") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
+            // an array or object by its type: its text would differ between engines
+            // (jsonb spaces it, SQLite keeps the caller's)
+            Some(Value::Array(items)) => {
+                return Err(invalid(msg::SHADOW.render(&[&format!("an array of {} values", items.len())])))
+            }
+            Some(Value::Object(_)) => return Err(invalid(msg::SHADOW.render(&[&"an object"]))),
             Some(other) => return Err(invalid(msg::SHADOW.render(&[other]))),
         };
         Ok(Policy { limits, tiers, shadow })

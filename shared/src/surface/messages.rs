@@ -135,7 +135,7 @@ messages! {
     MULTIPLIER_OUT_OF_RANGE = "definition.tiers.{}: a multiplier of {} takes limits item {} out of range (a bucket's burst and refill must stay above 0 and at most {}, a quota or window limit from 0.000001 to {})";
     /// (the most tokens, the largest amount)
     ITEM_MULTIPLIER_OUT_OF_RANGE = "multiplier takes this limit out of range (a bucket's burst and refill must stay above 0 and at most {}, a quota or window limit from 0.000001 to {})";
-    /// (what was given, as JSON)
+    /// (what was given: a scalar as JSON, an array or object by its type)
     SHADOW = "definition.shadow must be true or false, got {}";
     /// (the tier given, the policy's tiers by name)
     UNKNOWN_TIER = "tier '{}' is not one of this policy's tiers ({})";
