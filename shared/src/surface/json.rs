@@ -3,8 +3,6 @@
 //! build answers ([`crate::render`], [`crate::policy`], [`crate::headers`],
 //! [`crate::stats`]) use it, and it uses none of them.
 
-use std::fmt::Write;
-
 use crate::units::MICROS_PER_UNIT;
 
 /// A result as the core answers it. Each engine writes it its own way: SQLite as text
@@ -34,7 +32,7 @@ fn write_object<'j>(out: &mut String, fields: impl Iterator<Item = (&'j str, &'j
             out.push(',');
         }
         match escape_keys {
-            true => out.push_str(&serde_json::Value::String(key.to_owned()).to_string()),
+            true => write_str(out, key),
             false => {
                 out.push('"');
                 out.push_str(key);
@@ -56,10 +54,19 @@ pub enum NumberForm {
     Null,
 }
 
+/// Whole numbers below this magnitude are written as integers (every one is exact in f64).
+const WHOLE_BELOW: f64 = 9.0e15;
+
+/// A string with JSON's escapes.
+fn write_str(out: &mut String, s: &str) {
+    // serializing a str to a String cannot fail
+    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+}
+
 pub fn number_form(v: f64) -> NumberForm {
     if !v.is_finite() {
         NumberForm::Null
-    } else if v.fract() == 0.0 && v.abs() < 9.0e15 {
+    } else if v.fract() == 0.0 && v.abs() < WHOLE_BELOW {
         NumberForm::Int(v as i64)
     } else {
         NumberForm::Decimal(ryu::Buffer::new().format_finite(v).to_owned())
@@ -86,18 +93,16 @@ impl Json {
     fn write(&self, out: &mut String) {
         match self {
             Json::Null => out.push_str("null"),
-            Json::Str(s) => out.push_str(&serde_json::Value::String(s.clone()).to_string()),
+            Json::Str(s) => write_str(out, s),
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Int(n) => {
-                let _ = write!(out, "{n}");
+            Json::Int(n) => out.push_str(itoa::Buffer::new().format(*n)),
+            // number_form's rule, written without a String of its own (SQLite's answers
+            // are this text: a call writes about ten numbers)
+            Json::Number(v) if !v.is_finite() => out.push_str("null"),
+            Json::Number(v) if v.fract() == 0.0 && v.abs() < WHOLE_BELOW => {
+                out.push_str(itoa::Buffer::new().format(*v as i64))
             }
-            Json::Number(v) => match number_form(*v) {
-                NumberForm::Int(n) => {
-                    let _ = write!(out, "{n}");
-                }
-                NumberForm::Decimal(d) => out.push_str(&d),
-                NumberForm::Null => out.push_str("null"),
-            },
+            Json::Number(v) => out.push_str(ryu::Buffer::new().format_finite(*v)),
             Json::Array(items) => {
                 out.push('[');
                 for (i, item) in items.iter().enumerate() {
