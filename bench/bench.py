@@ -335,11 +335,14 @@ def edition_setup(owned=False):
              "ON CONFLICT DO NOTHING", db=db)
         psql(f"INSERT INTO ratelimit.rl_bucket SELECT {POLICY_KEY_SQL.format(mark='chr')}, 1000000000, 0, 0 "
              f"FROM generate_series(1, {KEYS}) g", db=db)
+        # a refusal flood's keys: buckets of 1 token a million minutes, taken empty
+        psql(f"SELECT count(rl_take('flood:' || g, 1, 0.000001)) FROM generate_series(1, {KEYS}) g", db=db)
         psql("VACUUM ANALYZE", db=db)
 
 
 FIRST_TOUCH = "rl_take (first touch)"
 FIRST_TOUCH_KEYS = 2_000_000_000
+REFUSAL_FLOOD = "rl_take (refusal flood)"
 
 
 def edition_section():
@@ -348,14 +351,16 @@ def edition_section():
     edition installed by the superuser and by a role that is none owning its database (as on
     managed platforms). Steady-state keys (their rows exist), and rl_take on first-touch
     keys: drawn from FIRST_TOUCH_KEYS, so nearly every call is its key's first (each run
-    adds its rows, alike in every database)."""
+    adds its rows, alike in every database), and on keys whose buckets are empty (every call
+    refused, nothing written)."""
     print("SQL edition: setup", file=sys.stderr)
     edition_setup(owned=True)
     scripts = {"rl_spend": PG_SCRIPTS["rl_spend"], **KIND_SCRIPTS,
-               FIRST_TOUCH: f"SELECT rl_take('new:' || :k, {BIG});"}
+               FIRST_TOUCH: f"SELECT rl_take('new:' || :k, {BIG});",
+               REFUSAL_FLOOD: "SELECT rl_take('flood:' || :k, 1, 0.000001);"}
     matrix = {}
     for sync in (True, False):
-        for name in [EDITION_FUNCTIONS[0], FIRST_TOUCH, *EDITION_FUNCTIONS[1:]]:
+        for name in [EDITION_FUNCTIONS[0], FIRST_TOUCH, REFUSAL_FLOOD, *EDITION_FUNCTIONS[1:]]:
             keys = FIRST_TOUCH_KEYS if name == FIRST_TOUCH else KEYS
             for edition, db in (("native", DB), ("sql", SQL_DB), ("sql owned", OWNED_DB)):
                 matrix[(edition, name, sync)] = (lambda s=scripts[name], d=db, y=sync, k=keys: pgbench(s, 8, k, y, db=d))

@@ -16,6 +16,8 @@ DECLARE
     -- of an expression, run or not, which is why the explicit clock has its own statement.)
     now bigint := CASE WHEN now_ms IS NULL THEN ratelimit.rl__clock_ms() END;
     answer jsonb;
+    row_level double precision;
+    row_refilled_at bigint;
 BEGIN
     IF now_ms IS NOT NULL THEN
         now := ratelimit.rl__now_or_null(now_ms);
@@ -36,10 +38,29 @@ BEGIN
                        THEN ratelimit.rl__taken_answer(t.level, burst, t.full_at - now,
                                                        ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)) END
         INTO answer;
-        IF NOT FOUND THEN
-            -- No row (a key's first call), or one that refuses: a full bucket's row, taken
-            -- from, unless the key has a row (left to the checked path), in the same one
-            -- statement and with the same estimate of full_at as above.
+        IF FOUND THEN
+            IF answer IS NOT NULL THEN
+                RETURN answer;
+            END IF;
+            -- taken, but float rounding put the estimate off the edge
+            RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now,
+                                             ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
+        END IF;
+        -- Nothing written: a row the statement left alone, or none.
+        SELECT t.level, t.refilled_at INTO row_level, row_refilled_at FROM ratelimit.rl_bucket AS t
+        WHERE t.key = rl_take.key;
+        IF FOUND THEN
+            -- A row that refuses is answered from this one read, as the checked path answers
+            -- it (a refusal writes nothing); one that admits by now, or whose level the
+            -- statement does not cover, is left to the checked path.
+            IF cost > ratelimit.rl__level_at(true, row_level, row_refilled_at, burst, refill_per_minute, now) THEN
+                RETURN (ratelimit.rl__take_decision(true, row_level, row_refilled_at, burst, refill_per_minute,
+                                                    cost, now)).answer;
+            END IF;
+        ELSE
+            -- No row (a key's first call): a full bucket's row, taken from, in one statement
+            -- and with the same estimate of full_at as above, unless the key has a row by
+            -- then (left to the checked path).
             INSERT INTO ratelimit.rl_bucket AS t (key, level, refilled_at, full_at)
             SELECT rl_take.key, burst - cost, now, ratelimit.rl__taken_full_at(burst, now, burst, refill_per_minute, cost, now)
             WHERE cost <= burst
@@ -48,13 +69,12 @@ BEGIN
                            THEN ratelimit.rl__taken_answer(t.level, burst, t.full_at - now,
                                                            ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)) END
             INTO answer;
-        END IF;
-        IF answer IS NOT NULL THEN
-            RETURN answer;
-        ELSIF FOUND THEN
-            -- taken, but float rounding put the estimate off the edge
-            RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now,
-                                             ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
+            IF answer IS NOT NULL THEN
+                RETURN answer;
+            ELSIF FOUND THEN
+                RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now,
+                                                 ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
+            END IF;
         END IF;
     END IF;
     -- A refusal, a row changed since, or an argument to refuse: the checked path of every
@@ -505,12 +525,7 @@ BEGIN
         SET level = ratelimit.rl__taken_level(b.level, b.refilled_at, l.burst, l.rate, c, now),
             refilled_at = greatest(b.refilled_at, now),
             full_at = ratelimit.rl__taken_full_at(b.level, b.refilled_at, l.burst, l.rate, c, now)
-        FROM (SELECT j.burst, j.rate, ratelimit.rl__refill_seconds(j.burst, j.rate) AS refill
-              FROM (SELECT (def.v -> 'limits' -> 0 ->> 'burst')::float8 AS burst,
-                           (def.v -> 'limits' -> 0 ->> 'refill_per_minute')::float8 AS rate
-                    FROM (SELECT r.definition::jsonb AS v FROM ratelimit.rl_policy AS r WHERE r.name = p OFFSET 0) AS def
-                    WHERE jsonb_array_length(def.v -> 'limits') = 1 AND def.v -> 'limits' -> 0 ? 'burst'
-                      AND def.v -> 'shadow' = 'false' OFFSET 0) AS j OFFSET 0) AS l
+        FROM ratelimit.rl__one_bucket(p) AS l
         WHERE b.key = ratelimit.rl__policy_key(p, s, 0) AND abs(b.level) < 1e16
           AND c <= ratelimit.rl__refilled_level(b.level, b.refilled_at, l.burst, l.rate, now)
           AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block')
@@ -519,16 +534,14 @@ BEGIN
                   l.burst, l.rate, l.refill
         INTO answer, one_burst, one_rate, refill;
         IF NOT FOUND THEN
-            -- No row (the subject's first call), or one that refuses: the same policy's one
-            -- bucket, and its full row taken from, unless the key has a row (left to the
-            -- checked path).
-            SELECT j.burst, j.rate, ratelimit.rl__refill_seconds(j.burst, j.rate) INTO one_burst, one_rate, refill
-            FROM (SELECT (def.v -> 'limits' -> 0 ->> 'burst')::float8 AS burst,
-                         (def.v -> 'limits' -> 0 ->> 'refill_per_minute')::float8 AS rate
-                  FROM (SELECT r.definition::jsonb AS v FROM ratelimit.rl_policy AS r WHERE r.name = p OFFSET 0) AS def
-                  WHERE jsonb_array_length(def.v -> 'limits') = 1 AND def.v -> 'limits' -> 0 ? 'burst'
-                    AND def.v -> 'shadow' = 'false' OFFSET 0) AS j
-            WHERE c <= j.burst AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block');
+            -- No row (the subject's first call), or one that refuses (left to the checked
+            -- path, which counts it): where the key has no row, the same policy's one bucket,
+            -- and its full row taken from, unless the key has a row by then (also left to
+            -- the checked path).
+            SELECT l.burst, l.rate, l.refill INTO one_burst, one_rate, refill
+            FROM ratelimit.rl__one_bucket(p) AS l
+            WHERE c <= l.burst AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block')
+              AND NOT EXISTS (SELECT FROM ratelimit.rl_bucket AS x WHERE x.key = ratelimit.rl__policy_key(p, s, 0));
             IF FOUND THEN
                 INSERT INTO ratelimit.rl_bucket AS b (key, level, refilled_at, full_at)
                 VALUES (ratelimit.rl__policy_key(p, s, 0), one_burst - c, now,

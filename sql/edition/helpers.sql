@@ -2133,6 +2133,23 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT chr(1) || octet_length(policy)::text || ':' || policy || ':' || i::text || ':' || subject
 $$;
 
+-- The one bucket of a policy that holds nothing else and is no shadow (rl_check's hot paths,
+-- as checks::check_one_bucket takes them): its burst, refill per minute and refill seconds;
+-- no row for any other policy. A SQL function PostgreSQL inlines into the statement that
+-- reads it (not STRICT, STABLE, one SELECT), the OFFSET 0s keeping the definition parsed
+-- once per statement.
+CREATE OR REPLACE FUNCTION ratelimit.rl__one_bucket(policy text)
+RETURNS TABLE (burst double precision, rate double precision, refill double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT j.burst, j.rate, ratelimit.rl__refill_seconds(j.burst, j.rate)
+    FROM (SELECT (def.v -> 'limits' -> 0 ->> 'burst')::float8 AS burst,
+                 (def.v -> 'limits' -> 0 ->> 'refill_per_minute')::float8 AS rate
+          FROM (SELECT r.definition::jsonb AS v FROM ratelimit.rl_policy AS r WHERE r.name = policy OFFSET 0) AS def
+          WHERE jsonb_array_length(def.v -> 'limits') = 1 AND def.v -> 'limits' -> 0 ? 'burst'
+            AND def.v -> 'shadow' = 'false' OFFSET 0) AS j
+    OFFSET 0
+$$;
+
 -- A stored policy parsed, and its limits for a subject at a tier as rl__take_all items in
 -- the policy's order (Policy::items; cost in units, charged to budgets and windows in
 -- millionths). The multiplier of an unknown tier is an error (Policy::multiplier).
