@@ -263,9 +263,11 @@ export interface Options {
   /** At most one outage message per interval. Default 60 s. */
   logIntervalMs?: number;
   log?: (message: string) => void;
-  /** Opt-in: remember up to this many subjects just refused (per route and tier; e.g.
+  /** Opt-in: remember up to this many subjects just refused (per route, limits and tier; e.g.
    * 10_000, least recently used forgotten) and answer them 429 locally, without a database
-   * call, until their refusal's retry time. It only ever refuses. With it, at most
+   * call, until their refusal's retry time (while the limits stay the same: a route's
+   * `limits` function that answers other limits asks the database again). It only ever
+   * refuses. With it, at most
    * `checksPerSubject` (8) of one subject's checks wait for the database at once: the
    * surplus is answered 429, so one flooding subject never crowds out the others. */
   refusalCache?: number;
@@ -524,7 +526,10 @@ export class RateLimitCore {
   async decide(route: Route, subject: string, tier: string | undefined, cost: number): Promise<Decision> {
     // a request that arrives while the startup checks run (the policies being set) waits for them
     if (!this.isStarted) await this.started;
-    const cacheKey = `${route.name}\u0000${tier}\u0000${subject}`;
+    // the limits are part of a refusal's key: a request whose limits differ (a customer's
+    // new plan, another billing period) is not answered with a refusal under the old ones
+    const slot = `${route.name}\u0000${tier}\u0000${subject}`;
+    const cacheKey = this.refusals && route.limits ? `${slot}\u0000${JSON.stringify(route.limits)}` : slot;
     const cached = this.refusals?.get(cacheKey);
     if (cached) {
       this.note(route, "refused_locally");
@@ -532,12 +537,12 @@ export class RateLimitCore {
     }
     const bound = this.refusals ? this.options.checksPerSubject ?? 8 : undefined;
     if (bound !== undefined) {
-      const waiting = this.checking.get(cacheKey) ?? 0;
+      const waiting = this.checking.get(slot) ?? 0;
       if (waiting >= bound) {
         this.note(route, "refused_locally");
         return { kind: "answer", status: 429, body: { detail: "Too Many Requests", retry_after: 1 }, headers: { "Retry-After": "1" } };
       }
-      this.checking.set(cacheKey, waiting + 1);
+      this.checking.set(slot, waiting + 1);
     }
     let answer;
     const started = performance.now();
@@ -552,9 +557,9 @@ export class RateLimitCore {
       return this.unavailable(route, subject, tier, cost, e);
     } finally {
       if (bound !== undefined) {
-        const left = (this.checking.get(cacheKey) ?? 1) - 1;
-        if (left > 0) this.checking.set(cacheKey, left);
-        else this.checking.delete(cacheKey);
+        const left = (this.checking.get(slot) ?? 1) - 1;
+        if (left > 0) this.checking.set(slot, left);
+        else this.checking.delete(slot);
       }
     }
     this.counters.checks++;

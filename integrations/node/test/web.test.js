@@ -239,6 +239,20 @@ for (const engine of ENGINES) {
         const calm = [];
         for (let i = 0; i < 3; i++) calm.push((await get(base + "/flood", auth(`calm-${base}`))).r.status);
         assert.deepEqual(calm, [200, 200, 429], "other subjects are unaffected");
+        // a route's limits as a function of the request: a refusal is kept for the limits it
+        // was given under, so the same customer under other limits (another billing period
+        // here, a new plan in an application) is asked of the database again
+        const biller = auth(`biller-${base}`);
+        const first = base + "/bill?period=month%20from%205", other = base + "/bill?period=month%20from%206";
+        const billed = [];
+        for (let i = 0; i < 4; i++) billed.push((await get(first, biller)).r.status);
+        assert.deepEqual(billed, [200, 200, 200, 429]);
+        const before = (await get(base + "/counts")).body;
+        assert.equal((await get(first, biller)).r.status, 429);
+        assert.equal((await get(other, biller)).r.status, 200, "other limits: asked of the database again");
+        const after = (await get(base + "/counts")).body;
+        assert.equal(after.refusedLocally, before.refusedLocally + 1);
+        assert.equal(after.checks, before.checks + 1);
       }
     } finally {
       await s.stop();

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import ipaddress
+import json
 import logging
 import math
 import os.path
@@ -80,6 +81,11 @@ class Route:
         if self.limits is not None and not callable(self.limits):
             self.limits = limit_list(self.limits, "Route")
         self.refunds = refund_rule(self.refund_on)
+        # the limits as the refused-identifier cache tells them apart: a request whose
+        # limits differ (a customer's new plan, another billing period) is not answered
+        # with a refusal under the old ones
+        self.limits_key = None if self.limits is None or callable(self.limits) else \
+            json.dumps(self.limits, sort_keys=True, separators=(",", ":"))
 
     def for_request(self, request) -> "Route":
         """This route as it limits `request`: itself, or a copy holding what its `limits`
@@ -124,7 +130,7 @@ class Counters:
 
 
 class RefusalCache:
-    """Subjects just refused, per route and tier, until their refusal's retry time ends:
+    """Subjects just refused, per route, limits and tier, until their refusal's retry time ends:
     at most `size` (the least recently used forgotten). It only ever refuses: an entry
     repeats the database's refusal, its waits counted down, and goes when the wait ends."""
 
@@ -357,7 +363,8 @@ class RateLimitRules:
 
     Opt-in: `refusal_cache` (a number of entries, e.g. 10_000) answers a subject just
     refused on a route with 429 locally, without a database call, until its refusal's
-    retry time, and lets at most `checks_per_subject` (8) of one subject's checks wait for
+    retry time (while its limits stay the same: a route's `limits` function that answers
+    other limits asks the database again), and lets at most `checks_per_subject` (8) of one subject's checks wait for
     the database at once (the surplus is answered 429 at once: a flood of one subject
     never crowds out the others' checks); `max_in_flight` answers 503 with Retry-After
     (`shed_retry_after`) before any work once that many requests of this process are in
@@ -562,7 +569,7 @@ class RateLimitRules:
 
     def cached(self, route: Route, subject: str, tier: Optional[str]) -> Optional[Decision]:
         """The refused-identifier cache's 429, when it holds this subject's refusal."""
-        refused = self.refusals.get((route.name, tier, subject)) if self.refusals else None
+        refused = self.refusals.get((route.name, route.limits_key, tier, subject)) if self.refusals else None
         if refused is None:
             return None
         self.note(route, "refused_locally")
@@ -664,7 +671,7 @@ class RateLimitRules:
                 "retry_after": int(retry_after) if retry_after is not None else None}
         wait_ms = r.get("retry_after_ms")
         if self.refusals is not None and not too_large and isinstance(wait_ms, (int, float)) and wait_ms > 0:
-            self.refusals.put((route.name, tier, subject), 429, body, h, wait_ms / 1000)
+            self.refusals.put((route.name, route.limits_key, tier, subject), 429, body, h, wait_ms / 1000)
         return Decision.reply(413 if too_large else 429, body, h)
 
     def learn(self, route: Route, tier, answer: Answer):

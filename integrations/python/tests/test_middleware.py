@@ -365,6 +365,18 @@ def test_the_refused_identifier_cache_spares_the_database_a_flood(db):
         elapsed = time.monotonic() - started
         with httpx.Client(base_url=s.url, headers=auth("calm")) as c:
             assert [c.get("/flood").status_code for _ in range(3)] == [200, 200, 429]
+        # a route's limits as a function of the request: a refusal is kept for the limits
+        # it was given under, so the same customer under other limits (another billing
+        # period here, a new plan in an application) is asked of the database again
+        with httpx.Client(base_url=s.url, headers=auth("biller")) as c:
+            first, other = "/bill?period=month%20from%205", "/bill?period=month%20from%206"
+            assert [c.get(first).status_code for _ in range(4)] == [200, 200, 200, 429]
+            before = c.get("/counts").json()
+            assert c.get(first).status_code == 429
+            assert c.get(other).status_code == 200
+            after = c.get("/counts").json()
+            assert after["refused_locally"] == before["refused_locally"] + 1, (before, after)
+            assert after["checks"] == before["checks"] + 1, (before, after)
         database_calls = counts["checks"]
         print(f"\n{db.engine}: {len(statuses)} requests in {elapsed:.1f} s from one subject; "
               f"{database_calls} reached the database, {counts['refused_locally']} refused locally")

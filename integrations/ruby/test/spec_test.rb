@@ -29,6 +29,29 @@ class SpecTest < Minitest::Test
     assert_raises(ArgumentError) { RatelimitWeb::Route.new(limits: "month") }
   end
 
+  def test_a_cached_refusal_is_kept_for_the_limits_it_was_given_under
+    plans = { "basic" => 3, "pro" => 30 }
+    plan = "basic"
+    route = RatelimitWeb::Route.new(limits: ->(_) { [{ period: "month", quota: plans[plan] }] }, name: "/bill")
+    rules = RatelimitWeb::Rules.new({ "/bill" => route }, refusal_cache: 10, logger: Logger.new(IO::NULL))
+    refused = RatelimitWeb::Answer.new({ "admitted" => false, "retry_after_ms" => 86_400_000 },
+                                       { "Retry-After" => "86400", "X-RateLimit-Limit" => "3" })
+    admitted = RatelimitWeb::Answer.new({ "admitted" => true }, { "X-RateLimit-Limit" => "30" })
+    asked = 0
+    decide = lambda do |answer|
+      rules.decide(route.for_request(nil), "kai", nil, 1) do
+        asked += 1
+        answer
+      end
+    end
+    assert_equal 429, decide.call(refused).status
+    assert_equal 429, decide.call(admitted).status, "the same limits: the cached refusal, no database call"
+    assert_equal 1, asked
+    plan = "pro"
+    assert_equal 200, decide.call(admitted).status, "other limits (a new plan): asked of the database again"
+    assert_equal 2, asked
+  end
+
   CASES.fetch("address").each_with_index do |c, i|
     define_method("test_address_#{i}") do
       got = RatelimitWeb.client_address(c["peer"], c["forwarded"], TRUSTED, c.fetch("ipv6_prefix", 56))

@@ -35,7 +35,7 @@ module RatelimitWeb
     end
   end
 
-  # Subjects just refused, per route and tier, until their refusal's retry time ends: at most
+  # Subjects just refused, per route, limits and tier, until their refusal's retry time ends: at most
   # `size` (least recently used forgotten). It only ever refuses: an entry repeats the
   # database's refusal, its waits counted down.
   class RefusalCache

@@ -282,10 +282,15 @@ module RatelimitWeb
       nil
     end
 
+    # A refusal's place in the refused-identifier cache: the limits are part of it, so a
+    # request whose limits differ (a customer's new plan, another billing period) is not
+    # answered with a refusal under the old ones.
+    def refusal_key(route, tier, subject) = [route.name, route.limits, tier, subject]
+
     # The whole check: the cache and the subject's waiting checks, then the block (the
     # limiter's call), then what it answered or raised comes to.
     def decide(route, subject, tier, cost)
-      cached = @refusals&.get([route.name, tier, subject])
+      cached = @refusals&.get(refusal_key(route, tier, subject))
       if cached
         note(:refused_locally, route)
         return Decision.reply(*cached)
@@ -359,7 +364,7 @@ module RatelimitWeb
                "retry_after" => h["Retry-After"]&.to_i }
       wait_ms = r["retry_after_ms"]
       if @refusals && !too_large && wait_ms.is_a?(Numeric) && wait_ms.positive?
-        @refusals.put([route.name, tier, subject], 429, body, h, wait_ms / 1000.0)
+        @refusals.put(refusal_key(route, tier, subject), 429, body, h, wait_ms / 1000.0)
       end
       Decision.reply(too_large ? 413 : 429, body, h)
     end
