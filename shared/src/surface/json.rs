@@ -54,8 +54,11 @@ pub enum NumberForm {
     Null,
 }
 
-/// Whole numbers below this magnitude are written as integers (every one is exact in f64).
-const WHOLE_BELOW: f64 = 9.0e15;
+/// `v` as the integer it is written as: finite, whole and below 9e15 in magnitude (where
+/// every whole f64 is exact).
+fn whole(v: f64) -> Option<i64> {
+    (v.is_finite() && v.fract() == 0.0 && v.abs() < 9.0e15).then_some(v as i64)
+}
 
 /// A string with JSON's escapes.
 fn write_str(out: &mut String, s: &str) {
@@ -66,8 +69,8 @@ fn write_str(out: &mut String, s: &str) {
 pub fn number_form(v: f64) -> NumberForm {
     if !v.is_finite() {
         NumberForm::Null
-    } else if v.fract() == 0.0 && v.abs() < WHOLE_BELOW {
-        NumberForm::Int(v as i64)
+    } else if let Some(n) = whole(v) {
+        NumberForm::Int(n)
     } else {
         NumberForm::Decimal(ryu::Buffer::new().format_finite(v).to_owned())
     }
@@ -96,13 +99,13 @@ impl Json {
             Json::Str(s) => write_str(out, s),
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
             Json::Int(n) => out.push_str(itoa::Buffer::new().format(*n)),
-            // number_form's rule, written without a String of its own (SQLite's answers
+            // number_form's forms, written without a String of their own (SQLite's answers
             // are this text: a call writes about ten numbers)
-            Json::Number(v) if !v.is_finite() => out.push_str("null"),
-            Json::Number(v) if v.fract() == 0.0 && v.abs() < WHOLE_BELOW => {
-                out.push_str(itoa::Buffer::new().format(*v as i64))
-            }
-            Json::Number(v) => out.push_str(ryu::Buffer::new().format_finite(*v)),
+            Json::Number(v) => match whole(*v) {
+                Some(n) => out.push_str(itoa::Buffer::new().format(n)),
+                None if v.is_finite() => out.push_str(ryu::Buffer::new().format_finite(*v)),
+                None => out.push_str("null"),
+            },
             Json::Array(items) => {
                 out.push('[');
                 for (i, item) in items.iter().enumerate() {
@@ -123,4 +126,43 @@ impl Json {
 /// A number as JSON text (for header values).
 pub fn number_text(v: f64) -> String {
     Json::Number(v).to_text()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_written_as_number_form_says() {
+        let cases: &[(f64, &str)] = &[
+            (3.0, "3"),
+            (-0.0, "0"),
+            (-42.0, "-42"),
+            (0.1, "0.1"),
+            (2.5e-7, "2.5e-7"),
+            (8_999_999_999_999_998.0, "8999999999999998"),
+            (9.0e15, "9000000000000000.0"),
+            (1e300, "1e300"),
+            (f64::NAN, "null"),
+            (f64::INFINITY, "null"),
+        ];
+        for &(v, text) in cases {
+            assert_eq!(Json::Number(v).to_text(), text, "{v}");
+            let form = match number_form(v) {
+                NumberForm::Int(n) => n.to_string(),
+                NumberForm::Decimal(d) => d,
+                NumberForm::Null => "null".into(),
+            };
+            assert_eq!(form, text, "number_form({v})");
+        }
+        assert_eq!(Json::Int(i64::MIN).to_text(), i64::MIN.to_string());
+    }
+
+    #[test]
+    fn strings_and_data_keys_are_escaped() {
+        let map = Json::Map(vec![("t\"ier\n".into(), Json::Str("é\u{1}".into()))]);
+        assert_eq!(map.to_text(), r#"{"t\"ier\n":"é\u0001"}"#);
+        let object = Json::Object(vec![("admitted", Json::Bool(true)), ("items", Json::Array(vec![Json::Null]))]);
+        assert_eq!(object.to_text(), r#"{"admitted":true,"items":[null]}"#);
+    }
 }
