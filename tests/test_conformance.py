@@ -498,6 +498,21 @@ STEPS = [
      zspend(True, 1, 5, ms(2026, 3, 8, 5), ms(2026, 3, 9, 4), 0)),
     ("rl_spend", ("ny", "day in America/New_York", 5, 1, ms(2026, 11, 1, 12)),
      zspend(True, 1, 5, ms(2026, 11, 1, 4), ms(2026, 11, 2, 5), 0)),
+    # a current row asked with its period's canonical text (the SQL edition's hot path, its
+    # bounds kept by the session): a 25-hour day, then another period between, then the
+    # next day (bounds worked out again)
+    ("rl_spend", ("ny2", "day in America/New_York", 5, 1, ms(2026, 11, 1, 12)),
+     zspend(True, 1, 5, ms(2026, 11, 1, 4), ms(2026, 11, 2, 5), 0)),
+    ("rl_spend", ("ny2", "day in America/New_York", 5, 2, ms(2026, 11, 1, 13)),
+     zspend(True, 3, 5, ms(2026, 11, 1, 4), ms(2026, 11, 2, 5), 0)),
+    ("rl_spend", ("ny3", "day from 02:30 in America/New_York", 5, 1, ms(2026, 11, 1, 13)),
+     zspend(True, 1, 5, ms(2026, 11, 1, 7, 30), ms(2026, 11, 2, 7, 30), 0)),
+    ("rl_spend", ("ny2", "day in America/New_York", 5, 3, ms(2026, 11, 1, 14)),
+     zspend(False, 3, 5, ms(2026, 11, 1, 4), ms(2026, 11, 2, 5), 15 * 3600)),
+    ("rl_spend", ("ny2", "day in America/New_York", 5, 2, ms(2026, 11, 2, 4, 59, 59)),
+     zspend(True, 5, 5, ms(2026, 11, 1, 4), ms(2026, 11, 2, 5), 0)),
+    ("rl_spend", ("ny2", "day in America/New_York", 5, 1, ms(2026, 11, 2, 5)),
+     zspend(True, 1, 5, ms(2026, 11, 2, 5), ms(2026, 11, 3, 5), 0)),
     # an anchor at 02:30 on the night that skips it starts at 03:30 EDT; 01:30 twice is the later
     ("rl_spend", ("ny", "day from 02:30 in America/New_York", 5, 1, ms(2026, 3, 8, 7)),
      zspend(True, 1, 5, ms(2026, 3, 7, 7, 30), ms(2026, 3, 8, 7, 30), 0)),

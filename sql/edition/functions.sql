@@ -117,16 +117,20 @@ END
 
 -- function: rl_spend
 DECLARE
-    -- The hot path, as rl_take's: arguments the rules' own predicates pass (a plain period,
-    -- which needs no reading), and a row of the current period, asked with its own quota,
-    -- that admits: one UPDATE, whose answer is the checked path's (budget::spend).
+    -- The hot path, as rl_take's: arguments the rules' own predicates pass, and a row of
+    -- the current period, asked with its own quota, that admits: one UPDATE, whose answer is
+    -- the checked path's (budget::spend). The period is not read here: a row keeps its
+    -- period's canonical text, checked when the row was written, so a period that finds a
+    -- row is a valid one, anchored and zoned ones too (their bounds, for the answer's
+    -- period_seconds, the session has kept since it last worked them out); any other text
+    -- finds none and goes to the checked path, which reads it or names what is wrong.
     now bigint := CASE WHEN now_ms IS NULL THEN ratelimit.rl__clock_ms() END;
     answer jsonb;
 BEGIN
     IF now_ms IS NOT NULL THEN
         now := ratelimit.rl__now_or_null(now_ms);
     END IF;
-    IF ratelimit.rl__key_ok(key) AND period IN (@PERIODS@) AND ratelimit.rl__amount_ok(quota)
+    IF ratelimit.rl__key_ok(key) AND ratelimit.rl__amount_ok(quota)
        AND ratelimit.rl__amount_ok(cost) AND now IS NOT NULL AND ratelimit.rl__read_write() THEN
         UPDATE ratelimit.rl_budget AS t
         SET used = t.used + ratelimit.rl__round(cost * @MICROS_PER_UNIT@)::bigint

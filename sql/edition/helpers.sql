@@ -496,15 +496,27 @@ $$;
 
 -- The start and end of the period containing now (period::Period::bounds): local starts are
 -- numbered; the period is from the last that falls at or before now, read in the zone, to the
--- next one after it.
+-- next one after it. The session keeps the last bounds worked out (the setting
+-- pg_ratelimit_sql.period_bounds: starts, ends and the period's text), which hold for every
+-- now from starts to before ends, so a call whose period a call before it used reads them
+-- back instead of parsing the period and converting times in its zone again.
 CREATE OR REPLACE FUNCTION ratelimit.rl__period_bounds(period text, now bigint, OUT starts bigint, OUT ends bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    p record := ratelimit.rl__period_parts(NULL, period);
+    memo CONSTANT text := current_setting('pg_ratelimit_sql.period_bounds', true);
+    p record;
     loc bigint;
     d date;
     k bigint;
 BEGIN
+    IF memo IS NOT NULL AND substr(memo, strpos(memo, ' ') + 1) = period THEN
+        starts := split_part(memo, ':', 1)::bigint;
+        ends := split_part(split_part(memo, ' ', 1), ':', 2)::bigint;
+        IF starts <= now AND now < ends THEN
+            RETURN;
+        END IF;
+    END IF;
+    p := ratelimit.rl__period_parts(NULL, period);
     loc := CASE WHEN p.zone IS NULL THEN now
                 ELSE round(extract(epoch FROM ratelimit.rl__instant(now) AT TIME ZONE p.zone) * 1000)::bigint END;
     d := date '1970-01-01' + ratelimit.rl__floor_div(loc, @MS_PER_DAY@)::int;
@@ -528,6 +540,7 @@ BEGIN
         k := k + 1;
         ends := ratelimit.rl__zoned_instant(p.zone, ratelimit.rl__local_start(p.unit, p.mon, p.dom, p.mins, k));
     END LOOP;
+    PERFORM set_config('pg_ratelimit_sql.period_bounds', starts || ':' || ends || ' ' || period, false);
 END
 $$;
 
