@@ -521,6 +521,8 @@ DECLARE
     one_rate double precision;
     refill double precision;
     counted boolean;
+    row_level double precision;
+    row_refilled_at bigint;
 BEGIN
     IF t IS NULL AND ratelimit.rl__hot_ok() THEN
         -- A policy of one bucket, no tier, a subject never blocked nor penalized, and a row
@@ -538,15 +540,32 @@ BEGIN
                   l.burst, l.rate, l.refill
         INTO answer, one_burst, one_rate, refill;
         IF NOT FOUND THEN
-            -- No row (the subject's first call), or one that refuses (left to the checked
-            -- path, which counts it): where the key has no row, the same policy's one bucket,
-            -- and its full row taken from, unless the key has a row by then (also left to
-            -- the checked path).
-            SELECT l.burst, l.rate, l.refill INTO one_burst, one_rate, refill
+            -- Nothing written: no row (the subject's first call), a row that refuses, or a
+            -- policy or subject the statement leaves alone. The policy's one bucket and the
+            -- subject's row, read together:
+            SELECT l.burst, l.rate, l.refill, x.level, x.refilled_at
+            INTO one_burst, one_rate, refill, row_level, row_refilled_at
             FROM ratelimit.rl__one_bucket(p) AS l
-            WHERE c <= l.burst AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block')
-              AND NOT EXISTS (SELECT FROM ratelimit.rl_bucket AS x WHERE x.key = ratelimit.rl__policy_key(p, s, 0));
-            IF FOUND THEN
+            LEFT JOIN ratelimit.rl_bucket AS x ON x.key = ratelimit.rl__policy_key(p, s, 0)
+            WHERE NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block');
+            IF NOT FOUND THEN
+                NULL;  -- another policy, or a subject with strikes: the checked path
+            ELSIF row_refilled_at IS NOT NULL THEN
+                IF c > ratelimit.rl__level_at(true, row_level, row_refilled_at, one_burst, one_rate, now) THEN
+                    -- A refusal, answered from the read as the checked path answers it:
+                    -- the one bucket's answer, its wait the call's, counted and summarised.
+                    answer := (ratelimit.rl__take_decision(true, row_level, row_refilled_at, one_burst, one_rate,
+                                                           c, now)).answer;
+                    counted := ratelimit.rl__count(p, 'refused');
+                    PERFORM ratelimit.rl__refuse(p, s, now);
+                    RETURN jsonb_build_object('admitted', false, 'retry_after_ms', answer -> 'retry_after_ms',
+                        'retry_after_seconds', answer -> 'retry_after_seconds', 'items', jsonb_build_array(answer),
+                        'policy', p, 'tier', t, 'shadow', false, 'would_refuse', true, 'blocked', false);
+                END IF;
+                FOUND := false;  -- a row that admits by now: the checked path
+            ELSIF c <= one_burst THEN
+                -- no row: the bucket's full row, taken from, unless the key has a row by then
+                -- (left to the checked path)
                 INSERT INTO ratelimit.rl_bucket AS b (key, level, refilled_at, full_at)
                 VALUES (ratelimit.rl__policy_key(p, s, 0), one_burst - c, now,
                         ratelimit.rl__taken_full_at(one_burst, now, one_burst, one_rate, c, now))
@@ -554,6 +573,8 @@ BEGIN
                 RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(b.level, b.refilled_at, b.full_at, one_burst, one_rate, now)
                                THEN ratelimit.rl__taken_answer(b.level, one_burst, b.full_at - now, refill) END
                 INTO answer;
+            ELSE
+                FOUND := false;  -- a cost above the burst: the checked path answers it
             END IF;
         END IF;
         IF FOUND THEN
