@@ -158,7 +158,8 @@ def main():
     sock.bind(("127.0.0.1", options.port))
     sock.listen(128)
     server = uvicorn.Server(uvicorn.Config(make_app(options), log_level="warning", access_log=False))
-    print(f"listening on http://127.0.0.1:{options.port}", flush=True)
+    # --port 0: a free port, the one this line names
+    print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     server.run(sockets=[sock])
 
 

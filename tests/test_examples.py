@@ -2,7 +2,6 @@
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -27,12 +26,6 @@ def web_python():
     return WEB_PYTHON
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def get(port, path):
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
@@ -42,15 +35,15 @@ def get(port, path):
 
 
 def start_service(engine):
-    port = free_port()
     # a generous check timeout: a slow moment of a shared test machine must not read as an outage
-    proc = subprocess.Popen([web_python(), SERVICE, *engine, "--port", str(port), "--check-timeout", "2",
+    proc = subprocess.Popen([web_python(), SERVICE, *engine, "--port", "0", "--check-timeout", "2",
                              "--burst", "3", "--per-minute", "0.001", "--daily", "4",
                              "--user", "alice:secret:free", "--user", "pat:pw:pro", "--user", "bob:b:free",
                              "--user", "carol:c:free"],
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().startswith("listening"), "the service did not start"
-    return proc, port
+    line = proc.stdout.readline()
+    assert line.startswith("listening on http://127.0.0.1:"), "the service did not start"
+    return proc, int(line.rsplit(":", 1)[1])
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

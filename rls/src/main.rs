@@ -42,6 +42,7 @@ usage: ratelimit-rls --config DIR|FILE --database URL [--grpc ADDR] [--http ADDR
   --database        postgres://user@host/db (or a libpq keyword string), or sqlite:/path/file.db          [RLS_DATABASE_URL]
   --grpc            ShouldRateLimit and grpc.health.v1 (default 0.0.0.0:8081)                              [RLS_GRPC]
   --http            /metrics and /healthcheck (default 0.0.0.0:8080)                                       [RLS_HTTP]
+                    (both bound before serving; port 0 takes a free one, named in the \"serving\" log line)
   --pool            PostgreSQL connections at most (default 16)                                            [RLS_POOL]
   --reload-seconds  how often the config files are looked at for changes (default 1)                       [RLS_RELOAD_SECONDS]
   --threads         worker threads (default 0: one per core; 1 does best beside PostgreSQL on a small machine) [RLS_THREADS]
@@ -264,8 +265,15 @@ async fn run(o: Options) -> Result<(), String> {
     let domains = loaded.domains.len().to_string();
     let config = Arc::new(RwLock::new(Arc::new(loaded)));
     let store = Arc::new(store::Store::open(&o.database, o.pool, o.statement_timeout)?);
-    let grpc: std::net::SocketAddr = o.grpc.parse().map_err(|e| format!("--grpc {}: {e}", o.grpc))?;
+    // both ports are bound before anything is served, so a port in use is named at start;
+    // port 0 takes a free one, and the "serving" line says which
+    let grpc_addr: std::net::SocketAddr = o.grpc.parse().map_err(|e| format!("--grpc {}: {e}", o.grpc))?;
+    let grpc = tonic::transport::server::TcpIncoming::bind(grpc_addr)
+        .map_err(|e| format!("--grpc {}: {e}", o.grpc))?
+        .with_nodelay(Some(true));
+    let grpc_bound = grpc.local_addr().map_err(|e| format!("--grpc {}: {e}", o.grpc))?.to_string();
     let http = tokio::net::TcpListener::bind(&o.http).await.map_err(|e| format!("--http {}: {e}", o.http))?;
+    let http_bound = http.local_addr().map_err(|e| format!("--http {}: {e}", o.http))?.to_string();
     tokio::spawn(metrics::serve(http, metrics.clone()));
     match &o.config {
         Some(path) => {
@@ -295,7 +303,7 @@ async fn run(o: Options) -> Result<(), String> {
     };
     let batcher = batch::Batcher::start(store.clone(), workers, metrics.clone());
     let rls = service::Rls { config, store, metrics: metrics.clone(), settings, batcher };
-    log::line("info", "serving", &[("grpc", &o.grpc), ("http", &o.http), ("domains", &domains)]);
+    log::line("info", "serving", &[("grpc", &grpc_bound), ("http", &http_bound), ("domains", &domains)]);
     let stopping = async move {
         shutdown_signal().await;
         // tell health checkers first, then finish the calls under way
@@ -309,7 +317,7 @@ async fn run(o: Options) -> Result<(), String> {
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(RateLimitServiceServer::new(rls))
-        .serve_with_shutdown(grpc, stopping)
+        .serve_with_incoming_shutdown(grpc, stopping)
         .await
         .map_err(|e| format!("--grpc {}: {e}", o.grpc))?;
     log::line("info", "stopped", &[]);

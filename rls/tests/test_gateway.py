@@ -20,7 +20,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import any_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from test_rls import (EXAMPLES, OK, OVER, Server, db, descriptor, examples_server, free_port, metric,  # noqa: F401
+from test_rls import (EXAMPLES, OK, OVER, Server, db, descriptor, examples_server, metric,  # noqa: F401
                       start_postgres, stop_postgres)  # noqa: F401 (db: the engines' fixture)
 
 HEALTH_NAMES = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"]
@@ -236,8 +236,7 @@ def test_configuration_pushed_over_xds(db, tmp_path):
     management = ManagementServer()
     grpc_server = grpc.server(concurrent.futures.ThreadPoolExecutor(4))
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(management, grpc_server)
-    port = free_port()
-    grpc_server.add_insecure_port(f"127.0.0.1:{port}")
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
     grpc_server.start()
     empty = tmp_path / "unused"
     empty.mkdir()

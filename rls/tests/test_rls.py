@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import threading
@@ -36,10 +35,15 @@ OK, OVER = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
 EXAMPLES = os.path.join(ROOT, "rls", "config", "examples")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def bound_ports(lines):
+    """The ports a server started on port 0 took, from its "serving" log line: nothing
+    chosen beforehand, so no other process (or the other port) can take one in between.
+    `lines` yields the log's lines as they come."""
+    for line in lines:
+        if b'"msg":"serving"' in line:
+            record = json.loads(line)
+            return int(record["grpc"].rsplit(":", 1)[1]), int(record["http"].rsplit(":", 1)[1])
+    raise AssertionError("the server stopped before serving")
 
 
 def descriptor(*entries, hits=None, negative=False):
@@ -138,15 +142,15 @@ def db(request, tmp_path):
 
 class Server:
     def __init__(self, db, config_dir, env=None, args=()):
-        self.grpc_port, self.http_port = free_port(), free_port()
         self.log = open(os.path.join(config_dir, "..", "server.log"), "wb")
         self.proc = subprocess.Popen(
-            [BINARY, "--config", str(config_dir), "--database", db.url, "--grpc", f"127.0.0.1:{self.grpc_port}",
-             "--http", f"127.0.0.1:{self.http_port}", "--reload-seconds", "0.2", "--pool", "8", *args],
+            [BINARY, "--config", str(config_dir), "--database", db.url, "--grpc", "127.0.0.1:0",
+             "--http", "127.0.0.1:0", "--reload-seconds", "0.2", "--pool", "8", *args],
             stdout=self.log, stderr=subprocess.STDOUT,
             # a generous statement timeout on a machine running the whole suite (the default
             # is below Envoy's 20 ms; the timeout's own test sets it)
             env={"RLS_STATEMENT_TIMEOUT_MS": "5000", **os.environ, **(env or {})})
+        self.grpc_port, self.http_port = bound_ports(self.log_lines())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
         self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
         health = health_pb2_grpc.HealthStub(self.channel)
@@ -162,6 +166,19 @@ class Server:
             assert self.proc.poll() is None, self.text()
             assert time.time() < deadline, "the server did not become healthy: " + self.text()
             time.sleep(0.1)
+
+    def log_lines(self, seconds=30):
+        """The log's lines as the server writes them, until it exits or `seconds` pass."""
+        deadline, seen = time.time() + seconds, 0
+        while time.time() < deadline:
+            lines = self.text().encode().splitlines(keepends=True)
+            complete = [line for line in lines if line.endswith(b"\n")]
+            yield from complete[seen:]
+            seen = len(complete)
+            if self.proc.poll() is not None:
+                return
+            time.sleep(0.05)
+        raise AssertionError("the server did not say it was serving: " + self.text())
 
     def text(self):
         self.log.flush()
@@ -579,16 +596,16 @@ def test_the_deb_as_installed(tmp_path):
     defaults = dict(line.split("=", 1) for line in (root / "etc/default/ratelimit-rls").read_text().splitlines()
                     if line and not line.startswith("#"))
     assert set(defaults) == {"RLS_CONFIG", "RLS_DATABASE_URL", "RLS_GRPC", "RLS_HTTP"}
-    port, http = free_port(), free_port()
     assert sorted(os.listdir(root / "etc/ratelimit-rls/examples")) == sorted(os.listdir(EXAMPLES))
     assert os.listdir(root / "etc/ratelimit-rls/config") == []
     conffiles = subprocess.run(["dpkg-deb", "-I", deb, "conffiles"], check=True, capture_output=True, text=True).stdout
     assert "/etc/ratelimit-rls/examples/tiers.yaml" in conffiles.split()
     env = dict(os.environ, RLS_CONFIG=str(root / "etc/ratelimit-rls/examples"),
-               RLS_DATABASE_URL="sqlite:" + str(tmp_path / "deb.db"), RLS_GRPC=f"127.0.0.1:{port}",
-               RLS_HTTP=f"127.0.0.1:{http}")
+               RLS_DATABASE_URL="sqlite:" + str(tmp_path / "deb.db"), RLS_GRPC="127.0.0.1:0",
+               RLS_HTTP="127.0.0.1:0")
     proc = subprocess.Popen([str(root / "usr/bin/ratelimit-rls")], env=env, stderr=subprocess.PIPE)
     try:
+        port, _ = bound_ports(iter(proc.stderr.readline, b""))
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             grpc.channel_ready_future(ch).result(timeout=30)
             r = rls_pb2_grpc.RateLimitServiceStub(ch).ShouldRateLimit(
@@ -665,6 +682,26 @@ def test_the_probe_says_over_limit_and_no_answer_by_its_exit_status(tmp_path):
         s.stop()
     gone = subprocess.run(ask, capture_output=True, text=True, timeout=30)
     assert gone.returncode == 2 and "no rate limit service at" in json.loads(gone.stderr)["error"], gone
+
+
+def test_a_port_in_use_is_named_at_start_and_port_0_takes_a_free_one(tmp_path):
+    """Both ports are bound before the server says it serves: a taken --grpc or --http
+    stops the start with the flag and the address named (exit 2, no "serving" line), and
+    port 0 takes a free port that the "serving" line names (the tests' servers use it)."""
+    db = Database("sqlite", tmp_path)
+    s = examples_server(db, tmp_path, "edge_proxy_per_ip.yaml")
+    try:
+        assert s.grpc_port and s.http_port and s.grpc_port != s.http_port
+        for flag, taken in [("--grpc", s.grpc_port), ("--http", s.http_port)]:
+            other = "--http" if flag == "--grpc" else "--grpc"
+            run = subprocess.run([BINARY, "--config", EXAMPLES, "--database", db.url, flag, f"127.0.0.1:{taken}",
+                                  other, "127.0.0.1:0"], capture_output=True, text=True, timeout=30)
+            assert run.returncode == 2, run
+            assert '"msg":"serving"' not in run.stderr, run.stderr
+            assert f"{flag} 127.0.0.1:{taken}: " in json.loads(run.stderr.splitlines()[-1])["error"], run.stderr
+        assert s.ask("edge_proxy_per_ip", descriptor(("remote_address", "50.0.0.6"))).overall_code == OK
+    finally:
+        s.stop()
 
 
 def test_a_database_without_the_functions_cannot_decide(tmp_path):

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from ratelimit_web.admin import AdminView
+from test_middleware import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 EXTENSION = os.environ.get("RATELIMIT_SQLITE_EXTENSION", os.path.join(ROOT, "target", "release", "libratelimit"))
@@ -35,12 +36,6 @@ TOKEN = "ops=let-me-in"
 
 def authorized(request):
     return TOKEN in request.headers.get("cookie", "")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class App:

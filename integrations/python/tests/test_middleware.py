@@ -3,6 +3,7 @@ real HTTP clients, on SQLite and (when a cluster is up: PGHOST) PostgreSQL."""
 import json
 import itertools
 import os
+import random
 import re
 import shutil
 import socket
@@ -36,9 +37,18 @@ def auth(user, plan=None):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the kernel's ephemeral range (32768-60999 by default), so no
+    outgoing connection or port-0 bind of another process takes it before the server
+    under test binds it; random, so two callers in a row get different ones."""
+    low, high = (int(n) for n in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    while True:
+        port = random.randrange(20000, low) if low > 21000 else random.randrange(high + 1, 65536)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
 
 
 class Database:
