@@ -558,9 +558,7 @@ BEGIN
                                                            c, now)).answer;
                     counted := ratelimit.rl__count(p, 'refused');
                     PERFORM ratelimit.rl__refuse(p, s, now);
-                    RETURN jsonb_build_object('admitted', false, 'retry_after_ms', answer -> 'retry_after_ms',
-                        'retry_after_seconds', answer -> 'retry_after_seconds', 'items', jsonb_build_array(answer),
-                        'policy', p, 'tier', t, 'shadow', false, 'would_refuse', true, 'blocked', false);
+                    RETURN ratelimit.rl__one_bucket_check_answer(answer, p, t, true);
                 END IF;
                 FOUND := false;  -- a row that admits by now: the checked path
             ELSIF c <= one_burst THEN
@@ -583,9 +581,7 @@ BEGIN
                 answer := ratelimit.rl__taken_exact(ratelimit.rl__policy_key(p, s, 0), one_burst, one_rate, now, refill);
             END IF;
             counted := ratelimit.rl__count(p, 'admitted');
-            RETURN jsonb_build_object('admitted', true, 'retry_after_ms', 0, 'retry_after_seconds', 0,
-                'items', jsonb_build_array(answer), 'policy', p, 'tier', t, 'shadow', false, 'would_refuse', false,
-                'blocked', false);
+            RETURN ratelimit.rl__one_bucket_check_answer(answer, p, t, false);
         END IF;
     END IF;
     pi := ratelimit.rl__policy_items(fn, p, s, t, c);

@@ -2163,6 +2163,19 @@ LANGUAGE sql STABLE AS $$
     OFFSET 0
 $$;
 
+-- rl_check's answer (policy::CheckDecision) for a policy of one bucket, no shadow, and a
+-- subject not blocked (its hot paths): answer is the bucket's, and refused says whether it
+-- refused; the call's wait is the bucket's. One jsonb_build_object, in a SQL function
+-- PostgreSQL inlines (STABLE as jsonb_build_object is, each argument a variable), so the
+-- admitted path pays nothing for it; the checked path builds the same keys from
+-- rl__take_all's answer.
+CREATE OR REPLACE FUNCTION ratelimit.rl__one_bucket_check_answer(answer jsonb, policy text, tier text, refused boolean)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('admitted', NOT refused, 'retry_after_ms', answer -> 'retry_after_ms',
+        'retry_after_seconds', answer -> 'retry_after_seconds', 'items', jsonb_build_array(answer),
+        'policy', policy, 'tier', tier, 'shadow', false, 'would_refuse', refused, 'blocked', false)
+$$;
+
 -- A stored policy parsed, and its limits for a subject at a tier as rl__take_all items in
 -- the policy's order (Policy::items; cost in units, charged to budgets and windows in
 -- millionths). The multiplier of an unknown tier is an error (Policy::multiplier).
