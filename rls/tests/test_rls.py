@@ -150,7 +150,10 @@ class Server:
             # a generous statement timeout on a machine running the whole suite (the default
             # is below Envoy's 20 ms; the timeout's own test sets it)
             env={"RLS_STATEMENT_TIMEOUT_MS": "5000", **os.environ, **(env or {})})
-        self.grpc_port, self.http_port = bound_ports(self.log_lines())
+        try:
+            self.grpc_port, self.http_port = bound_ports(self.log_lines())
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {self.text()}") from None
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
         self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
         health = health_pb2_grpc.HealthStub(self.channel)
@@ -178,7 +181,7 @@ class Server:
             if self.proc.poll() is not None:
                 return
             time.sleep(0.05)
-        raise AssertionError("the server did not say it was serving: " + self.text())
+        raise AssertionError("the server did not say it was serving")
 
     def text(self):
         self.log.flush()
