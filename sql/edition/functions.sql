@@ -15,9 +15,9 @@ DECLARE
     -- sets up in every transaction though the branch never runs; so does every function
     -- of an expression, run or not, which is why the explicit clock has its own statement.)
     now bigint := CASE WHEN now_ms IS NULL THEN ratelimit.rl__clock_ms() END;
-    answer jsonb;
     row_level double precision;
     row_refilled_at bigint;
+    row_full_at bigint;
 BEGIN
     IF now_ms IS NOT NULL THEN
         now := ratelimit.rl__now_or_null(now_ms);
@@ -28,54 +28,53 @@ BEGIN
         -- and function it runs once per transaction, which costs more than their
         -- arithmetic. Its SQL helpers are inlined; a level they do not cover is left to
         -- the checked path.
-        UPDATE ratelimit.rl_bucket AS t
-        SET level = ratelimit.rl__taken_level(t.level, t.refilled_at, burst, refill_per_minute, cost, now),
-            refilled_at = greatest(t.refilled_at, now),
-            full_at = ratelimit.rl__taken_full_at(t.level, t.refilled_at, burst, refill_per_minute, cost, now)
-        WHERE t.key = rl_take.key AND abs(t.level) < 1e16
-          AND cost <= ratelimit.rl__refilled_level(t.level, t.refilled_at, burst, refill_per_minute, now)
-        RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(t.level, t.refilled_at, t.full_at, burst, refill_per_minute, now)
-                       THEN ratelimit.rl__taken_answer(t.level, burst, t.full_at - now,
-                                                       ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)) END
-        INTO answer;
-        IF FOUND THEN
-            IF answer IS NOT NULL THEN
-                RETURN answer;
+        <<taken>>
+        BEGIN
+            UPDATE ratelimit.rl_bucket AS t
+            SET level = ratelimit.rl__taken_level(t.level, t.refilled_at, burst, refill_per_minute, cost, now),
+                refilled_at = greatest(t.refilled_at, now),
+                full_at = ratelimit.rl__taken_full_at(t.level, t.refilled_at, burst, refill_per_minute, cost, now)
+            WHERE t.key = rl_take.key AND abs(t.level) < 1e16
+              AND cost <= ratelimit.rl__refilled_level(t.level, t.refilled_at, burst, refill_per_minute, now)
+            RETURNING t.level, t.refilled_at, t.full_at INTO row_level, row_refilled_at, row_full_at;
+            IF NOT FOUND THEN
+                -- Nothing written: a row the statement left alone, or none.
+                SELECT t.level, t.refilled_at INTO row_level, row_refilled_at FROM ratelimit.rl_bucket AS t
+                WHERE t.key = rl_take.key;
+                IF FOUND THEN
+                    -- A row that refuses is answered from this one read, as the checked path
+                    -- answers it (a refusal writes nothing); one that admits by now, or whose
+                    -- level the statement does not cover, is left to the checked path.
+                    IF cost > ratelimit.rl__level_at(true, row_level, row_refilled_at, burst, refill_per_minute, now) THEN
+                        RETURN (ratelimit.rl__take_decision(true, row_level, row_refilled_at, burst, refill_per_minute,
+                                                            cost, now)).answer;
+                    END IF;
+                    EXIT taken;
+                END IF;
+                -- No row (a key's first call): a full bucket's row, taken from, in one
+                -- statement and with the same estimate of full_at as above, unless the key
+                -- has a row by then (left to the checked path).
+                INSERT INTO ratelimit.rl_bucket AS t (key, level, refilled_at, full_at)
+                SELECT rl_take.key, burst - cost, now,
+                       ratelimit.rl__taken_full_at(burst, now, burst, refill_per_minute, cost, now)
+                WHERE cost <= burst
+                ON CONFLICT ON CONSTRAINT rl_bucket_pkey DO NOTHING
+                RETURNING t.level, t.refilled_at, t.full_at INTO row_level, row_refilled_at, row_full_at;
+                IF NOT FOUND THEN
+                    EXIT taken;
+                END IF;
             END IF;
-            -- taken, but float rounding put the estimate off the edge
+            -- Taken, by the UPDATE or the INSERT: the answer from the row written, where its
+            -- full_at is the edge (float rounding may put the estimate off it). Worked out
+            -- here, not in the statements' RETURNING, which PostgreSQL would set up in every
+            -- call that runs them, writing or not.
+            IF ratelimit.rl__full_at_is_edge(row_level, row_refilled_at, row_full_at, burst, refill_per_minute, now) THEN
+                RETURN ratelimit.rl__taken_answer(row_level, burst, row_full_at - now,
+                                                  ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
+            END IF;
             RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now,
                                              ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
-        END IF;
-        -- Nothing written: a row the statement left alone, or none.
-        SELECT t.level, t.refilled_at INTO row_level, row_refilled_at FROM ratelimit.rl_bucket AS t
-        WHERE t.key = rl_take.key;
-        IF FOUND THEN
-            -- A row that refuses is answered from this one read, as the checked path answers
-            -- it (a refusal writes nothing); one that admits by now, or whose level the
-            -- statement does not cover, is left to the checked path.
-            IF cost > ratelimit.rl__level_at(true, row_level, row_refilled_at, burst, refill_per_minute, now) THEN
-                RETURN (ratelimit.rl__take_decision(true, row_level, row_refilled_at, burst, refill_per_minute,
-                                                    cost, now)).answer;
-            END IF;
-        ELSE
-            -- No row (a key's first call): a full bucket's row, taken from, in one statement
-            -- and with the same estimate of full_at as above, unless the key has a row by
-            -- then (left to the checked path).
-            INSERT INTO ratelimit.rl_bucket AS t (key, level, refilled_at, full_at)
-            SELECT rl_take.key, burst - cost, now, ratelimit.rl__taken_full_at(burst, now, burst, refill_per_minute, cost, now)
-            WHERE cost <= burst
-            ON CONFLICT ON CONSTRAINT rl_bucket_pkey DO NOTHING
-            RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(t.level, t.refilled_at, t.full_at, burst, refill_per_minute, now)
-                           THEN ratelimit.rl__taken_answer(t.level, burst, t.full_at - now,
-                                                           ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)) END
-            INTO answer;
-            IF answer IS NOT NULL THEN
-                RETURN answer;
-            ELSIF FOUND THEN
-                RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now,
-                                                 ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
-            END IF;
-        END IF;
+        END;
     END IF;
     -- A refusal, a row changed since, or an argument to refuse: the checked path of every
     -- bucket change.
@@ -523,6 +522,7 @@ DECLARE
     counted boolean;
     row_level double precision;
     row_refilled_at bigint;
+    row_full_at bigint;
 BEGIN
     IF t IS NULL AND ratelimit.rl__hot_ok() THEN
         -- A policy of one bucket, no tier, a subject never blocked nor penalized, and a row
@@ -535,10 +535,8 @@ BEGIN
         WHERE b.key = ratelimit.rl__policy_key(p, s, 0) AND abs(b.level) < 1e16
           AND c <= ratelimit.rl__refilled_level(b.level, b.refilled_at, l.burst, l.rate, now)
           AND NOT EXISTS (SELECT FROM ratelimit.rl_entries AS e WHERE e.key = s AND e.kind = 'block')
-        RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(b.level, b.refilled_at, b.full_at, l.burst, l.rate, now)
-                       THEN ratelimit.rl__taken_answer(b.level, l.burst, b.full_at - now, l.refill) END,
-                  l.burst, l.rate, l.refill
-        INTO answer, one_burst, one_rate, refill;
+        RETURNING b.level, b.refilled_at, b.full_at, l.burst, l.rate, l.refill
+        INTO row_level, row_refilled_at, row_full_at, one_burst, one_rate, refill;
         IF NOT FOUND THEN
             -- Nothing written: no row (the subject's first call), a row that refuses, or a
             -- policy or subject the statement leaves alone. The policy's one bucket and the
@@ -568,16 +566,18 @@ BEGIN
                 VALUES (ratelimit.rl__policy_key(p, s, 0), one_burst - c, now,
                         ratelimit.rl__taken_full_at(one_burst, now, one_burst, one_rate, c, now))
                 ON CONFLICT ON CONSTRAINT rl_bucket_pkey DO NOTHING
-                RETURNING CASE WHEN ratelimit.rl__full_at_is_edge(b.level, b.refilled_at, b.full_at, one_burst, one_rate, now)
-                               THEN ratelimit.rl__taken_answer(b.level, one_burst, b.full_at - now, refill) END
-                INTO answer;
+                RETURNING b.level, b.refilled_at, b.full_at INTO row_level, row_refilled_at, row_full_at;
             ELSE
                 FOUND := false;  -- a cost above the burst: the checked path answers it
             END IF;
         END IF;
         IF FOUND THEN
-            IF answer IS NULL THEN
-                -- the estimate off the edge, as in rl_take
+            -- taken, by the UPDATE or the INSERT: the answer from the row written, as in
+            -- rl_take (there, why not in RETURNING), or the exact wait where the estimate is
+            -- off the edge
+            IF ratelimit.rl__full_at_is_edge(row_level, row_refilled_at, row_full_at, one_burst, one_rate, now) THEN
+                answer := ratelimit.rl__taken_answer(row_level, one_burst, row_full_at - now, refill);
+            ELSE
                 answer := ratelimit.rl__taken_exact(ratelimit.rl__policy_key(p, s, 0), one_burst, one_rate, now, refill);
             END IF;
             counted := ratelimit.rl__count(p, 'admitted');
