@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --bench
-export RL_PG_DIR=/tmp/pg_ratelimit_bench RL_PG_PORT=54333
+export RL_PG_DIR=/tmp/pg_ratelimit_bench RL_PG_PORT=54333 RL_PG_PRELOAD=pg_ratelimit
 # The cluster preloads the library: never overwrite the file under a running server.
 bash scripts/pg_cluster.sh stop
 bash scripts/build.sh

@@ -57,14 +57,17 @@ cleanup() {
 trap cleanup EXIT
 
 # A throwaway cluster of major $1 (folder /tmp/pg_ratelimit_cluster$1, port 543$1) preloading
-# $2 (pg_ratelimit unless said); its settings exported for the client tests.
+# $2 (pg_ratelimit unless said); its settings exported for the client tests, the preload too, so a
+# test that restarts the cluster (test_crash) preloads what this started and never a value inherited
+# from the caller's shell.
 cluster_start() {
   local v=$1
   export RL_PG_BIN RL_PG_DIR=/tmp/pg_ratelimit_cluster$v RL_PG_PORT=$((54300 + v)) PG_CONFIG
+  export RL_PG_PRELOAD=${2-pg_ratelimit}
   RL_PG_BIN=$(pg_bin_of "$v")
   PG_CONFIG=$(pg_config_of "$v")
   clusters+=("$RL_PG_BIN=$RL_PG_DIR")
-  eval "$(RL_PG_PRELOAD=${2-pg_ratelimit} bash scripts/pg_cluster.sh start)"
+  eval "$(bash scripts/pg_cluster.sh start)"
 }
 cluster_stop() {
   RL_PG_BIN=$(pg_bin_of "$1") RL_PG_DIR=/tmp/pg_ratelimit_cluster$1 bash scripts/pg_cluster.sh stop

@@ -25,7 +25,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-export RL_PG_BIN RL_PG_DIR=/tmp/pg_ratelimit_packages RL_PG_PORT=54331 PG_CONFIG
+export RL_PG_BIN RL_PG_DIR=/tmp/pg_ratelimit_packages RL_PG_PORT=54331 PG_CONFIG RL_PG_PRELOAD=pg_ratelimit
 
 conformance() {  # $1: the server's bin folder, $2: the library folder it must load from
   local settings loads_from
