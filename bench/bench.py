@@ -335,11 +335,16 @@ def edition_setup(owned=False):
              "ON CONFLICT DO NOTHING", db=db)
         psql(f"INSERT INTO ratelimit.rl_bucket SELECT {POLICY_KEY_SQL.format(mark='chr')}, 1000000000, 0, 0 "
              f"FROM generate_series(1, {KEYS}) g", db=db)
-        # a refusal flood's keys: buckets of 1 token a million minutes, taken empty
+        # a refusal flood's keys: buckets of 1 token a million minutes, taken empty; and a
+        # policy of such a bucket, each subject's taken empty
         psql(f"SELECT count(rl_take('flood:' || g, 1, 0.000001)) FROM generate_series(1, {KEYS}) g", db=db)
+        psql(f"SELECT rl_policy_set('tight', '{TIGHT_POLICY}')", db=db)
+        psql(f"SELECT count(rl_check('tight', 'k' || g)) FROM generate_series(1, {KEYS}) g", db=db)
         psql("VACUUM ANALYZE", db=db)
 
 
+TIGHT_POLICY = json.dumps({"limits": [{"burst": 1, "refill_per_minute": 0.000001}]})
+CHECK_REFUSALS = "rl_check (refusal flood)"
 FIRST_TOUCH = "rl_take (first touch)"
 FIRST_TOUCH_KEYS = 2_000_000_000
 REFUSAL_FLOOD = "rl_take (refusal flood)"
@@ -352,15 +357,17 @@ def edition_section():
     managed platforms). Steady-state keys (their rows exist), and rl_take on first-touch
     keys: drawn from FIRST_TOUCH_KEYS, so nearly every call is its key's first (each run
     adds its rows, alike in every database), and on keys whose buckets are empty (every call
-    refused, nothing written)."""
+    refused, nothing written): rl_take's, and rl_check's of a one-bucket policy (each refusal
+    also recorded in the refused-subject summary, replacing an entry once it holds 64)."""
     print("SQL edition: setup", file=sys.stderr)
     edition_setup(owned=True)
     scripts = {"rl_spend": PG_SCRIPTS["rl_spend"], **KIND_SCRIPTS,
                FIRST_TOUCH: f"SELECT rl_take('new:' || :k, {BIG});",
-               REFUSAL_FLOOD: "SELECT rl_take('flood:' || :k, 1, 0.000001);"}
+               REFUSAL_FLOOD: "SELECT rl_take('flood:' || :k, 1, 0.000001);",
+               CHECK_REFUSALS: "SELECT rl_check('tight', 'k' || :k);"}
     matrix = {}
     for sync in (True, False):
-        for name in [EDITION_FUNCTIONS[0], FIRST_TOUCH, REFUSAL_FLOOD, *EDITION_FUNCTIONS[1:]]:
+        for name in [EDITION_FUNCTIONS[0], FIRST_TOUCH, REFUSAL_FLOOD, *EDITION_FUNCTIONS[1:], CHECK_REFUSALS]:
             keys = FIRST_TOUCH_KEYS if name == FIRST_TOUCH else KEYS
             for edition, db in (("native", DB), ("sql", SQL_DB), ("sql owned", OWNED_DB)):
                 matrix[(edition, name, sync)] = (lambda s=scripts[name], d=db, y=sync, k=keys: pgbench(s, 8, k, y, db=d))

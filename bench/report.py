@@ -211,7 +211,8 @@ def write_edition(cells):
                          "pgbench with 8 clients and prepared statements, 100,000 keys whose rows exist, every call "
                          "admitted; `rl_take (first touch)` draws its keys from 2,000,000,000, so nearly every call is "
                          "its key's first, and `rl_take (refusal flood)` takes from 100,000 empty buckets, every call "
-                         "refused. The native extension (table store) and the SQL edition (pg_ratelimit_sql, "
+                         "refused, as does `rl_check (refusal flood)` (a policy of one bucket, 100,000 subjects whose "
+                         "buckets are empty; each refusal also recorded in the refused-subject summary). The native extension (table store) and the SQL edition (pg_ratelimit_sql, "
                          "PL/pgSQL) in databases of one cluster, the edition installed by the superuser and by a role "
                          "that is none and owns its database (as on the managed platforms). Issue 58 wants the latter "
                          "at least 0.8x native on steady-state keys and 0.7x on first-touch keys.") + [

@@ -145,6 +145,74 @@ def test_sqlite_lists_the_subjects_refused_most(tmp_path):
     assert a.execute("SELECT count(*) FROM rl_refused").fetchone()[0] == 0
 
 
+# Subjects for the summary's replacement order: more than its 64 entries, refused again
+# after others took their place, some with characters array and JSON texts quote, one
+# longer than the 96 bytes an entry shows (cut at a character).
+SUMMARY_SUBJECTS = [f"s:{i}" for i in range(90)] + ['q"{a,b}\\', "NULL", "é" * 60, "日本 語"]
+ONE_SHOT = '{"limits": [{"burst": 1, "refill_per_minute": 0.000001}]}'
+
+
+def summary_refusals():
+    """A fixed order of refusals: each subject's first call admits (burst 1), every later
+    one is refused and recorded."""
+    import random
+    rng = random.Random(58)
+    order = [s for s in SUMMARY_SUBJECTS for _ in range(rng.randint(1, 4))]
+    rng.shuffle(order)
+    return order
+
+
+def summary_model(refusals):
+    """refused::RefusedSlots::record and ::top in Python: a known subject counts once more;
+    a new one takes the first free entry, else the first entry with the least count (its
+    count + 1, and that count as its error); listed by count, then by shown bytes."""
+    entries = []
+    for subject in refusals:
+        known = next((e for e in entries if e[0] == subject), None)
+        if known:
+            known[1] += 1
+        elif len(entries) < 64:
+            entries.append([subject, 1, 0])
+        else:
+            i = min(range(64), key=lambda j: (entries[j][1], j))
+            m = entries[i][1]
+            entries[i] = [subject, m + 1, m]
+    shown = [(e[0].encode()[:96].decode(errors="ignore"), e[1], e[2]) for e in entries]
+    return sorted(shown, key=lambda e: (-e[1], e[0].encode()))
+
+
+def record_summary(execute):
+    """Runs the refusals through rl_check on policy 'summary'; returns rl_top_refused's 64."""
+    execute("SELECT rl_stats_reset()")
+    execute(f"SELECT rl_policy_set('summary', '{ONE_SHOT}')")
+    for subject in SUMMARY_SUBJECTS:
+        assert execute("SELECT rl_check('summary', %s)", subject)["admitted"] is True
+    for subject in summary_refusals():
+        assert execute("SELECT rl_check('summary', %s)", subject)["admitted"] is False
+    listed = execute("SELECT rl_top_refused('summary', 64)")["subjects"]
+    execute("SELECT rl_stats_reset()")
+    return [(e["subject"], e["refusals"], e["error"]) for e in listed]
+
+
+def test_sqlite_summary_replaces_entries_in_the_order_of_the_slots(tmp_path):
+    conn = sqlite_connect(str(tmp_path / "s.db"))
+
+    def execute(sql, *args):
+        value = conn.execute(sql.replace("%s", "?"), args).fetchone()[0]
+        return json.loads(value) if isinstance(value, str) and value.startswith("{") else value
+    assert record_summary(execute) == summary_model(summary_refusals())
+
+
+def test_postgres_summary_replaces_entries_in_the_order_of_the_slots(pg_db):
+    """The native slots in shared memory and the SQL edition's session settings keep the
+    same summary: the same entries replaced, the same counts and errors, the same order."""
+    conn, _ = pg_db
+
+    def execute(sql, *args):
+        return one(conn, sql, args)
+    assert record_summary(execute) == summary_model(summary_refusals())
+
+
 ROUTE_LIMITS = '[{"key": "web:ai", "burst": 2, "refill_per_minute": 0.000001}, {"key": "web:ai", "period": "day", "quota": 100}]'
 
 

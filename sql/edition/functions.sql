@@ -687,7 +687,8 @@ DECLARE
 BEGIN
     SELECT count(*) INTO n FROM jsonb_object_keys(counts);
     PERFORM set_config('pg_ratelimit_sql.counts', '{}', false);
-    PERFORM set_config('pg_ratelimit_sql.refused', '{}', false);
+    -- every policy's refused subjects: a policy not numbered starts with empty entries (rl__refuse)
+    PERFORM set_config('pg_ratelimit_sql.refused_slots', '{}', false);
     RETURN n;
 END
 
@@ -695,18 +696,31 @@ END
 DECLARE
     fn CONSTANT text := 'rl_top_refused';
     @ARGUMENTS@
-    summary jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.refused', true), ''), '{}')::jsonb;
+    slot text := coalesce(nullif(current_setting('pg_ratelimit_sql.refused_slots', true), ''), '{}')::jsonb ->> p;
 BEGIN
     IF n IS NULL OR n < 1 OR n > @REFUSED_ENTRIES@ THEN
         PERFORM ratelimit.rl__invalid(fn, format(@MSG_INTEGER_RANGE@, 'n', @REFUSED_ENTRIES@, coalesce(n::text, 'NULL')));
     END IF;
-    -- most refused first, then by subject's bytes (refused::RefusedSlots::top)
+    IF slot IS NULL THEN
+        RETURN jsonb_build_object('policy', p, 'scope', 'session', 'subjects', '[]'::jsonb);
+    END IF;
+    -- the policy's entries (rl__refuse), each subject shown as its first
+    -- @REFUSED_SUBJECT_BYTES@ bytes cut at a character (refused::shown), most refused first,
+    -- then by those bytes (refused::RefusedSlots::top)
     RETURN jsonb_build_object('policy', p, 'scope', 'session', 'subjects', coalesce((
-        SELECT jsonb_agg(jsonb_build_object('subject', x.e ->> 's', 'refusals', (x.e ->> 'n')::bigint,
-                                            'error', (x.e ->> 'e')::bigint, 'last_refused_ms', (x.e ->> 't')::bigint)
+        SELECT jsonb_agg(jsonb_build_object('subject', x.shown, 'refusals', x.refusals,
+                                            'error', x.error, 'last_refused_ms', x.last_at)
                          ORDER BY x.i)
-        FROM (SELECT e, row_number() OVER (ORDER BY (e ->> 'n')::bigint DESC, (e ->> 's') COLLATE "C") AS i
-              FROM jsonb_array_elements(summary -> p) AS e) AS x
+        FROM (SELECT y.shown, y.refusals, y.error, y.last_at,
+                     row_number() OVER (ORDER BY y.refusals DESC, y.shown COLLATE "C") AS i
+              FROM (SELECT left(u.subject, (SELECT max(c) FROM generate_series(0, @REFUSED_SUBJECT_BYTES@) AS c
+                                            WHERE octet_length(left(u.subject, c)) <= @REFUSED_SUBJECT_BYTES@)) AS shown,
+                           u.refusals, u.error, u.last_at
+                    FROM unnest(current_setting('pg_ratelimit_sql.refused_' || slot || '_k')::text[],
+                                current_setting('pg_ratelimit_sql.refused_' || slot || '_n')::bigint[],
+                                current_setting('pg_ratelimit_sql.refused_' || slot || '_e')::bigint[],
+                                current_setting('pg_ratelimit_sql.refused_' || slot || '_t')::bigint[])
+                         AS u(subject, refusals, error, last_at)) AS y) AS x
         WHERE x.i <= n), '[]'::jsonb));
 END
 

@@ -2247,49 +2247,70 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Notes that rl_check refused subject under policy, for this session (refused::RefusedSlots::record):
--- the same space-saving summary as the native library's, kept in the session setting
--- pg_ratelimit_sql.refused: per policy (at most @REFUSED_POLICIES@) an array of at most
--- @REFUSED_ENTRIES@ entries in the order the native slots fill, each the subject (k), its
--- first @REFUSED_SUBJECT_BYTES@ bytes cut at a character (s), refusals (n), error (e) and
--- the last refusal (t). A new subject takes a free entry, else the first with the least n.
+-- the same space-saving summary as the native library's, in session settings. The setting
+-- pg_ratelimit_sql.refused_slots numbers each policy met (at most @REFUSED_POLICIES@); the
+-- policy numbered i keeps its at most @REFUSED_ENTRIES@ entries in four arrays, the settings
+-- pg_ratelimit_sql.refused_<i>_k, _n, _e and _t, in the order the native slots fill: the
+-- subject (k), refusals (n), error (e) and the last refusal (t); rl_top_refused shows a
+-- subject's first @REFUSED_SUBJECT_BYTES@ bytes, cut at a character. A new subject takes a
+-- free entry, else the first with the least n. Arrays, not one JSON document, so a refusal
+-- reads and writes its own policy's entries only and finds its subject with
+-- array_position; a subject refused again rewrites n and t alone.
 CREATE OR REPLACE FUNCTION ratelimit.rl__refuse(policy text, subject text, now bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    summary jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.refused', true), ''), '{}')::jsonb;
-    entries jsonb := summary -> policy;
-    least int;
+    slots jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.refused_slots', true), ''), '{}')::jsonb;
+    slot text := slots ->> policy;
+    prefix text;
+    k text[];
+    n bigint[];
+    e bigint[];
+    t bigint[];
+    i int;
     m bigint;
-    n bigint;
-    shown text := left(subject, @REFUSED_SUBJECT_BYTES@);
 BEGIN
-    IF entries IS NULL THEN
-        IF (SELECT count(*) FROM jsonb_object_keys(summary)) >= @REFUSED_POLICIES@ THEN
+    IF slot IS NULL THEN
+        -- a policy not met yet in this session, or since rl_stats_reset: empty entries
+        slot := (SELECT count(*) FROM jsonb_object_keys(slots))::text;
+        IF slot::int >= @REFUSED_POLICIES@ THEN
             RETURN;
         END IF;
-        entries := '[]';
-    END IF;
-    FOR i IN 0 .. jsonb_array_length(entries) - 1 LOOP
-        n := (entries -> i ->> 'n')::bigint;
-        IF entries -> i ->> 'k' = subject THEN
-            entries := jsonb_set(entries, ARRAY[i::text], entries -> i || jsonb_build_object('n', n + 1, 't', now));
-            PERFORM set_config('pg_ratelimit_sql.refused', jsonb_set(summary, ARRAY[policy], entries)::text, false);
-            RETURN;
-        END IF;
-        IF least IS NULL OR n < m THEN
-            least := i;
-            m := n;
-        END IF;
-    END LOOP;
-    WHILE octet_length(shown) > @REFUSED_SUBJECT_BYTES@ LOOP
-        shown := left(shown, -1);
-    END LOOP;
-    IF jsonb_array_length(entries) < @REFUSED_ENTRIES@ THEN
-        entries := entries || jsonb_build_array(jsonb_build_object('k', subject, 's', shown, 'n', 1, 'e', 0, 't', now));
+        PERFORM set_config('pg_ratelimit_sql.refused_slots', (slots || jsonb_build_object(policy, slot::int))::text, false);
+        prefix := 'pg_ratelimit_sql.refused_' || slot || '_';
+        k := '{}';
     ELSE
-        entries := jsonb_set(entries, ARRAY[least::text],
-                             jsonb_build_object('k', subject, 's', shown, 'n', m + 1, 'e', m, 't', now));
+        prefix := 'pg_ratelimit_sql.refused_' || slot || '_';
+        k := current_setting(prefix || 'k')::text[];
+        n := current_setting(prefix || 'n')::bigint[];
+        t := current_setting(prefix || 't')::bigint[];
+        i := array_position(k, subject);
+        IF i IS NOT NULL THEN
+            n[i] := n[i] + 1;
+            t[i] := now;
+            PERFORM set_config(prefix || 'n', n::text, false), set_config(prefix || 't', t::text, false);
+            RETURN;
+        END IF;
+        e := current_setting(prefix || 'e')::bigint[];
     END IF;
-    PERFORM set_config('pg_ratelimit_sql.refused', jsonb_set(summary, ARRAY[policy], entries, true)::text, false);
+    i := cardinality(k) + 1;
+    IF i <= @REFUSED_ENTRIES@ THEN
+        m := 0;
+    ELSE
+        i := 1;
+        m := n[1];
+        FOR j IN 2 .. @REFUSED_ENTRIES@ LOOP
+            IF n[j] < m THEN
+                i := j;
+                m := n[j];
+            END IF;
+        END LOOP;
+    END IF;
+    k[i] := subject;
+    n[i] := m + 1;
+    e[i] := m;
+    t[i] := now;
+    PERFORM set_config(prefix || 'k', k::text, false), set_config(prefix || 'n', n::text, false),
+            set_config(prefix || 'e', e::text, false), set_config(prefix || 't', t::text, false);
 END
 $$;
 
