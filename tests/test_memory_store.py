@@ -94,13 +94,30 @@ def test_a_take_is_not_undone_by_a_rollback(pg_memory_db):
 
 
 def test_memory_buckets_write_no_rows_and_no_wal(pg_memory_db):
+    """10,000 memory-store takes in one transaction assign it no transaction id (they change
+    no row) and write no WAL. The WAL position is the whole cluster's, which autovacuum, a
+    checkpoint or another database move too (a CI run saw 16,696 bytes), so that check is
+    taken up to three times and the quietest counts; the transaction id is this call's alone."""
     conn, _ = pg_memory_db
-    before = one(conn, "SELECT pg_current_wal_insert_lsn()")
-    admitted = one(conn, "SELECT count(*) FILTER (WHERE (rl_take('w' || (g % 100), 1e9, 1e9) ->> 'admitted')::bool) "
-                         "FROM generate_series(1, 10000) g")
-    wal = one(conn, f"SELECT pg_current_wal_insert_lsn() - '{before}'::pg_lsn")
-    assert admitted == 10000
-    assert wal < 1000, f"{wal} bytes of WAL for 10000 takes"  # a table-store take writes ~120 each
+    wal = []
+    with conn.cursor() as cur:
+        for _ in range(3):
+            cur.execute("BEGIN")
+            cur.execute("SELECT pg_current_wal_insert_lsn()")
+            before = cur.fetchone()[0]
+            cur.execute("SELECT count(*) FILTER (WHERE (rl_take('w' || (g % 100), 1e9, 1e9) ->> 'admitted')::bool) "
+                        "FROM generate_series(1, 10000) g")
+            admitted = cur.fetchone()[0]
+            cur.execute("SELECT pg_current_xact_id_if_assigned()")
+            xid = cur.fetchone()[0]
+            cur.execute("COMMIT")
+            cur.execute("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn", (before,))
+            wal.append(cur.fetchone()[0])
+            assert admitted == 10000
+            assert xid is None, "a memory-store take changed a row"
+            if wal[-1] < 1000:
+                break
+    assert min(wal) < 1000, f"{wal} bytes of WAL for 10000 takes"  # a table-store take writes ~120 each
     assert one(conn, "SELECT count(*) FROM ratelimit.rl_bucket") == 0
     stats = one(conn, "SELECT rl_memory_stats()")
     assert stats["in_use"] >= 100 and stats["capacity"] >= 1_000_000 and stats["bytes_per_bucket"] > 0
