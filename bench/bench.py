@@ -717,6 +717,31 @@ def targets_section():
     return cells, profiles, stats
 
 
+def compact_section():
+    """The compact answer (rl_take_compact) beside rl_take on the memory store, redis-cell,
+    rl_take's answer as a constant jsonb and SELECT 1, in one interleaved run: what a caller
+    that needs only the decision and the headers' numbers gains by not taking jsonb."""
+    print("compact: setup", file=sys.stderr)
+    setup_postgres(KEYS)
+    subprocess.run(["psql", "-X", "-q", "-d", DB, "-c", "SET pg_ratelimit.buckets = 'memory'", "-c",
+                    f"SELECT count(rl_take('k' || g, {BIG})) FROM generate_series(1, {KEYS}) g"],
+                   check=True, stdout=subprocess.DEVNULL)
+    matrix = {}
+    for clients in (8, 32):
+        matrix[(clients, "rl_take (memory)")] = lambda c=clients: pgbench(PG_SCRIPTS["rl_take"], c, KEYS, False, "memory")
+        matrix[(clients, "rl_take_compact (memory)")] = lambda c=clients: pgbench(COMPACT_TAKE, c, KEYS, False, "memory")
+        matrix[(clients, "redis-cell")] = lambda c=clients: redis_cell_bench(c, KEYS)
+        matrix[(clients, "SELECT 1")] = lambda c=clients: pgbench("SELECT 1;", c, KEYS, False)
+    matrix[(8, "rl_take's answer as a constant jsonb")] = lambda: pgbench(CONSTANT_ANSWER, 8, KEYS, False)
+    matrix[(8, "rl_take_compact's answer as a constant text")] = lambda: pgbench(CONSTANT_COMPACT, 8, KEYS, False)
+    print(f"compact: {len(matrix)} cells x {REPS} runs", file=sys.stderr)
+    return run_matrix(matrix)
+
+
+COMPACT_TAKE = f"SELECT rl_take_compact('k' || :k, {BIG});"
+CONSTANT_COMPACT = "SELECT '1 1000000000 999999999 1 0'::text;"
+
+
 # The systems whose microseconds the README breaks down.
 PROFILED = [("memory", 8, "SELECT 1"), ("memory", 8, "rl_take's answer as a constant"),
             ("memory", 8, "rl_take memory"), ("memory", 8, "redis-cell"),
@@ -751,6 +776,9 @@ def main():
         return
     if os.environ.get("RL_BENCH_ONLY") == "instructions":
         report.write_instructions(instructions_section())
+        return
+    if os.environ.get("RL_BENCH_ONLY") == "compact":
+        report.write_compact(compact_section())
         return
     if os.environ.get("RL_BENCH_ONLY") == "targets":
         report.write_targets(*targets_section())

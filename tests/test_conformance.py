@@ -862,7 +862,29 @@ STEPS = [
     ("rl_unblock", ("fay", 0), True),
     ("rl_unblock", ("fay", 0), False),
     ("rl_check", ("api", "fay", 1, None, 0), checked([bucket_item(True, 4, 5, 0, 12, 60)], "api")),
+    # the compact answers: 'admitted limit remaining reset retry_after', the X- headers' values
+    ("rl_check_compact", ("api", "fay", 1, None, 0), "1 5 3 24 0"),
+    ("rl_check_compact", ("api", "fay", 5, None, 0), "0 5 3 24 24"),
+    ("rl_check_compact", ("api", "fay", 6, None, 0), "0 5 3 24 0"),
+    ("rl_check_compact", ("generate", "ann"), ("error", "rl_check_compact: there is no policy named 'generate'", "42704")),
+    ("rl_check_compact", ("api", ""), ("error", "rl_check_compact: subject must not be empty")),
+    ("rl_take_compact", ("compact", 3, 60, 1, 0), "1 3 2 1 0"),
+    ("rl_take_compact", ("compact", 3, 60, 3, 0), "0 3 2 1 1"),
+    ("rl_take_compact", ("compact", 3, 60, 4, 0), "0 3 2 1 0"),
+    ("rl_take_compact", ("compact", 3, 60, 1, 10_000), "1 3 2 1 0"),
+    ("rl_take_compact", ("", 3, 60), ("error", "rl_take_compact: key must not be empty")),
+    ("rl_take_compact", ("compact", 0, 60), ("error", "rl_take_compact: burst must be a finite number greater than 0, got 0")),
+    ("rl_take_all_compact", ('[{"key": "compact-b", "burst": 5, "refill_per_minute": 60},'
+                             ' {"key": "compact-d", "period": "day", "quota": 2.5}]', 0), "1 2.5 1.5 86400 0"),
+    ("rl_take_all_compact", ('[{"key": "compact-b", "burst": 5, "refill_per_minute": 60},'
+                             ' {"key": "compact-d", "period": "day", "quota": 2.5, "cost": 1.5}]', 0), "1 2.5 0 86400 0"),
+    ("rl_take_all_compact", ('[{"key": "compact-b", "burst": 5, "refill_per_minute": 60},'
+                             ' {"key": "compact-d", "period": "day", "quota": 2.5}]', 0), "0 2.5 0 86400 86400"),
+    ("rl_take_all_compact", ('[{"key": "compact-w", "limit": 2, "window_seconds": 10}]', 0), "1 2 1 10 0"),
+    ("rl_take_all_compact", ("[]", 0), ("error", "rl_take_all_compact: limits must hold 1 to 64 items, got 0")),
     ("rl_block", ("gus", 1.5, 1000), strikes(0, 3, 2)),
+    ("rl_check_compact", ("api", "gus", 1, None, 1000), "0 5 5 0 2"),
+    ("rl_check_compact", ("watch", "gus", 1, None, 1000), "1 5 5 0 0"),
     ("rl_penalize", (None,), ("error", "rl_penalize: subject must be text, got NULL")),
     ("rl_penalize", ("x", -1), ("error", "rl_penalize: free_strikes must be an integer from 0 to 1000000, got -1")),
     ("rl_penalize", ("x", 3, 0), ("error", "rl_penalize: base_seconds must be a finite number greater than 0, got 0")),
@@ -956,3 +978,55 @@ def test_clock_behind_never_moves_stored_times_back(engine):
     # the row still refills from 50 000 ms: one token is back at 51 000, not earlier
     assert engine.call("rl_take", "skew", 5, 60, 1, 50_999)["admitted"] is False
     assert engine.call("rl_take", "skew", 5, 60, 1, 51_000)["admitted"] is True
+
+
+def compact_of(engine, answer):
+    """The compact answer the contract gives a JSON answer: its decision, then the values of
+    the X- headers and Retry-After that rl_headers gives it, 0 for a header it leaves out."""
+    headers = engine.call("rl_headers", json.dumps(answer))
+    headers = json.loads(headers) if isinstance(headers, str) else headers
+    return " ".join(["1" if answer["admitted"] else "0", headers["X-RateLimit-Limit"], headers["X-RateLimit-Remaining"],
+                     headers.get("X-RateLimit-Reset", "0"), headers.get("Retry-After", "0")])
+
+
+def test_compact_answers_are_the_headers_of_the_json_answers(engine):
+    """rl_take_compact, rl_check_compact and rl_take_all_compact on keys of their own answer
+    what rl_headers makes of rl_take's, rl_check's and rl_take_all's answers on twin keys
+    given the same calls: every kind, refusals, costs above the limit, debts, tiers, shadow."""
+    import random
+    rng = random.Random(56)
+    engine.call("rl_policy_set", "compact-mix", json.dumps({
+        "limits": [{"burst": 4, "refill_per_minute": 30}, {"period": "hour", "quota": 6.5},
+                   {"limit": 3, "fixed_window_seconds": 20}],
+        "tiers": {"pro": 2.5}}))
+    engine.call("rl_policy_set", "compact-shadow", json.dumps({"limits": [{"limit": 2, "window_seconds": 30}],
+                                                               "shadow": True}))
+    now = 1_700_000_000_000
+    seen = set()
+    for _ in range(300):
+        now += rng.choice([0, 0, 250, 1000, 7000, 61_000])
+        which = rng.choice(["take", "take", "check", "all"])
+        cost = rng.choice([1, 1, 2, 0.5, 9])
+        if which == "take":
+            burst, rate = rng.choice([(3, 60), (2.5, 7), (10, 0.5)])
+            args = lambda side: (f"{side}-bucket-{burst}", burst, rate, cost, now)
+            pair = ("rl_take", "rl_take_compact")
+        elif which == "check":
+            policy, tier = rng.choice([("compact-mix", None), ("compact-mix", "pro"), ("compact-shadow", None)])
+            args = lambda side: (policy, f"{side}-subject", cost, tier, now)
+            pair = ("rl_check", "rl_check_compact")
+        else:
+            items = [{"burst": 5, "refill_per_minute": 20, "cost": cost}, {"period": "day", "quota": 4.5, "cost": cost},
+                     {"limit": 3, "window_seconds": 15, "cost": cost}, {"limit": 4, "fixed_window_seconds": 30}]
+            chosen = rng.sample(range(len(items)), rng.randint(1, 3))
+            args = lambda side: (json.dumps([{**items[i], "key": f"{side}-item-{i}"} for i in chosen]), now)
+            pair = ("rl_take_all", "rl_take_all_compact")
+        answer = engine.call(pair[0], *args("json"))
+        compact = engine.call(pair[1], *args("compact"))
+        assert compact == compact_of(engine, answer), f"{engine.name} {pair[1]}{args('compact')}: {answer}"
+        seen.add((pair[1], compact.split()[0], compact.split()[-1] != "0"))
+    # the run saw admissions and refusals that wait on every function, and refusals no
+    # wait ends (a cost above the limit)
+    for function in ("rl_take_compact", "rl_check_compact", "rl_take_all_compact"):
+        assert {(function, "1", False), (function, "0", True)} <= seen, seen
+        assert (function, "0", False) in seen, seen

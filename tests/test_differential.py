@@ -57,7 +57,8 @@ def valid_call(rng):
                            "rl_acquire", "rl_release", "rl_renew", "rl_in_flight", "rl_take_all", "rl_refund_all", "rl_charge_all", "rl_check_limits", "rl_check", "rl_check",
                            "rl_charge_check", "rl_peek_check",
                            "rl_refund_check", "rl_policy_set", "rl_penalize", "rl_block", "rl_unblock", "rl_sweep",
-                           "rl_headers", "rl_reset", "rl_policy_drop", "rl_budgets_near", "rl_usage"])
+                           "rl_headers", "rl_reset", "rl_policy_drop", "rl_budgets_near", "rl_usage",
+                           "rl_take_compact", "rl_check_compact", "rl_take_all_compact"])
     burst, rate = rng.choice([(5, 30), (3, 6), (10, 0.5)])
     m = rng.choice([1, 1, 2.5, 0.3, 1e-7, 7])  # an item's multiplier (1e-7: out of range for some)
     args = {
@@ -101,8 +102,11 @@ def valid_call(rng):
         "rl_usage": [key, rng.choice([0, 1_000_000_000_000]), rng.choice([1_000_100_000_000, 253402300799999])],
         "rl_headers": ['{"admitted": false, "remaining": 0, "limit": 5, "retry_after_ms": 1500, '
                        '"retry_after_seconds": 2, "reset_after_seconds": 9, "refill_seconds": 10}'],
-    }[function]
-    return function, args
+    }
+    # a compact answer's call is its JSON twin's
+    args["rl_take_compact"], args["rl_check_compact"] = args["rl_take"], args["rl_check"]
+    args["rl_take_all_compact"] = args["rl_take_all"]
+    return function, args[function]
 
 
 def with_clock(function, args, clock, rng):

@@ -89,7 +89,7 @@ def random_call(rng, functions):
         args = [keys(rng) for _ in range(rng.randint(1, 4))]
     elif function == "rl_reset":
         args = [keys(rng)]
-    elif function in ("rl_take_all", "rl_refund_all", "rl_charge_all", "rl_check_limits"):
+    elif function in ("rl_take_all", "rl_take_all_compact", "rl_refund_all", "rl_charge_all", "rl_check_limits"):
         if rng.random() < 0.5:
             items = [rng.choice([
                 {"key": rng.choice(["a", "b", "c"]), "burst": rng.choice([1, 3, 2.5, 1e308]),
@@ -155,7 +155,7 @@ def random_call(rng, functions):
                 args.append(rng.choice(CLOCKS))
     elif function == "rl_policy_drop":
         args = [rng.choice(POLICIES + [None, ""])]
-    elif function in ("rl_check", "rl_refund_check", "rl_charge_check", "rl_peek_check"):
+    elif function in ("rl_check", "rl_check_compact", "rl_refund_check", "rl_charge_check", "rl_peek_check"):
         args = [rng.choice(POLICIES + [None]), keys(rng)]
         if rng.random() < 0.7:
             args += [rng.choice(NUMBERS), rng.choice([None, "pro", "x", "", 5])]
@@ -165,7 +165,7 @@ def random_call(rng, functions):
         args = [keys(rng), rng.choice(PERIODS), rng.choice(NUMBERS)]
         if rng.random() < 0.7:
             args.append(rng.choice(CLOCKS))
-    elif function in ("rl_take", "rl_peek", "rl_spend", "rl_budget", "rl_window", "rl_window_peek", "rl_fixed_window",
+    elif function in ("rl_take", "rl_take_compact", "rl_peek", "rl_spend", "rl_budget", "rl_window", "rl_window_peek", "rl_fixed_window",
                       "rl_fixed_window_peek"):
         second = rng.choice(PERIODS) if function in ("rl_spend", "rl_budget") else rng.choice(NUMBERS)
         args = [keys(rng), second, rng.choice(NUMBERS)]
@@ -222,6 +222,12 @@ def check_answer(function, value):
         return
     if function == "rl_release":
         assert value in (0, 1)  # SQLite answers 0 or 1, PostgreSQL a boolean
+        return
+    if function.endswith("_compact"):
+        # 'admitted limit remaining reset retry_after': a waiting refusal says how long
+        admitted, limit, remaining, reset, retry = value.split(" ")
+        assert admitted in ("0", "1") and 0 <= float(remaining) <= float(limit)
+        assert int(reset) >= 0 and int(retry) >= 0 and (admitted == "0" or retry == "0")
         return
     r = json.loads(value) if isinstance(value, str) else value
     if function == "rl_headers":

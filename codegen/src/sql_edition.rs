@@ -132,6 +132,14 @@ fn with_arguments(body: &str, f: &Function) -> String {
     format!("{}{}{}", &body[..line_start], lines.join("\n"), &body[at + "@ARGUMENTS@".len()..])
 }
 
+/// A body as function `f` runs it: `@FN@` its name, and each `@ANSWER@(answer)` the answer
+/// itself, or for a compact answer (`Function::compact`) its text as `headers::compact`
+/// writes it.
+fn for_function(body: &str, f: &Function) -> String {
+    let answer = if f.compact() { format!("ratelimit.rl__compact('{}', ", f.name) } else { "(".to_owned() };
+    body.replace("@FN@", f.name).replace("@ANSWER@(", &answer)
+}
+
 /// `text` with every `@MSG_NAME@` of [`ratelimit_core::messages`] replaced by its template as a
 /// `format()` string, then every `@NAME@` of [`constants`] (and `@VERSION@`).
 fn substitute(text: &str, version: &str) -> String {
@@ -156,7 +164,8 @@ pub fn offered() -> impl Iterator<Item = &'static Function> {
     ALL.iter().filter(|f| !f.is_internal() && !matches!(f.entry, Entry::Server(_)))
 }
 
-/// The PL/pgSQL body of each function, by name, in the order of `sql/edition/functions.sql`.
+/// The PL/pgSQL body of each function, by name, in the order of `sql/edition/functions.sql`
+/// (a section that names two functions gives both the same body: see [`for_function`]).
 pub fn bodies() -> Vec<(&'static str, &'static str)> {
     let mut out = Vec::new();
     let mut rest = BODIES;
@@ -164,7 +173,9 @@ pub fn bodies() -> Vec<(&'static str, &'static str)> {
         let after = &rest[at + SECTION.len()..];
         let (name, body) = after.split_once('\n').unwrap_or((after, ""));
         let end = body.find(SECTION).unwrap_or(body.len());
-        out.push((name.trim(), body[..end].trim_end()));
+        for name in name.split(',') {
+            out.push((name.trim(), body[..end].trim_end()));
+        }
         rest = &body[end..];
     }
     out
@@ -302,7 +313,7 @@ pub fn script(extension: bool) -> String {
             f.pg_arguments(),
             f.returns.pg_name(),
             attributes(f),
-            substitute(&with_arguments(body.trim(), f), version)
+            substitute(&with_arguments(&for_function(body.trim(), f), f), version)
         );
         out += &format!("COMMENT ON FUNCTION {} IS\n  '{}';\n\n", f.pg_signature(), quote(f.comment));
     }

@@ -30,10 +30,10 @@ pub(crate) fn int(v: Option<i64>) -> Arg<'static> {
     v.map_or(Arg::Null, Arg::Integer)
 }
 
-/// Wrappers of functions that share a signature: rl_take and rl_peek (a bucket), rl_spend
-/// and rl_budget (a budget).
+/// Wrappers of functions that share a signature: rl_take, its compact answer and rl_peek (a
+/// bucket), rl_spend and rl_budget (a budget), the windows.
 macro_rules! wrappers {
-    ($($name:ident($key:ident, $second:ident: $second_type:ty, $third:ident) => $descriptor:ident, $second_arg:ident;)*) => {$(
+    ($($name:ident($key:ident, $second:ident: $second_type:ty, $third:ident) -> $returns:ty = $descriptor:ident, $second_arg:ident;)*) => {$(
         #[pg_extern(volatile, parallel_unsafe, security_definer)]
         fn $name(
             $key: Option<&str>,
@@ -41,21 +41,22 @@ macro_rules! wrappers {
             $third: Option<f64>,
             cost: default!(Option<f64>, 1),
             now_ms: default!(Option<f64>, "NULL"),
-        ) -> JsonbResult {
+        ) -> $returns {
             run(&f::$descriptor, &[text($key), $second_arg($second), real($third), real(cost), real(now_ms)])
         }
     )*};
 }
 
 wrappers! {
-    rl_take(key, burst: f64, refill_per_minute) => RL_TAKE, real;
-    rl_peek(key, burst: f64, refill_per_minute) => RL_PEEK, real;
-    rl_spend(key, period: &str, quota) => RL_SPEND, text;
-    rl_budget(key, period: &str, quota) => RL_BUDGET, text;
-    rl_window(key, limit: f64, window_seconds) => RL_WINDOW, real;
-    rl_window_peek(key, limit: f64, window_seconds) => RL_WINDOW_PEEK, real;
-    rl_fixed_window(key, limit: f64, window_seconds) => RL_FIXED_WINDOW, real;
-    rl_fixed_window_peek(key, limit: f64, window_seconds) => RL_FIXED_WINDOW_PEEK, real;
+    rl_take(key, burst: f64, refill_per_minute) -> JsonbResult = RL_TAKE, real;
+    rl_take_compact(key, burst: f64, refill_per_minute) -> String = RL_TAKE_COMPACT, real;
+    rl_peek(key, burst: f64, refill_per_minute) -> JsonbResult = RL_PEEK, real;
+    rl_spend(key, period: &str, quota) -> JsonbResult = RL_SPEND, text;
+    rl_budget(key, period: &str, quota) -> JsonbResult = RL_BUDGET, text;
+    rl_window(key, limit: f64, window_seconds) -> JsonbResult = RL_WINDOW, real;
+    rl_window_peek(key, limit: f64, window_seconds) -> JsonbResult = RL_WINDOW_PEEK, real;
+    rl_fixed_window(key, limit: f64, window_seconds) -> JsonbResult = RL_FIXED_WINDOW, real;
+    rl_fixed_window_peek(key, limit: f64, window_seconds) -> JsonbResult = RL_FIXED_WINDOW_PEEK, real;
 }
 
 /// Wrappers of functions whose arguments are all required but a trailing now_ms; each
@@ -107,9 +108,10 @@ fn rl_policy_drop(name: Option<&str>) -> bool {
     run(&f::RL_POLICY_DROP, &[text(name)])
 }
 
-/// rl_check, rl_refund_check and rl_peek_check: `(policy, subject [, cost = 1 [, tier [, now_ms]]])`.
+/// rl_check, its compact answer, rl_refund_check and rl_peek_check: `(policy, subject [, cost
+/// = 1 [, tier [, now_ms]]])`.
 macro_rules! policy_wrappers {
-    ($($name:ident => $descriptor:ident;)*) => {$(
+    ($($name:ident -> $returns:ty = $descriptor:ident;)*) => {$(
         #[pg_extern(volatile, parallel_unsafe, security_definer)]
         fn $name(
             policy: Option<&str>,
@@ -117,16 +119,17 @@ macro_rules! policy_wrappers {
             cost: default!(Option<f64>, 1),
             tier: default!(Option<&str>, "NULL"),
             now_ms: default!(Option<f64>, "NULL"),
-        ) -> JsonbResult {
+        ) -> $returns {
             run(&f::$descriptor, &[text(policy), text(subject), real(cost), text(tier), real(now_ms)])
         }
     )*};
 }
 
 policy_wrappers! {
-    rl_check => RL_CHECK;
-    rl_refund_check => RL_REFUND_CHECK;
-    rl_peek_check => RL_PEEK_CHECK;
+    rl_check -> JsonbResult = RL_CHECK;
+    rl_check_compact -> String = RL_CHECK_COMPACT;
+    rl_refund_check -> JsonbResult = RL_REFUND_CHECK;
+    rl_peek_check -> JsonbResult = RL_PEEK_CHECK;
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -163,11 +166,11 @@ fn rl_unblock(subject: Option<&str>, now_ms: default!(Option<f64>, "NULL")) -> b
     run(&f::RL_UNBLOCK, &[text(subject), real(now_ms)])
 }
 
-/// rl_take_all, rl_refund_all and rl_charge_all: `(limits [, now_ms])`.
+/// rl_take_all, its compact answer, rl_refund_all and rl_charge_all: `(limits [, now_ms])`.
 macro_rules! limits_wrappers {
-    ($($name:ident => $descriptor:ident;)*) => {$(
+    ($($name:ident -> $returns:ty = $descriptor:ident;)*) => {$(
         #[pg_extern(volatile, parallel_unsafe, security_definer)]
-        fn $name(limits: Option<JsonbArg>, now_ms: default!(Option<f64>, "NULL")) -> JsonbResult {
+        fn $name(limits: Option<JsonbArg>, now_ms: default!(Option<f64>, "NULL")) -> $returns {
             let limits = json_text(&f::$descriptor, "limits", limits);
             run(&f::$descriptor, &[text(limits.as_deref()), real(now_ms)])
         }
@@ -175,9 +178,10 @@ macro_rules! limits_wrappers {
 }
 
 limits_wrappers! {
-    rl_take_all => RL_TAKE_ALL;
-    rl_refund_all => RL_REFUND_ALL;
-    rl_charge_all => RL_CHARGE_ALL;
+    rl_take_all -> JsonbResult = RL_TAKE_ALL;
+    rl_take_all_compact -> String = RL_TAKE_ALL_COMPACT;
+    rl_refund_all -> JsonbResult = RL_REFUND_ALL;
+    rl_charge_all -> JsonbResult = RL_CHARGE_ALL;
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]

@@ -1972,3 +1972,57 @@ fn derived_keys_are_distinct() {
         }
     }
 }
+
+/// The compact answers on one store are what the headers of the JSON answers on a twin store
+/// show: `admitted`, then X-RateLimit-Limit, -Remaining, -Reset and Retry-After (0 where
+/// absent), for buckets, budgets, windows and several at once, admitted and refused.
+#[test]
+fn compact_answers_are_the_headers_of_the_json_answers() {
+    use ratelimit_core::functions as f;
+    use ratelimit_core::Answer;
+    let (mut json_store, mut compact_store) = (MapStore::default(), MapStore::default());
+    let mut seed = 58u64;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let mut now = 1_700_000_000_000i64;
+    let mut refused = 0;
+    for step in 0..3000 {
+        now += [0, 100, 1000, 9000][next(4) as usize];
+        let cost = [1.0, 1.0, 2.0, 0.5, 40.0][next(5) as usize];
+        let limits = match next(4) {
+            0 => format!(r#"[{{"key": "b", "burst": 5, "refill_per_minute": 30, "cost": {cost}}}]"#),
+            1 => format!(
+                r#"[{{"key": "d", "period": "day", "quota": 7.5, "cost": {cost}}}, {{"key": "w", "limit": 4, "window_seconds": 20, "cost": {cost}}}]"#
+            ),
+            2 => format!(
+                r#"[{{"key": "f", "limit": 3, "fixed_window_seconds": 10, "cost": {cost}}}, {{"key": "b", "burst": 5, "refill_per_minute": 30}}]"#
+            ),
+            _ => String::new(),
+        };
+        let (function, compact, args): (&f::Function, &f::Function, Vec<Arg>) = if limits.is_empty() {
+            let args = vec![Arg::Text("k"), Arg::Real(4.0), Arg::Real(12.0), Arg::Real(cost), Arg::Integer(now)];
+            (&f::RL_TAKE, &f::RL_TAKE_COMPACT, args)
+        } else {
+            (&f::RL_TAKE_ALL, &f::RL_TAKE_ALL_COMPACT, vec![Arg::Text(&limits), Arg::Integer(now)])
+        };
+        let answer = ratelimit_core::calls::call(function, &mut json_store, &args, &TEST_CLOCK).unwrap();
+        let Answer::Json(answer) = answer else { panic!("{answer:?}") };
+        let headers = parsed(headers_of(&answer.to_text()).unwrap());
+        let admitted = answer.to_text().starts_with(r#"{"admitted":true"#);
+        refused += usize::from(!admitted);
+        let header = |name: &str| headers.get(name).and_then(Value::as_str).unwrap_or("0").to_owned();
+        let expected = format!(
+            "{} {} {} {} {}",
+            u8::from(admitted),
+            header("X-RateLimit-Limit"),
+            header("X-RateLimit-Remaining"),
+            header("X-RateLimit-Reset"),
+            header("Retry-After")
+        );
+        let got = ratelimit_core::calls::call(compact, &mut compact_store, &args, &TEST_CLOCK).unwrap();
+        assert_eq!(got, Answer::Text(expected), "step {step}: {} {args:?}", compact.name);
+    }
+    assert!(refused > 300, "the run refuses too: {refused}");
+}

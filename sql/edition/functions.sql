@@ -6,8 +6,12 @@
 -- first bad one is the one named. A body's `@ARGUMENTS@` line becomes one DECLARE line per
 -- argument with a rule in the function table (functions::Rule; sql_edition::arguments),
 -- in that order; the bodies without it check their arguments themselves.
+-- A section may name two functions, a JSON one and its compact answer (rl_take,
+-- rl_take_compact): one body serves both, `@FN@` standing for the function's name and
+-- each `RETURN @ANSWER@(answer)` returning the JSON answer, or its compact text
+-- (ratelimit.rl__compact, headers::compact).
 
--- function: rl_take
+-- function: rl_take, rl_take_compact
 DECLARE
     -- The hot path tests the arguments with the rules' own predicates, which cannot fail,
     -- and leaves a call they reject to the checked path below, which raises in the core's
@@ -34,20 +38,20 @@ BEGIN
             SET level = ratelimit.rl__taken_level(t.level, t.refilled_at, burst, refill_per_minute, cost, now),
                 refilled_at = greatest(t.refilled_at, now),
                 full_at = ratelimit.rl__taken_full_at(t.level, t.refilled_at, burst, refill_per_minute, cost, now)
-            WHERE t.key = rl_take.key AND abs(t.level) < 1e16
+            WHERE t.key = @FN@.key AND abs(t.level) < 1e16
               AND cost <= ratelimit.rl__refilled_level(t.level, t.refilled_at, burst, refill_per_minute, now)
             RETURNING t.level, t.refilled_at, t.full_at INTO row_level, row_refilled_at, row_full_at;
             IF NOT FOUND THEN
                 -- Nothing written: a row the statement left alone, or none.
                 SELECT t.level, t.refilled_at INTO row_level, row_refilled_at FROM ratelimit.rl_bucket AS t
-                WHERE t.key = rl_take.key;
+                WHERE t.key = @FN@.key;
                 IF FOUND THEN
                     -- A row that refuses is answered from this one read, as the checked path
                     -- answers it (a refusal writes nothing); one that admits by now, or whose
                     -- level the statement does not cover, is left to the checked path.
                     IF cost > ratelimit.rl__level_at(true, row_level, row_refilled_at, burst, refill_per_minute, now) THEN
-                        RETURN (ratelimit.rl__take_decision(true, row_level, row_refilled_at, burst, refill_per_minute,
-                                                            cost, now)).answer;
+                        RETURN @ANSWER@((ratelimit.rl__take_decision(true, row_level, row_refilled_at, burst, refill_per_minute,
+                                                                      cost, now)).answer);
                     END IF;
                     EXIT taken;
                 END IF;
@@ -55,7 +59,7 @@ BEGIN
                 -- statement and with the same estimate of full_at as above, unless the key
                 -- has a row by then (left to the checked path).
                 INSERT INTO ratelimit.rl_bucket AS t (key, level, refilled_at, full_at)
-                SELECT rl_take.key, burst - cost, now,
+                SELECT @FN@.key, burst - cost, now,
                        ratelimit.rl__taken_full_at(burst, now, burst, refill_per_minute, cost, now)
                 WHERE cost <= burst
                 ON CONFLICT ON CONSTRAINT rl_bucket_pkey DO NOTHING
@@ -69,21 +73,21 @@ BEGIN
             -- here, not in the statements' RETURNING, which PostgreSQL would set up in every
             -- call that runs them, writing or not.
             IF ratelimit.rl__full_at_is_edge(row_level, row_refilled_at, row_full_at, burst, refill_per_minute, now) THEN
-                RETURN ratelimit.rl__taken_answer(row_level, burst, row_full_at - now,
-                                                  ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
+                RETURN @ANSWER@(ratelimit.rl__taken_answer(row_level, burst, row_full_at - now,
+                                                            ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)));
             END IF;
-            RETURN ratelimit.rl__taken_exact(rl_take.key, burst, refill_per_minute, now,
-                                             ratelimit.rl__hot_refill_seconds(burst, refill_per_minute));
+            RETURN @ANSWER@(ratelimit.rl__taken_exact(@FN@.key, burst, refill_per_minute, now,
+                                                       ratelimit.rl__hot_refill_seconds(burst, refill_per_minute)));
         END;
     END IF;
     -- A refusal, a row changed since, or an argument to refuse: the checked path of every
     -- bucket change.
     DECLARE
-        fn CONSTANT text := 'rl_take';
+        fn CONSTANT text := '@FN@';
         @ARGUMENTS@
         writable CONSTANT boolean := ratelimit.rl__writable(fn);
     BEGIN
-        RETURN ratelimit.rl__bucket_change(fn, 'take', k, b, r, c, now);
+        RETURN @ANSWER@(ratelimit.rl__bucket_change(fn, 'take', k, b, r, c, now));
     END;
 END
 
@@ -430,14 +434,14 @@ BEGIN
         ratelimit.rl__strikes_encode(0, 0, 0, false, NULL))::boolean;
 END
 
--- function: rl_take_all
+-- function: rl_take_all, rl_take_all_compact
 DECLARE
-    fn CONSTANT text := 'rl_take_all';
+    fn CONSTANT text := '@FN@';
     now bigint;
 BEGIN
     PERFORM ratelimit.rl__json_arg(fn, 'limits', limits, 'a JSON array');
     now := ratelimit.rl__now(fn, now_ms);
-    RETURN ratelimit.rl__take_all(fn, ratelimit.rl__limit_items(fn, limits), now);
+    RETURN @ANSWER@(ratelimit.rl__take_all(fn, ratelimit.rl__limit_items(fn, limits), now));
 END
 
 -- function: rl_refund_all
@@ -501,9 +505,9 @@ BEGIN
     RETURN FOUND;
 END
 
--- function: rl_check
+-- function: rl_check, rl_check_compact
 DECLARE
-    fn CONSTANT text := 'rl_check';
+    fn CONSTANT text := '@FN@';
     p text := ratelimit.rl__name(fn, 'policy', policy);
     s text := ratelimit.rl__name(fn, 'subject', subject);
     c double precision := ratelimit.rl__micros_of(fn, 'cost', cost)::float8 / @MICROS_PER_UNIT@;
@@ -556,7 +560,7 @@ BEGIN
                                                            c, now)).answer;
                     counted := ratelimit.rl__count(p, 'refused');
                     PERFORM ratelimit.rl__refuse(p, s, now);
-                    RETURN ratelimit.rl__one_bucket_check_answer(answer, p, t, true);
+                    RETURN @ANSWER@(ratelimit.rl__one_bucket_check_answer(answer, p, t, true));
                 END IF;
                 FOUND := false;  -- a row that admits by now: the checked path
             ELSIF c <= one_burst THEN
@@ -581,7 +585,7 @@ BEGIN
                 answer := ratelimit.rl__taken_exact(ratelimit.rl__policy_key(p, s, 0), one_burst, one_rate, now, refill);
             END IF;
             counted := ratelimit.rl__count(p, 'admitted');
-            RETURN ratelimit.rl__one_bucket_check_answer(answer, p, t, false);
+            RETURN @ANSWER@(ratelimit.rl__one_bucket_check_answer(answer, p, t, false));
         END IF;
     END IF;
     pi := ratelimit.rl__policy_items(fn, p, s, t, c);
@@ -605,7 +609,8 @@ BEGIN
         d := d || jsonb_build_object('admitted', false, 'retry_after_ms', st.until - now,
                                      'retry_after_seconds', ratelimit.rl__ceil_seconds(st.until - now));
     END IF;
-    RETURN d || jsonb_build_object('policy', p, 'tier', t, 'shadow', pi.shadow, 'would_refuse', refused, 'blocked', blocked);
+    RETURN @ANSWER@(d || jsonb_build_object('policy', p, 'tier', t, 'shadow', pi.shadow, 'would_refuse', refused,
+                                           'blocked', blocked));
 END
 
 -- function: rl_refund_check
@@ -851,83 +856,7 @@ BEGIN
 END
 
 -- function: rl_headers
-DECLARE
-    fn CONSTANT text := 'rl_headers';
-    bad CONSTANT text := @MSG_NOT_A_RESULT@;
-    o jsonb := result;
-    v double precision;
-    limits jsonb[] := '{}';
-    l jsonb;
-    retry bigint;
-    best int;
-    cmp int;
-    a double precision;
-    b double precision;
-    out jsonb;
 BEGIN
-    PERFORM ratelimit.rl__json_arg(fn, 'result', result, 'JSON text');
-    IF jsonb_typeof(o) <> 'object' THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
-    -- counts no header can show exactly (headers::exact)
-    FOR l IN SELECT x FROM (SELECT o AS x UNION ALL SELECT e FROM jsonb_array_elements(
-                 CASE WHEN jsonb_typeof(o -> 'items') = 'array' THEN o -> 'items' ELSE '[]' END) AS e
-             WHERE jsonb_typeof(e) = 'object') AS objects LOOP
-        FOR f IN 1..3 LOOP
-            CONTINUE WHEN jsonb_typeof(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]) IS DISTINCT FROM 'number';
-            v := ratelimit.rl__json_double(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]);
-            IF abs(v) > @MAX_WAIT_MS@ THEN
-                RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = 'rl_headers: ' || format(@MSG_RESULT_TOO_LARGE@,
-                    (ARRAY['limit', 'remaining', 'in_flight'])[f], @MAX_WAIT_MS@, ratelimit.rl__describe(v));
-            END IF;
-        END LOOP;
-    END LOOP;
-    IF jsonb_typeof(o -> 'items') = 'array' THEN
-        FOR i IN 1..coalesce(jsonb_array_length(o -> 'items'), 0) LOOP
-            l := CASE WHEN jsonb_typeof(o -> 'items' -> (i - 1)) = 'object' THEN ratelimit.rl__header_limit(
-                ratelimit.rl__header_item_name(o, i), o -> 'items' -> (i - 1)) END;
-            IF l IS NULL THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
-            limits := limits || l;
-        END LOOP;
-        IF cardinality(limits) = 0 THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
-        -- a call that one limit can never admit gets no Retry-After: waiting does not help
-        IF coalesce(o -> 'admitted' = 'false'::jsonb, false) AND NOT EXISTS (
-               SELECT FROM unnest(limits) AS x WHERE (x ->> 'exceeds')::boolean) THEN
-            retry := ratelimit.rl__header_int(o -> 'retry_after_seconds');
-        END IF;
-    ELSE
-        l := ratelimit.rl__header_limit(ratelimit.rl__header_kind(o), o);
-        IF l IS NULL THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
-        limits := ARRAY[l];
-        retry := (l ->> 'retry')::bigint;
-    END IF;
-    -- the limit that binds: the refusing one that waits longest, else the one with the
-    -- smallest share left (the last of equals, as Rust's max_by)
-    best := 1;
-    FOR i IN 2..cardinality(limits) LOOP
-        cmp := sign(coalesce((limits[i] ->> 'retry')::bigint, -1) - coalesce((limits[best] ->> 'retry')::bigint, -1));
-        IF cmp = 0 THEN
-            a := -((limits[i] ->> 'remaining')::float8 / nullif((limits[i] ->> 'limit')::float8, 0));
-            b := -((limits[best] ->> 'remaining')::float8 / nullif((limits[best] ->> 'limit')::float8, 0));
-            cmp := CASE WHEN a IS NULL OR b IS NULL OR a = 'NaN'::float8 OR b = 'NaN'::float8 THEN 0
-                        WHEN a > b THEN 1 WHEN a < b THEN -1 ELSE 0 END;
-        END IF;
-        IF cmp >= 0 THEN best := i; END IF;
-    END LOOP;
-    out := jsonb_build_object(
-        'RateLimit-Policy', (SELECT string_agg(format('"%s";q=%s', x ->> 'name',
-                floor(greatest((x ->> 'limit')::float8, 0))::bigint)
-                || CASE WHEN x ->> 'unit' IS NOT NULL THEN format(';qu="%s"', x ->> 'unit') ELSE '' END
-                || CASE WHEN x ->> 'window' IS NOT NULL THEN ';w=' || (x ->> 'window') ELSE '' END, ', ' ORDER BY n)
-            FROM unnest(limits) WITH ORDINALITY AS u(x, n)),
-        'RateLimit', (SELECT string_agg(format('"%s";r=%s', x ->> 'name', floor(greatest((x ->> 'remaining')::float8, 0))::bigint)
-                || CASE WHEN x ->> 'reset' IS NOT NULL THEN ';t=' || (x ->> 'reset') ELSE '' END, ', ' ORDER BY n)
-            FROM unnest(limits) WITH ORDINALITY AS u(x, n)),
-        'X-RateLimit-Limit', ratelimit.rl__number_text(greatest((limits[best] ->> 'limit')::float8, 0)),
-        'X-RateLimit-Remaining', ratelimit.rl__number_text(greatest((limits[best] ->> 'remaining')::float8, 0)));
-    IF limits[best] ->> 'x_reset' IS NOT NULL THEN
-        out := out || jsonb_build_object('X-RateLimit-Reset', limits[best] ->> 'x_reset');
-    END IF;
-    IF retry IS NOT NULL THEN
-        out := out || jsonb_build_object('Retry-After', greatest(retry, 1)::text);
-    END IF;
-    RETURN out;
+    PERFORM ratelimit.rl__json_arg('rl_headers', 'result', result, 'JSON text');
+    RETURN ratelimit.rl__headers('rl_headers', result);
 END

@@ -2419,3 +2419,105 @@ BEGIN
         || '-' || k || CASE WHEN total = 1 THEN '' ELSE '-' || (seen + 1) END;
 END
 $$;
+
+-- The headers of an answer (headers::header_pairs), for rl_headers and the compact answers;
+-- fn names the function in its errors.
+CREATE OR REPLACE FUNCTION ratelimit.rl__headers(fn text, result jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    bad CONSTANT text := @MSG_NOT_A_RESULT@;
+    o jsonb := result;
+    v double precision;
+    limits jsonb[] := '{}';
+    l jsonb;
+    retry bigint;
+    best int;
+    cmp int;
+    a double precision;
+    b double precision;
+    out jsonb;
+BEGIN
+    IF jsonb_typeof(o) <> 'object' THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
+    -- counts no header can show exactly (headers::exact)
+    FOR l IN SELECT x FROM (SELECT o AS x UNION ALL SELECT e FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof(o -> 'items') = 'array' THEN o -> 'items' ELSE '[]' END) AS e
+             WHERE jsonb_typeof(e) = 'object') AS objects LOOP
+        FOR f IN 1..3 LOOP
+            CONTINUE WHEN jsonb_typeof(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]) IS DISTINCT FROM 'number';
+            v := ratelimit.rl__json_double(l -> (ARRAY['limit', 'remaining', 'in_flight'])[f]);
+            IF abs(v) > @MAX_WAIT_MS@ THEN
+                RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = fn || ': ' || format(@MSG_RESULT_TOO_LARGE@,
+                    (ARRAY['limit', 'remaining', 'in_flight'])[f], @MAX_WAIT_MS@, ratelimit.rl__describe(v));
+            END IF;
+        END LOOP;
+    END LOOP;
+    IF jsonb_typeof(o -> 'items') = 'array' THEN
+        FOR i IN 1..coalesce(jsonb_array_length(o -> 'items'), 0) LOOP
+            l := CASE WHEN jsonb_typeof(o -> 'items' -> (i - 1)) = 'object' THEN ratelimit.rl__header_limit(
+                ratelimit.rl__header_item_name(o, i), o -> 'items' -> (i - 1)) END;
+            IF l IS NULL THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
+            limits := limits || l;
+        END LOOP;
+        IF cardinality(limits) = 0 THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
+        -- a call that one limit can never admit gets no Retry-After: waiting does not help
+        IF coalesce(o -> 'admitted' = 'false'::jsonb, false) AND NOT EXISTS (
+               SELECT FROM unnest(limits) AS x WHERE (x ->> 'exceeds')::boolean) THEN
+            retry := ratelimit.rl__header_int(o -> 'retry_after_seconds');
+        END IF;
+    ELSE
+        l := ratelimit.rl__header_limit(ratelimit.rl__header_kind(o), o);
+        IF l IS NULL THEN PERFORM ratelimit.rl__invalid(fn, bad); END IF;
+        limits := ARRAY[l];
+        retry := (l ->> 'retry')::bigint;
+    END IF;
+    -- the limit that binds: the refusing one that waits longest, else the one with the
+    -- smallest share left (the last of equals, as Rust's max_by)
+    best := 1;
+    FOR i IN 2..cardinality(limits) LOOP
+        cmp := sign(coalesce((limits[i] ->> 'retry')::bigint, -1) - coalesce((limits[best] ->> 'retry')::bigint, -1));
+        IF cmp = 0 THEN
+            a := -((limits[i] ->> 'remaining')::float8 / nullif((limits[i] ->> 'limit')::float8, 0));
+            b := -((limits[best] ->> 'remaining')::float8 / nullif((limits[best] ->> 'limit')::float8, 0));
+            cmp := CASE WHEN a IS NULL OR b IS NULL OR a = 'NaN'::float8 OR b = 'NaN'::float8 THEN 0
+                        WHEN a > b THEN 1 WHEN a < b THEN -1 ELSE 0 END;
+        END IF;
+        IF cmp >= 0 THEN best := i; END IF;
+    END LOOP;
+    out := jsonb_build_object(
+        'RateLimit-Policy', (SELECT string_agg(format('"%s";q=%s', x ->> 'name',
+                floor(greatest((x ->> 'limit')::float8, 0))::bigint)
+                || CASE WHEN x ->> 'unit' IS NOT NULL THEN format(';qu="%s"', x ->> 'unit') ELSE '' END
+                || CASE WHEN x ->> 'window' IS NOT NULL THEN ';w=' || (x ->> 'window') ELSE '' END, ', ' ORDER BY n)
+            FROM unnest(limits) WITH ORDINALITY AS u(x, n)),
+        'RateLimit', (SELECT string_agg(format('"%s";r=%s', x ->> 'name', floor(greatest((x ->> 'remaining')::float8, 0))::bigint)
+                || CASE WHEN x ->> 'reset' IS NOT NULL THEN ';t=' || (x ->> 'reset') ELSE '' END, ', ' ORDER BY n)
+            FROM unnest(limits) WITH ORDINALITY AS u(x, n)),
+        'X-RateLimit-Limit', ratelimit.rl__number_text(greatest((limits[best] ->> 'limit')::float8, 0)),
+        'X-RateLimit-Remaining', ratelimit.rl__number_text(greatest((limits[best] ->> 'remaining')::float8, 0)));
+    IF limits[best] ->> 'x_reset' IS NOT NULL THEN
+        out := out || jsonb_build_object('X-RateLimit-Reset', limits[best] ->> 'x_reset');
+    END IF;
+    IF retry IS NOT NULL THEN
+        out := out || jsonb_build_object('Retry-After', greatest(retry, 1)::text);
+    END IF;
+    RETURN out;
+END
+$$;
+
+-- The compact answer of an rl_take, rl_check or rl_take_all answer (headers::compact):
+-- admitted as 1 or 0, then the X-RateLimit-Limit, X-RateLimit-Remaining,
+-- X-RateLimit-Reset and Retry-After values of its headers, 0 where there is none.
+CREATE OR REPLACE FUNCTION ratelimit.rl__compact(fn text, answer jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    h jsonb;
+BEGIN
+    IF answer IS NULL THEN
+        RETURN NULL;
+    END IF;
+    h := ratelimit.rl__headers(fn, answer);
+    RETURN CASE WHEN answer -> 'admitted' = 'true'::jsonb THEN '1' ELSE '0' END
+        || ' ' || (h ->> 'X-RateLimit-Limit') || ' ' || (h ->> 'X-RateLimit-Remaining')
+        || ' ' || coalesce(h ->> 'X-RateLimit-Reset', '0') || ' ' || coalesce(h ->> 'Retry-After', '0');
+END
+$$;

@@ -2,6 +2,8 @@
 -- Deliberate declarations of every function's purpose.
 COMMENT ON FUNCTION rl_take(text, double precision, double precision, double precision, double precision) IS
   'token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb';
+COMMENT ON FUNCTION rl_take_compact(text, double precision, double precision, double precision, double precision) IS
+  'the same call as rl_take, answered as text of five numbers for callers that need only the decision and the headers: ''admitted limit remaining reset retry_after'', admitted 1 or 0, then the X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset and Retry-After values rl_headers gives rl_take''s answer (0 where it gives none); no JSON is built or printed';
 COMMENT ON FUNCTION rl_spend(text, text, double precision, double precision, double precision) IS
   'calendar budget (an hour, day, ISO week from Monday, month or year, in UTC unless the period names an anchor and a time zone, as ''month from 15 09:00 in Europe/Paris''): spend cost (all or nothing) against quota; returns jsonb';
 COMMENT ON FUNCTION rl_budget(text, text, double precision, double precision, double precision) IS
@@ -20,6 +22,8 @@ COMMENT ON FUNCTION rl_reset(text) IS
   'forget every bucket and budget under key; returns the number of rows removed';
 COMMENT ON FUNCTION rl_take_all(jsonb, double precision) IS
   'take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb';
+COMMENT ON FUNCTION rl_take_all_compact(jsonb, double precision) IS
+  'the same call as rl_take_all, answered as text of five numbers for callers that need only the decision and the headers: ''admitted limit remaining reset retry_after'', admitted 1 or 0, then the X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset and Retry-After values rl_headers gives rl_take_all''s answer (0 where it gives none); no JSON is built or printed';
 COMMENT ON FUNCTION rl_refund_all(jsonb, double precision) IS
   'give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
 COMMENT ON FUNCTION rl_charge_all(jsonb, double precision) IS
@@ -54,6 +58,8 @@ COMMENT ON FUNCTION rl_policy_drop(text) IS
   'delete a policy; returns whether it existed (rl_admin only)';
 COMMENT ON FUNCTION rl_check(text, text, double precision, text, double precision) IS
   'apply every limit of a policy to subject, all or nothing, scaled by the tier''s multiplier; returns jsonb';
+COMMENT ON FUNCTION rl_check_compact(text, text, double precision, text, double precision) IS
+  'the same call as rl_check, answered as text of five numbers for callers that need only the decision and the headers: ''admitted limit remaining reset retry_after'', admitted 1 or 0, then the X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset and Retry-After values rl_headers gives rl_check''s answer (0 where it gives none); no JSON is built or printed';
 COMMENT ON FUNCTION rl_refund_check(text, text, double precision, text, double precision) IS
   'give cost back to every limit of a policy for subject, scaled by the tier (after an admitted rl_check whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb';
 COMMENT ON FUNCTION rl_charge_check(text, text, double precision, text, double precision) IS
@@ -154,6 +160,7 @@ BEGIN
         SELECT 'FUNCTION', p.oid::regprocedure::text, p.proacl, 'f', p.proowner, 'EXECUTE', false
         FROM pg_catalog.unnest(ARRAY[
          'rl_take(text, double precision, double precision, double precision, double precision)',
+         'rl_take_compact(text, double precision, double precision, double precision, double precision)',
          'rl_spend(text, text, double precision, double precision, double precision)',
          'rl_budget(text, text, double precision, double precision, double precision)',
          'rl_sweep(double precision, bigint)',
@@ -162,6 +169,7 @@ BEGIN
          'rl_refund(text, double precision, double precision, double precision, double precision)',
          'rl_refund_budget(text, text, double precision, double precision)',
          'rl_take_all(jsonb, double precision)',
+         'rl_take_all_compact(jsonb, double precision)',
          'rl_refund_all(jsonb, double precision)',
          'rl_charge_all(jsonb, double precision)',
          'rl_check_limits(text, text, jsonb, double precision)',
@@ -177,6 +185,7 @@ BEGIN
          'rl_charge_budget(text, text, double precision, double precision)',
          'rl_policy_validate(jsonb)',
          'rl_check(text, text, double precision, text, double precision)',
+         'rl_check_compact(text, text, double precision, text, double precision)',
          'rl_refund_check(text, text, double precision, text, double precision)',
          'rl_charge_check(text, text, double precision, text, double precision)',
          'rl_peek_check(text, text, double precision, text, double precision)',

@@ -86,8 +86,10 @@ fn top_refused(args: &[Arg]) -> Result<Answer> {
 
 fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clock) -> Result<Answer> {
     let json = |r: &dyn ToJson| Answer::Json(r.to_json());
+    let compact = |r: &dyn ToJson| headers::compact(&r.to_json()).map(Answer::Text);
     Ok(match which {
         StateCall::Take => json(&protocol::take(store, &TakeArgs::parse(call, clock)?)?),
+        StateCall::TakeCompact => compact(&protocol::take(store, &TakeArgs::parse(call, clock)?)?)?,
         StateCall::Peek => json(&protocol::peek(store, &TakeArgs::parse(call, clock)?)?),
         StateCall::Refund => json(&protocol::refund(store, &TakeArgs::parse(call, clock)?)?),
         StateCall::Spend => json(&protocol::spend(store, &SpendArgs::parse(call, clock)?)?),
@@ -98,6 +100,10 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
         StateCall::TakeAll => {
             let limits = call_args::limits_json(call)?;
             json(&protocol::take_all(store, &TakeAllArgs::parse(&limits, call, clock)?)?)
+        }
+        StateCall::TakeAllCompact => {
+            let limits = call_args::limits_json(call)?;
+            compact(&protocol::take_all(store, &TakeAllArgs::parse(&limits, call, clock)?)?)?
         }
         StateCall::RefundAll => {
             let limits = call_args::limits_json(call)?;
@@ -137,6 +143,7 @@ fn state<S: Store>(which: StateCall, call: &CallArgs, store: &mut S, clock: &Clo
             Answer::Bool(protocol::policy_drop(store, args::name("name", &call.get("name").arg)?)?)
         }
         StateCall::Check => json(&protocol::check(store, &CheckArgs::parse(call, clock)?)?),
+        StateCall::CheckCompact => compact(&protocol::check(store, &CheckArgs::parse(call, clock)?)?)?,
         StateCall::RefundCheck => json(&protocol::refund_check(store, &CheckArgs::parse(call, clock)?)?),
         StateCall::ChargeCheck => json(&protocol::charge_check(store, &CheckArgs::parse(call, clock)?)?),
         StateCall::PeekCheck => json(&protocol::peek_check(store, &CheckArgs::parse(call, clock)?)?),

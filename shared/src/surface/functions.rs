@@ -144,6 +144,7 @@ pub enum ServerCall {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateCall {
     Take,
+    TakeCompact,
     Spend,
     Budget,
     Sweep,
@@ -152,6 +153,7 @@ pub enum StateCall {
     RefundBudget,
     Reset,
     TakeAll,
+    TakeAllCompact,
     RefundAll,
     ChargeAll,
     CheckLimits,
@@ -168,6 +170,7 @@ pub enum StateCall {
     PolicySet,
     PolicyDrop,
     Check,
+    CheckCompact,
     RefundCheck,
     ChargeCheck,
     PeekCheck,
@@ -187,6 +190,9 @@ impl StateCall {
         matches!(
             self,
             StateCall::Take
+                | StateCall::TakeCompact
+                | StateCall::TakeAllCompact
+                | StateCall::CheckCompact
                 | StateCall::Peek
                 | StateCall::Refund
                 | StateCall::Charge
@@ -297,6 +303,12 @@ impl Function {
         }
     }
 
+    /// Whether it is the compact answer of a hot call (`rl_take_compact` and its kin):
+    /// the JSON call's work, answered as `headers::compact` writes it.
+    pub fn compact(&self) -> bool {
+        matches!(self.entry, Entry::State(StateCall::TakeCompact | StateCall::CheckCompact | StateCall::TakeAllCompact))
+    }
+
     pub fn is_internal(&self) -> bool {
         matches!(self.entry, Entry::Internal(_))
     }
@@ -387,6 +399,17 @@ const fn admission_keys_and(last: &'static str) -> [&'static str; 8] {
 }
 const NOT_AN_OBJECT: &[&str] = &[];
 
+/// The compact answers' comments: the same call as the JSON one, answered as
+/// `headers::compact` writes it.
+macro_rules! compact_comment {
+    ($call:literal) => {
+        concat!("the same call as ", $call, ", answered as text of five numbers for callers that need only the decision and the headers: 'admitted limit remaining reset retry_after', admitted 1 or 0, then the X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset and Retry-After values rl_headers gives ", $call, "'s answer (0 where it gives none); no JSON is built or printed")
+    };
+}
+const COMPACT_TAKE: &str = compact_comment!("rl_take");
+const COMPACT_TAKE_ALL: &str = compact_comment!("rl_take_all");
+const COMPACT_CHECK: &str = compact_comment!("rl_check");
+
 use SqlType::{Bool, Float8, Int8, Jsonb, Text};
 
 const fn function(
@@ -410,6 +433,8 @@ mod table {
 
     pub const RL_TAKE: Function = Function { result_keys: TAKE_KEYS, ..state("rl_take", StateCall::Take, TAKE_ARGS,
         "token bucket: take cost tokens (all or nothing) from key; burst tokens at most, refilled per minute; returns jsonb") };
+    pub const RL_TAKE_COMPACT: Function = Function { returns: Text, ..state("rl_take_compact", StateCall::TakeCompact, TAKE_ARGS,
+        COMPACT_TAKE) };
     pub const RL_SPEND: Function = Function { result_keys: SPEND_KEYS, ..state("rl_spend", StateCall::Spend, SPEND_ARGS,
         "calendar budget (an hour, day, ISO week from Monday, month or year, in UTC unless the period names an anchor and a time zone, as 'month from 15 09:00 in Europe/Paris'): spend cost (all or nothing) against quota; returns jsonb") };
     pub const RL_BUDGET: Function = Function { result_keys: SPEND_KEYS, ..state("rl_budget", StateCall::Budget, BUDGET_ARGS,
@@ -433,6 +458,8 @@ mod table {
     pub const RL_TAKE_ALL: Function = Function { result_keys: &["admitted", "retry_after_ms", "retry_after_seconds", "items"],
         ..state("rl_take_all", StateCall::TakeAll, &[required("limits", Jsonb), NOW_MS],
         "take from several buckets and budgets at once, all or nothing, locking rows in a fixed order; returns jsonb") };
+    pub const RL_TAKE_ALL_COMPACT: Function = Function { returns: Text,
+        ..state("rl_take_all_compact", StateCall::TakeAllCompact, &[required("limits", Jsonb), NOW_MS], COMPACT_TAKE_ALL) };
     pub const RL_REFUND_ALL: Function = Function { result_keys: &["items"],
         ..state("rl_refund_all", StateCall::RefundAll, &[required("limits", Jsonb), NOW_MS],
         "give each limit of an rl_take_all list its cost back, in one unit (after an admitted rl_take_all whose work failed): buckets never above burst, budgets never below 0, windows forget their newest admissions; returns jsonb") };
@@ -482,6 +509,9 @@ mod table {
         ..state("rl_check", StateCall::Check,
         &[POLICY, SUBJECT, AMOUNT_COST, optional("tier", Text, "NULL"), NOW_MS],
         "apply every limit of a policy to subject, all or nothing, scaled by the tier's multiplier; returns jsonb") };
+    pub const RL_CHECK_COMPACT: Function = Function { returns: Text,
+        ..state("rl_check_compact", StateCall::CheckCompact,
+        &[POLICY, SUBJECT, AMOUNT_COST, optional("tier", Text, "NULL"), NOW_MS], COMPACT_CHECK) };
     pub const RL_REFUND_CHECK: Function = Function { result_keys: &["policy", "tier", "items"],
         ..state("rl_refund_check", StateCall::RefundCheck,
         &[POLICY, SUBJECT, AMOUNT_COST, optional("tier", Text, "NULL"), NOW_MS],
@@ -577,6 +607,7 @@ pub use table::*;
 /// Every function, public ones first, in the order the reference documents them.
 pub const ALL: &[Function] = &[
     RL_TAKE,
+    RL_TAKE_COMPACT,
     RL_SPEND,
     RL_BUDGET,
     RL_SWEEP,
@@ -586,6 +617,7 @@ pub const ALL: &[Function] = &[
     RL_REFUND_BUDGET,
     RL_RESET,
     RL_TAKE_ALL,
+    RL_TAKE_ALL_COMPACT,
     RL_REFUND_ALL,
     RL_CHARGE_ALL,
     RL_CHECK_LIMITS,
@@ -603,6 +635,7 @@ pub const ALL: &[Function] = &[
     RL_POLICY_VALIDATE,
     RL_POLICY_DROP,
     RL_CHECK,
+    RL_CHECK_COMPACT,
     RL_REFUND_CHECK,
     RL_CHARGE_CHECK,
     RL_PEEK_CHECK,

@@ -32,25 +32,98 @@ struct Limit {
     exceeds_limit: bool,
 }
 
-fn num(o: &Map<String, Value>, key: &str) -> Option<f64> {
-    o.get(key).and_then(Value::as_f64)
+/// What the headers read of a result: its fields by name, from JSON text parsed
+/// (`rl_headers`, `ratelimit-rls`) or from the answer as the core built it (the compact
+/// answers, which print no JSON at all).
+trait Fields {
+    fn num(&self, key: &str) -> Option<f64>;
+    fn int(&self, key: &str) -> Option<i64>;
+    fn flag(&self, key: &str) -> Option<bool>;
+    fn has(&self, key: &str) -> bool;
+    fn text(&self, key: &str) -> Option<&str>;
+    /// The `items` array, each item the object it is (None for an item that is not one);
+    /// None when there is no such array.
+    fn items(&self) -> Option<Vec<Option<&Self>>>;
 }
 
-fn int(o: &Map<String, Value>, key: &str) -> Option<i64> {
-    o.get(key).and_then(Value::as_i64)
+impl Fields for Map<String, Value> {
+    fn num(&self, key: &str) -> Option<f64> {
+        self.get(key).and_then(Value::as_f64)
+    }
+    fn int(&self, key: &str) -> Option<i64> {
+        self.get(key).and_then(Value::as_i64)
+    }
+    fn flag(&self, key: &str) -> Option<bool> {
+        self.get(key).and_then(Value::as_bool)
+    }
+    fn has(&self, key: &str) -> bool {
+        self.contains_key(key)
+    }
+    fn text(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
+    fn items(&self) -> Option<Vec<Option<&Self>>> {
+        self.get("items").and_then(Value::as_array).map(|a| a.iter().map(Value::as_object).collect())
+    }
 }
 
-fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
-    let limit = num(o, "limit")?;
-    let refused = o.get("admitted").and_then(Value::as_bool) == Some(false);
-    let exceeds_limit = o.get("exceeds_limit").and_then(Value::as_bool) == Some(true);
-    let retry_seconds = if refused && !exceeds_limit { int(o, "retry_after_seconds") } else { None };
+impl Json {
+    fn field(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Object(fields) => fields.iter().find(|(k, _)| *k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+}
+
+impl Fields for Json {
+    fn num(&self, key: &str) -> Option<f64> {
+        match self.field(key)? {
+            Json::Int(n) => Some(*n as f64),
+            Json::Number(v) if v.is_finite() => Some(*v),
+            _ => None,
+        }
+    }
+    fn int(&self, key: &str) -> Option<i64> {
+        match self.field(key)? {
+            Json::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+    fn flag(&self, key: &str) -> Option<bool> {
+        match self.field(key)? {
+            Json::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    fn has(&self, key: &str) -> bool {
+        self.field(key).is_some()
+    }
+    fn text(&self, key: &str) -> Option<&str> {
+        match self.field(key)? {
+            Json::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn items(&self) -> Option<Vec<Option<&Self>>> {
+        match self.field("items")? {
+            Json::Array(a) => Some(a.iter().map(|i| matches!(i, Json::Object(_)).then_some(i)).collect()),
+            _ => None,
+        }
+    }
+}
+
+fn limit_of<F: Fields>(name: String, o: &F) -> Option<Limit> {
+    let limit = o.num("limit")?;
+    let refused = o.flag("admitted") == Some(false);
+    let exceeds_limit = o.flag("exceeds_limit") == Some(true);
+    let retry_seconds = if refused && !exceeds_limit { o.int("retry_after_seconds") } else { None };
     let window_seconds = ["refill_seconds", "period_seconds", "window_seconds"]
         .iter()
-        .find_map(|k| num(o, k))
+        .find_map(|k| o.num(k))
         .filter(|w| w.is_finite())
         .map(|w| (w.ceil() as i64).max(1));
-    if let Some(in_flight) = num(o, "in_flight") {
+    if let Some(in_flight) = o.num("in_flight") {
         // A lease cap (rl_acquire): what is left is the leases not held. A slot comes back
         // when a lease is released or expires, which only a refusal's retry time bounds.
         return Some(Limit {
@@ -65,10 +138,10 @@ fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
             exceeds_limit,
         });
     }
-    let remaining = num(o, "remaining")?;
-    let (reset_seconds, x_reset) = match int(o, "reset_after_seconds") {
+    let remaining = o.num("remaining")?;
+    let (reset_seconds, x_reset) = match o.int("reset_after_seconds") {
         Some(reset) => (Some(reset), Some(reset)),
-        None => (retry_seconds, Some(int(o, "resets_at")?)),
+        None => (retry_seconds, Some(o.int("resets_at")?)),
     };
     Some(Limit {
         name,
@@ -85,29 +158,42 @@ fn limit_of(name: String, o: &Map<String, Value>) -> Option<Limit> {
 
 /// Refuses a count no header can show exactly (the headers print whole numbers): beyond
 /// 2^53 - 1, or beyond a double altogether.
+fn exact_value(field: &str, value: f64) -> Result<()> {
+    if value.is_nan() || value.abs() > MAX_WAIT_MS as f64 {
+        let got = crate::args::Arg::Real(value).describe();
+        return Err(Error::out_of_range(crate::messages::RESULT_TOO_LARGE.render(&[&field, &MAX_WAIT_MS, &got])));
+    }
+    Ok(())
+}
+
+const COUNTS: [&str; 3] = ["limit", "remaining", "in_flight"];
+
 fn exact(o: &Map<String, Value>) -> Result<()> {
-    for field in ["limit", "remaining", "in_flight"] {
+    for field in COUNTS {
         if let Some(Value::Number(n)) = o.get(field) {
-            let value = crate::args::number_f64(n);
-            if value.is_nan() || value.abs() > MAX_WAIT_MS as f64 {
-                let got = crate::args::Arg::Real(value).describe();
-                return Err(Error::out_of_range(crate::messages::RESULT_TOO_LARGE.render(&[
-                    &field,
-                    &MAX_WAIT_MS,
-                    &got,
-                ])));
-            }
+            exact_value(field, crate::args::number_f64(n))?;
         }
     }
     Ok(())
 }
 
-fn kind(o: &Map<String, Value>) -> &'static str {
-    if o.contains_key("resets_at") {
+fn exact_json(o: &Json) -> Result<()> {
+    for field in COUNTS {
+        match o.field(field) {
+            Some(Json::Int(n)) => exact_value(field, *n as f64)?,
+            Some(Json::Number(v)) if v.is_finite() => exact_value(field, *v)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn kind<F: Fields>(o: &F) -> &'static str {
+    if o.has("resets_at") {
         "budget"
-    } else if o.contains_key("window_seconds") {
+    } else if o.has("window_seconds") {
         "window"
-    } else if o.contains_key("in_flight") {
+    } else if o.has("in_flight") {
         "concurrency"
     } else {
         "bucket"
@@ -117,8 +203,8 @@ fn kind(o: &Map<String, Value>) -> &'static str {
 /// The draft's name of each item of a call on several limits: for a policy's check, the
 /// policy and the kind (`"login-bucket"`, and `"login-bucket-2"` for a kind that recurs);
 /// for rl_take_all, the kind and the item's place (`"bucket-1"`).
-fn item_names(policy: Option<&str>, items: &[Value]) -> Vec<String> {
-    let kinds: Vec<&str> = items.iter().map(|i| i.as_object().map_or("bucket", kind)).collect();
+fn item_names<F: Fields>(policy: Option<&str>, items: &[Option<&F>]) -> Vec<String> {
+    let kinds: Vec<&str> = items.iter().map(|i| i.map_or("bucket", kind)).collect();
     let Some(policy) = policy else {
         return kinds.iter().enumerate().map(|(i, k)| format!("{k}-{}", i + 1)).collect();
     };
@@ -158,6 +244,11 @@ fn shown(v: f64) -> String {
     crate::json::number_text(v.max(0.0))
 }
 
+/// Retry-After's value: never 0 while the caller is limited.
+fn shown_retry(retry: Option<i64>) -> Option<i64> {
+    retry.map(|r| r.max(1))
+}
+
 fn not_a_result() -> Error {
     Error::invalid(crate::messages::NOT_A_RESULT.template)
 }
@@ -170,29 +261,30 @@ pub fn headers(result: &str) -> Result<Json> {
     Ok(Json::Object(pairs.into_iter().map(|(name, value)| (name, Json::Str(value))).collect()))
 }
 
-/// The headers of a result already parsed, as (name, value) pairs in rl_headers' order:
-/// for a server that holds the answer as a value (ratelimit-rls) and sends headers, not text.
-pub fn header_pairs(value: &Value) -> Result<Vec<(&'static str, String)>> {
+/// The limits a result holds, the Retry-After it calls for, and the limit that binds (the
+/// one the X- headers and the compact answer describe).
+struct Shown {
+    limits: Vec<Limit>,
+    retry: Option<i64>,
+    binding: usize,
+}
+
+fn shown_limits<F: Fields>(o: &F) -> Result<Shown> {
     let bad = not_a_result;
-    let o = value.as_object().ok_or_else(bad)?;
-    let items = o.get("items").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
-    for object in std::iter::once(o).chain(items.iter().filter_map(Value::as_object)) {
-        exact(object)?;
-    }
-    let (limits, retry) = match o.get("items").and_then(Value::as_array) {
+    let (limits, retry) = match o.items() {
         Some(items) => {
-            let names = item_names(o.get("policy").and_then(Value::as_str), items);
+            let names = item_names(o.text("policy"), &items);
             let limits = items
                 .iter()
                 .zip(names)
-                .map(|(item, name)| item.as_object().and_then(|io| limit_of(name, io)))
+                .map(|(item, name)| item.and_then(|io| limit_of(name, io)))
                 .collect::<Option<Vec<Limit>>>()
                 .filter(|l| !l.is_empty())
                 .ok_or_else(bad)?;
             // A call that one limit can never admit gets no Retry-After: waiting does not help.
-            let refused = o.get("admitted").and_then(Value::as_bool) == Some(false);
+            let refused = o.flag("admitted") == Some(false);
             let never = limits.iter().any(|l| l.exceeds_limit);
-            (limits, if refused && !never { int(o, "retry_after_seconds") } else { None })
+            (limits, if refused && !never { o.int("retry_after_seconds") } else { None })
         }
         None => {
             let single = limit_of(kind(o).to_owned(), o).ok_or_else(bad)?;
@@ -204,11 +296,56 @@ pub fn header_pairs(value: &Value) -> Result<Vec<(&'static str, String)>> {
     // else the one with the smallest share left.
     let binding = limits
         .iter()
-        .max_by(|a, b| {
+        .enumerate()
+        .max_by(|(_, a), (_, b)| {
             let key = |l: &Limit| (l.retry_seconds.unwrap_or(-1), -(l.remaining / l.limit));
             key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal)
         })
-        .expect("at least one limit");
+        .map_or(0, |(i, _)| i);
+    Ok(Shown { limits, retry, binding })
+}
+
+/// The compact answer of `rl_take_compact`, `rl_check_compact` and `rl_take_all_compact`:
+/// five numbers separated by single spaces, `admitted limit remaining reset retry_after`:
+/// admitted is 1 or 0; the others are the values `rl_headers` gives the same answer's
+/// X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset (0 for a lease cap, which
+/// states none) and Retry-After (0 when there is none: admitted, or refused for a cost no
+/// wait admits).
+pub fn compact(answer: &Json) -> Result<String> {
+    exact_json(answer)?;
+    if let Some(items) = answer.items() {
+        for item in items.into_iter().flatten() {
+            exact_json(item)?;
+        }
+    }
+    let limits = shown_limits(answer)?;
+    let binding = &limits.limits[limits.binding];
+    let admitted = answer.flag("admitted") == Some(true);
+    let mut out = String::with_capacity(32);
+    out.push(if admitted { '1' } else { '0' });
+    for field in [shown(binding.limit), shown(binding.remaining)] {
+        out.push(' ');
+        out.push_str(&field);
+    }
+    for field in [binding.x_reset.unwrap_or(0), shown_retry(limits.retry).unwrap_or(0)] {
+        out.push(' ');
+        out.push_str(itoa::Buffer::new().format(field));
+    }
+    Ok(out)
+}
+
+/// The headers of a result already parsed, as (name, value) pairs in rl_headers' order:
+/// for a server that holds the answer as a value (ratelimit-rls) and sends headers, not text.
+pub fn header_pairs(value: &Value) -> Result<Vec<(&'static str, String)>> {
+    let o = value.as_object().ok_or_else(not_a_result)?;
+    exact(o)?;
+    if let Some(items) = o.get("items").and_then(Value::as_array) {
+        for item in items.iter().filter_map(Value::as_object) {
+            exact(item)?;
+        }
+    }
+    let Shown { limits, retry, binding } = shown_limits(o)?;
+    let binding = &limits[binding];
     let policy: Vec<String> = limits
         .iter()
         .map(|l| {
@@ -238,8 +375,8 @@ pub fn header_pairs(value: &Value) -> Result<Vec<(&'static str, String)>> {
     if let Some(reset) = binding.x_reset {
         out.push(("X-RateLimit-Reset", reset.to_string()));
     }
-    if let Some(retry) = retry {
-        out.push(("Retry-After", retry.max(1).to_string()));
+    if let Some(retry) = shown_retry(retry) {
+        out.push(("Retry-After", retry.to_string()));
     }
     Ok(out)
 }
