@@ -2,6 +2,7 @@
 totals when many sessions check one policy and subject, and the listing on both engines.
 Each answer's exact values are in the conformance list (tests/test_conformance.py)."""
 import json
+import random
 import sqlite3
 
 import pytest
@@ -155,7 +156,6 @@ ONE_SHOT = '{"limits": [{"burst": 1, "refill_per_minute": 0.000001}]}'
 def summary_refusals():
     """A fixed order of refusals: each subject's first call admits (burst 1), every later
     one is refused and recorded."""
-    import random
     rng = random.Random(58)
     order = [s for s in SUMMARY_SUBJECTS for _ in range(rng.randint(1, 4))]
     rng.shuffle(order)

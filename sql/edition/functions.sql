@@ -680,18 +680,28 @@ END
 
 -- function: rl_policy_stats
 DECLARE
-    counts jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.counts', true), ''), '{}')::jsonb;
+    -- the policies the session counted (rl__count), each with its four counts
+    names text[] := coalesce(nullif(current_setting('pg_ratelimit_sql.counted', true), ''), '{}');
 BEGIN
-    RETURN jsonb_build_object('scope', 'session', 'policies', counts);
+    RETURN jsonb_build_object('scope', 'session', 'policies', coalesce((
+        SELECT jsonb_object_agg(u.name, jsonb_build_object(
+            'admitted', coalesce(nullif(current_setting(c.s || '_admitted', true), ''), '0')::bigint,
+            'refused', coalesce(nullif(current_setting(c.s || '_refused', true), ''), '0')::bigint,
+            'would_refuse', coalesce(nullif(current_setting(c.s || '_would_refuse', true), ''), '0')::bigint,
+            'refused_blocked', coalesce(nullif(current_setting(c.s || '_refused_blocked', true), ''), '0')::bigint))
+        FROM unnest(names) AS u(name), LATERAL (SELECT ratelimit.rl__counted(u.name) AS s) AS c), '{}'));
 END
 
 -- function: rl_stats_reset
 DECLARE
-    counts jsonb := coalesce(nullif(current_setting('pg_ratelimit_sql.counts', true), ''), '{}')::jsonb;
-    n bigint;
+    names text[] := coalesce(nullif(current_setting('pg_ratelimit_sql.counted', true), ''), '{}');
+    n bigint := coalesce(cardinality(names), 0);
 BEGIN
-    SELECT count(*) INTO n FROM jsonb_object_keys(counts);
-    PERFORM set_config('pg_ratelimit_sql.counts', '{}', false);
+    -- every policy's counts, and its mark: counted again, it is listed again (rl__count)
+    PERFORM set_config(c.s || x.part, '', false)
+    FROM unnest(names) AS u(name), LATERAL (SELECT ratelimit.rl__counted(u.name) AS s) AS c,
+         unnest(ARRAY['', '_admitted', '_refused', '_would_refuse', '_refused_blocked']) AS x(part);
+    PERFORM set_config('pg_ratelimit_sql.counted', '{}', false);
     -- every policy's refused subjects: a policy not numbered starts with empty entries (rl__refuse)
     PERFORM set_config('pg_ratelimit_sql.refused_slots', '{}', false);
     RETURN n;

@@ -2222,28 +2222,46 @@ BEGIN
 END
 $$;
 
--- The session's counts (the text of pg_ratelimit_sql.counts) with one more outcome of
--- rl_check for policy; a shadow policy's refusal also admits (stats::PolicyCounts::add).
--- STABLE, not IMMUTABLE: it is inlined with the setting read in its argument.
-CREATE OR REPLACE FUNCTION ratelimit.rl__counted(counts text, policy text, outcome text) RETURNS text
+-- The setting under which the session's counts of policy live (rl__count): its bytes in
+-- hexadecimal, as a setting's name takes letters and digits only, so every policy has its own.
+CREATE OR REPLACE FUNCTION ratelimit.rl__counted(policy text) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT jsonb_set(coalesce(nullif(counts, ''), '{}')::jsonb, ARRAY[policy],
-        coalesce(coalesce(nullif(counts, ''), '{}')::jsonb -> policy,
-                 '{"admitted": 0, "refused": 0, "would_refuse": 0, "refused_blocked": 0}'::jsonb)
-        || jsonb_build_object(outcome, coalesce((coalesce(nullif(counts, ''), '{}')::jsonb -> policy ->> outcome)::bigint, 0) + 1)
-        || CASE WHEN outcome = 'would_refuse'
-                THEN jsonb_build_object('admitted', coalesce((coalesce(nullif(counts, ''), '{}')::jsonb -> policy ->> 'admitted')::bigint, 0) + 1)
-                ELSE '{}'::jsonb END)::text
+    SELECT 'pg_ratelimit_sql.counted_' || encode(convert_to(policy, 'UTF8'), 'hex')
 $$;
 
--- Counts an outcome of rl_check for this session (stats::CounterSink): the edition has no
--- shared memory, so the counts live in the session setting pg_ratelimit_sql.counts. True;
--- a SQL function PostgreSQL inlines into the caller's expression.
+-- One more in the count kept in setting s (empty or missing: none yet). True.
+CREATE OR REPLACE FUNCTION ratelimit.rl__bump(s text) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT set_config(s, (coalesce(nullif(current_setting(s, true), ''), '0')::bigint + 1)::text, false) IS NOT NULL
+$$;
+
+-- Marks policy counted under s, listed in pg_ratelimit_sql.counted for rl_policy_stats. True.
+CREATE OR REPLACE FUNCTION ratelimit.rl__count_new(s text, policy text) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT set_config(s, '1', false) IS NOT NULL
+       AND set_config('pg_ratelimit_sql.counted',
+                      (coalesce(nullif(current_setting('pg_ratelimit_sql.counted', true), ''), '{}')::text[] || policy)::text,
+                      false) IS NOT NULL
+$$;
+
+-- rl__count's body: s is the policy's own setting.
+CREATE OR REPLACE FUNCTION ratelimit.rl__count_under(s text, policy text, outcome text) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT (nullif(current_setting(s, true), '') IS NOT NULL OR ratelimit.rl__count_new(s, policy))
+       AND ratelimit.rl__bump(s || '_' || outcome)
+       AND (outcome <> 'would_refuse' OR ratelimit.rl__bump(s || '_admitted'))
+$$;
+
+-- Counts an outcome of rl_check for this session (stats::CounterSink; a shadow policy's
+-- refusal also admits, stats::PolicyCounts::add): the edition has no shared memory, so the
+-- counts live in session settings, each a number: <s>_admitted, <s>_refused,
+-- <s>_would_refuse and <s>_refused_blocked, where s is the policy's own setting
+-- (rl__counted), which marks it counted. A check reads and writes its own numbers alone, in
+-- SQL functions PostgreSQL inlines into the caller's expression (no PL/pgSQL of its own,
+-- no document of every policy parsed). True.
 CREATE OR REPLACE FUNCTION ratelimit.rl__count(policy text, outcome text) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
-    SELECT set_config('pg_ratelimit_sql.counts',
-                      ratelimit.rl__counted(current_setting('pg_ratelimit_sql.counts', true), policy, outcome), false)
-           IS NOT NULL
+    SELECT ratelimit.rl__count_under(ratelimit.rl__counted(policy), policy, outcome)
 $$;
 
 -- Notes that rl_check refused subject under policy, for this session (refused::RefusedSlots::record):
