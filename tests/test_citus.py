@@ -98,7 +98,8 @@ def notices_of(conn, sql, args=()):
 
 def test_single_key_calls_run_on_the_worker_that_owns_the_key(cluster):
     fresh(cluster)
-    for sql in ("SELECT rl_take('user:1', 10, 60)", "SELECT rl_spend('user:1', 'day', 10)",
+    for sql in ("SELECT rl_take('user:1', 10, 60)", "SELECT rl_take_compact('user:1', 10, 60)",
+                "SELECT rl_spend('user:1', 'day', 10)",
                 "SELECT rl_peek('user:1', 10, 60)", "SELECT rl_budget('user:1', 'day', 10)",
                 "SELECT rl_refund('user:1', 10, 60, 1)", "SELECT rl_refund_budget('user:1', 'day', 1)"):
         _, pushed = notices_of(cluster, sql)
