@@ -859,6 +859,8 @@ STEPS = [
     ("rl_block", ("fay", None, 0), strikes(0, None, None, blocked=True)),
     ("rl_check", ("api", "fay", 1, None, 0),
      checked([bucket_item(True, 5, 5, 0, 0, 60)], "api", retry_ms=None, would_refuse=True, blocked=True)),
+    # blocked until rl_unblock: refused, and no wait ends it
+    ("rl_check_compact", ("api", "fay", 1, None, 0), "0 5 5 0 0"),
     ("rl_unblock", ("fay", 0), True),
     ("rl_unblock", ("fay", 0), False),
     ("rl_check", ("api", "fay", 1, None, 0), checked([bucket_item(True, 4, 5, 0, 12, 60)], "api")),

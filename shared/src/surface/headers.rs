@@ -85,8 +85,13 @@ impl Fields for Json {
         }
     }
     fn int(&self, key: &str) -> Option<i64> {
+        // as the same number printed and parsed again would read
         match self.field(key)? {
             Json::Int(n) => Some(*n),
+            Json::Number(v) => match crate::json::number_form(*v) {
+                crate::json::NumberForm::Int(n) => Some(n),
+                _ => None,
+            },
             _ => None,
         }
     }
