@@ -42,7 +42,7 @@ package-rls: ## ratelimit-rls's .deb alone (Envoy's rate limit service; cargo, n
 rls: ## ratelimit-rls on SQLite with the example configuration (gRPC 127.0.0.1:8081, metrics 127.0.0.1:8080)
 	CARGO_TARGET_DIR=target/rls cargo run --release -p ratelimit-rls -- --config rls/config/examples --database sqlite:rls.db --grpc 127.0.0.1:8081 --http 127.0.0.1:8080
 
-reference: ## rewrite docs/reference.md from the function table (a test fails while it is stale)
+reference: ## rewrite the generated files (docs/reference.md, pg_finalize.sql, the Node Limit type, the spec's limit schema, the operator page's kinds) from the function and kind tables (a test fails while one is stale)
 	RL_BLESS=1 cargo test -q -p ratelimit_codegen --test generated
 
 bench: ## the benchmark harness (about 45 minutes; RL_BENCH_ONLY=targets|memory|kinds|edition|instructions for one section)

@@ -1,7 +1,10 @@
-//! The files generated from the function table ([`ratelimit_core::functions`]): `sql/schema/pg_finalize.sql`
-//! (comments and privileges of the PostgreSQL extension) and `tests/functions.json` (what
-//! the client tests read). `RL_BLESS=1 cargo test -p ratelimit_codegen --test generated`
-//! rewrites them; the same test fails while either differs from the table.
+//! The files generated from the function table ([`ratelimit_core::functions`]) and the table of
+//! kinds ([`ratelimit_core::limit_json::KINDS`]): `sql/schema/pg_finalize.sql`
+//! (comments and privileges of the PostgreSQL extension), `tests/functions.json` (what the
+//! client tests read), `docs/reference.md`, the Node package's `Limit` type, the shared
+//! spec's limit schema and the operator page's reading of each kind. `RL_BLESS=1 cargo test
+//! -p ratelimit_codegen --test generated` rewrites them; the same test fails while one
+//! differs from the tables.
 
 use ratelimit_core::functions::{Entry, ALL};
 
@@ -32,12 +35,19 @@ pub fn upgrade_script(file: &str) -> String {
     ];
     let mut out = file.to_owned();
     for (name, text) in regions {
-        let open = format!("-- generated: {name} ");
-        let Some(start) = out.find(&open) else { continue };
-        let body = start + out[start..].find('\n').map_or(0, |n| n + 1);
-        let end = body + out[body..].find("-- end generated").unwrap_or(0);
-        out.replace_range(body..end, &text);
+        out = rewrite_region(&out, &format!("-- generated: {name} "), "-- end generated", &text);
     }
+    out
+}
+
+/// `file` with the lines between the line that contains `open` and the next `end` replaced
+/// by `text` (unchanged when it has no such line).
+fn rewrite_region(file: &str, open: &str, end: &str, text: &str) -> String {
+    let mut out = file.to_owned();
+    let Some(start) = out.find(open) else { return out };
+    let body = start + out[start..].find('\n').map_or(0, |n| n + 1);
+    let stop = body + out[body..].find(end).unwrap_or(0);
+    out.replace_range(body..stop, text);
     out
 }
 
@@ -174,4 +184,80 @@ pub fn reference_md() -> String {
         internal.join(", ")
     );
     out
+}
+
+/// `integrations/node/src/limits.ts`: the Node package's `Limit` type, one member per kind of
+/// [`ratelimit_core::limit_json::KINDS`], so a kind added to the core is typed without
+/// editing the package.
+pub fn node_limits_ts() -> String {
+    use ratelimit_core::limit_json::{FieldType, KINDS};
+    let mut out = String::from(
+        "// Generated from shared/src/kinds/limit_json.rs (KINDS) by ratelimit_codegen\n\
+         // (RL_BLESS=1 cargo test -p ratelimit_codegen --test generated): do not edit.\n\n\
+         import type { Period } from \"./limiter\";\n\n\
+         /** A limit as rl_take_all takes it, without key and cost: one of the engine's kinds. */\n\
+         export type Limit =\n",
+    );
+    for spec in &KINDS {
+        let fields = typed_fields(spec, |name, ty| {
+            format!("{name}: {}", if ty == FieldType::Period { "Period" } else { "number" })
+        });
+        out += &format!("  /** {} */\n  | {{ {} }}\n", spec.doc, fields.join("; "));
+    }
+    out.pop();
+    out += ";\n";
+    out
+}
+
+/// The operator's page (`integrations/spec/admin.html` and the copies the Python and Node
+/// packages ship) with its generated region rewritten: how each kind of limit reads
+/// ([`ratelimit_core::limit_json::KindSpec::reads`]), in the order kinds are recognised.
+pub fn admin_page(file: &str) -> String {
+    use ratelimit_core::limit_json::KINDS;
+    let rows: Vec<String> = KINDS
+        .iter()
+        .map(|s| {
+            let marker = s.marker.map_or("null".to_owned(), |m| format!("\"{m}\""));
+            format!("[{marker}, \"{}\"]", s.reads)
+        })
+        .collect();
+    let text = format!("const LIMIT_READS = [{}];\n", rows.join(", "));
+    rewrite_region(file, "// generated: how each kind of limit reads ", "// end generated", &text)
+}
+
+/// `integrations/spec/limit.schema.json`: a limit object as the shared spec's policies and
+/// routes hold it, one branch per kind of [`ratelimit_core::limit_json::KINDS`] (the engine
+/// validates the numbers); `app.schema.json` refers to it.
+pub fn spec_limit_schema() -> String {
+    use ratelimit_core::limit_json::{FieldType, KINDS};
+    let branches: Vec<String> = KINDS
+        .iter()
+        .map(|spec| {
+            let names: Vec<String> = spec.fields.iter().map(|(name, _)| format!("\"{name}\"")).collect();
+            let properties = typed_fields(spec, |name, ty| {
+                let ty = if ty == FieldType::Period { "string" } else { "number" };
+                format!("\"{name}\": {{\"type\": \"{ty}\"}}")
+            });
+            format!(
+                "    {{\"title\": \"{}\", \"type\": \"object\", \"additionalProperties\": false, \"required\": [{}],\n     \"properties\": {{{}}}}}",
+                spec.name,
+                names.join(", "),
+                properties.join(", ")
+            )
+        })
+        .collect();
+    format!(
+        "{{\n  \"$schema\": \"https://json-schema.org/draft/2020-12/schema\",\n  \"$id\": \"limit.schema.json\",\n  \
+         \"description\": \"Generated from shared/src/kinds/limit_json.rs (KINDS) by ratelimit_codegen: do not edit. A limit as a policy or a route holds it, one of the engine's kinds (the engine validates the numbers).\",\n  \
+         \"oneOf\": [\n{}\n  ]\n}}\n",
+        branches.join(",\n")
+    )
+}
+
+/// A kind's fields, each as `field` writes its name and type.
+fn typed_fields(
+    spec: &ratelimit_core::limit_json::KindSpec,
+    field: impl Fn(&str, ratelimit_core::limit_json::FieldType) -> String,
+) -> Vec<String> {
+    spec.fields.iter().map(|(name, ty)| field(name, *ty)).collect()
 }

@@ -66,23 +66,39 @@ fn sql_json_literal(pairs: impl Iterator<Item = (String, String)>) -> String {
     format!("'{}'", serde_json::Value::Object(object).to_string().replace('\'', "''"))
 }
 
-/// Each kind of limit as the edition's parsers name it (limit_json::Kind): its number
-/// (`KIND_BUCKET`), and the fields an rl_take_all item (`ITEM_FIELDS_BUCKET`, an SQL list of
-/// literals; `ITEM_FIELD_LIST_BUCKET`, the text an error lists) and a policy's limit
-/// (`POLICY_FIELDS_...`, `POLICY_FIELD_LIST_...`) may hold.
+/// Each kind of limit as the edition's parsers name it (limit_json::KINDS): its number
+/// (`KIND_BUCKET`); `KIND_OF_V`, the number of the kind the jsonb `v` is (the first whose
+/// marker it holds); and for an rl_take_all item (`ITEM_...`) and a policy's limit
+/// (`POLICY_...`): `..._ALLOWED`, the text[] of the fields a limit of the kind numbered
+/// `kind` may hold, and `..._FIELDS_BY_KIND`, every kind's fields as an unknown field's error
+/// lists them. A kind added to the table reaches the edition's parsing through these alone.
 fn kind_constants() -> Vec<(&'static str, String)> {
-    use ratelimit_core::limit_json::{Kind, ITEM, POLICY};
-    let name = |prefix: &str, kind: Kind| -> &'static str {
-        Box::leak(format!("{prefix}_{}", kind.name().to_uppercase()).into_boxed_str())
-    };
+    use ratelimit_core::limit_json::{fields_by_kind, Kind, ITEM, KINDS, POLICY};
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     let literals = |fields: Vec<&str>| fields.iter().map(|f| format!("'{f}'")).collect::<Vec<_>>().join(", ");
     let mut out = Vec::new();
-    for (number, kind) in Kind::ALL.into_iter().enumerate() {
-        out.push((name("KIND", kind), number.to_string()));
-        for (prefix, extra) in [("ITEM", &ITEM), ("POLICY", &POLICY)] {
-            out.push((name(&format!("{prefix}_FIELDS"), kind), literals(kind.allowed(extra))));
-            out.push((name(&format!("{prefix}_FIELD_LIST"), kind), format!("'{}'", kind.allowed(extra).join(", "))));
-        }
+    for kind in Kind::ALL {
+        out.push((leak(format!("KIND_{}", kind.name().to_uppercase())), kind.number().to_string()));
+    }
+    let case = |arm: &dyn Fn(&ratelimit_core::limit_json::KindSpec) -> String, default: String| {
+        format!(
+            "CASE {} ELSE {default} END",
+            KINDS.iter().filter(|s| s.marker.is_some()).map(arm).collect::<Vec<_>>().join(" ")
+        )
+    };
+    let unmarked = KINDS.iter().find(|s| s.marker.is_none()).expect("one kind without a marker");
+    out.push((
+        "KIND_OF_V",
+        case(
+            &|s| format!("WHEN v ? '{}' THEN {}", s.marker.unwrap_or_default(), s.kind.number()),
+            unmarked.kind.number().to_string(),
+        ),
+    ));
+    for (prefix, extra) in [("ITEM", &ITEM), ("POLICY", &POLICY)] {
+        let array = |kind: Kind| format!("ARRAY[{}]", literals(kind.allowed(extra)));
+        let arms = case(&|s| format!("WHEN {} THEN {}", s.kind.number(), array(s.kind)), array(unmarked.kind));
+        out.push((leak(format!("{prefix}_ALLOWED")), arms.replacen("CASE ", "CASE kind ", 1)));
+        out.push((leak(format!("{prefix}_FIELDS_BY_KIND")), format!("'{}'", fields_by_kind(extra))));
     }
     out
 }

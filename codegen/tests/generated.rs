@@ -46,3 +46,25 @@ fn the_open_upgrade_script_carries_the_generated_privileges() {
 fn docs_reference_md_is_generated_from_the_table() {
     check("docs/reference.md", generated::reference_md());
 }
+
+#[test]
+fn the_node_limit_type_is_generated_from_the_kinds() {
+    check("integrations/node/src/limits.ts", generated::node_limits_ts());
+}
+
+#[test]
+fn the_operator_page_reads_limits_as_the_kinds_say() {
+    for page in
+        ["integrations/spec/admin.html", "integrations/python/ratelimit_web/admin.html", "integrations/node/admin.html"]
+    {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(page);
+        let text = std::fs::read_to_string(&path).expect("the operator's page");
+        assert!(text.contains("// generated: how each kind of limit reads "), "{page} has no generated region");
+        check(page, generated::admin_page(&text));
+    }
+}
+
+#[test]
+fn the_specs_limit_schema_is_generated_from_the_kinds() {
+    check("integrations/spec/limit.schema.json", generated::spec_limit_schema());
+}

@@ -1700,12 +1700,11 @@ BEGIN
 END
 $$;
 
--- A limit object's kind from the fields it has (limit_json::Kind::of): a budget has a
--- period; a fixed window, fixed_window_seconds; a window, window_seconds; else a bucket.
+-- A limit object's kind from the fields it has (limit_json::Kind::of, generated from
+-- limit_json::KINDS): the first kind whose marker field it holds, else a bucket.
 CREATE OR REPLACE FUNCTION ratelimit.rl__limit_kind(v jsonb) RETURNS int
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v ? 'period' THEN @KIND_BUDGET@ WHEN v ? 'fixed_window_seconds' THEN @KIND_FIXED_WINDOW@
-                WHEN v ? 'window_seconds' THEN @KIND_WINDOW@ ELSE @KIND_BUCKET@ END
+    SELECT @KIND_OF_V@
 $$;
 
 -- The kind column of the rl_entries row a window of this kind keeps its entries in
@@ -1733,14 +1732,10 @@ DECLARE
 BEGIN
     IF jsonb_typeof(v) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
     kind := ratelimit.rl__limit_kind(v);
-    allowed := CASE kind WHEN @KIND_BUDGET@ THEN ARRAY[@ITEM_FIELDS_BUDGET@]
-                         WHEN @KIND_WINDOW@ THEN ARRAY[@ITEM_FIELDS_WINDOW@]
-                         WHEN @KIND_FIXED_WINDOW@ THEN ARRAY[@ITEM_FIELDS_FIXED_WINDOW@]
-                         ELSE ARRAY[@ITEM_FIELDS_BUCKET@] END;
+    allowed := @ITEM_ALLOWED@;
     SELECT k INTO extra FROM jsonb_each(v) WITH ORDINALITY AS e(k, x, n) WHERE NOT k = ANY (allowed) ORDER BY n LIMIT 1;
     IF extra IS NOT NULL THEN
-        PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
-            @ITEM_FIELD_LIST_BUCKET@, @ITEM_FIELD_LIST_BUDGET@, @ITEM_FIELD_LIST_WINDOW@, @ITEM_FIELD_LIST_FIXED_WINDOW@));
+        PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text, @ITEM_FIELDS_BY_KIND@));
     END IF;
     key := ratelimit.rl__json_key(prefix, v -> 'key');
     IF kind IN (@KIND_WINDOW@, @KIND_FIXED_WINDOW@) THEN
@@ -2068,14 +2063,11 @@ BEGIN
         prefix := fn || ': definition.limits item ' || i;
         IF jsonb_typeof(item) <> 'object' THEN PERFORM ratelimit.rl__invalid(prefix, @MSG_NOT_AN_OBJECT@); END IF;
         kind := ratelimit.rl__limit_kind(item);
-        allowed := CASE kind WHEN @KIND_BUDGET@ THEN ARRAY[@POLICY_FIELDS_BUDGET@] WHEN @KIND_WINDOW@ THEN ARRAY[@POLICY_FIELDS_WINDOW@]
-                             WHEN @KIND_FIXED_WINDOW@ THEN ARRAY[@POLICY_FIELDS_FIXED_WINDOW@]
-                             ELSE ARRAY[@POLICY_FIELDS_BUCKET@] END;
+        allowed := @POLICY_ALLOWED@;
         SELECT k INTO extra FROM jsonb_object_keys(item) WITH ORDINALITY AS e(k, n) WHERE NOT k = ANY (allowed)
         ORDER BY n LIMIT 1;
         IF extra IS NOT NULL THEN
-            PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text,
-                @POLICY_FIELD_LIST_BUCKET@, @POLICY_FIELD_LIST_BUDGET@, @POLICY_FIELD_LIST_WINDOW@, @POLICY_FIELD_LIST_FIXED_WINDOW@));
+            PERFORM ratelimit.rl__invalid(prefix, format(@MSG_UNKNOWN_LIMIT_FIELD@, to_jsonb(extra)::text, @POLICY_FIELDS_BY_KIND@));
         END IF;
         IF kind = @KIND_BUDGET@ THEN
             limits := limits || jsonb_build_object('kind', @KIND_BUDGET@, 'period', ratelimit.rl__json_period(prefix, item -> 'period'),

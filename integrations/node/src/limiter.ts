@@ -9,13 +9,9 @@ export type RefundOn = (string | number)[] | ((status: number) => boolean);
  * anchored and in a time zone: "month from 31 09:00 in Europe/Paris" (docs/guides/billing-periods.md). */
 export type Period = "hour" | "day" | "week" | "month" | "year" | `${"hour" | "day" | "week" | "month" | "year"} ${string}`;
 
-/** A bucket, a calendar budget, a sliding window, or a fixed window (counted anew at each
- * epoch-aligned window's start). */
-export type Limit =
-  | { burst: number; refill_per_minute: number }
-  | { period: Period; quota: number }
-  | { limit: number; window_seconds: number }
-  | { limit: number; fixed_window_seconds: number };
+/** A limit of any kind the engine has (limits.ts, generated from the core's table of kinds). */
+import type { Limit } from "./limits";
+export type { Limit };
 
 /**
  * How one route is limited: a policy's name (rl_check, with the request's tier), or

@@ -39,10 +39,9 @@ def limit_list(limits, what: str) -> list:
 @dataclass
 class Route:
     """How one route (or route pattern) is limited: a policy's name (rl_check, the tier as
-    its tier), or explicit `limits` as rl_take_all items without key and cost (buckets
-    `{"burst", "refill_per_minute"}`, budgets `{"period", "quota"}`, windows `{"limit",
-    "window_seconds"}`, fixed windows `{"limit", "fixed_window_seconds"}`) with `tiers`
-    giving their multipliers. `limits` may be a function of the request that answers
+    its tier), or explicit `limits` as rl_take_all items without key and cost (any kind the engine
+    has, passed through as given: docs/guides/limits.md, rl_take_all) with `tiers` giving
+    their multipliers. `limits` may be a function of the request that answers
     them, for limits that differ by customer (a budget counted from each customer's billing
     date: `lambda request: [{"period": f"month from {day}", "quota": quota}]`); the engine
     validates its answer on every call instead of at startup. `cost` is a number or a

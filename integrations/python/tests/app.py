@@ -13,7 +13,7 @@ from starlette.routing import Route as Path
 from ratelimit_web import Counters, PostgresLimiter, RateLimitMiddleware, SQLiteLimiter, charge, refund
 from ratelimit_web.metrics import PrometheusMetrics
 from ratelimit_web.rules import normalize_path
-from routes import DB, ENGINE, EXTENSION, limiter_options, options, ran, routes, runs, signed_in
+from routes import DB, ENGINE, EXTENSION, limiter_options, ok_paths, options, ran, routes, runs, signed_in
 
 if ENGINE == "sqlite":
     limiter = SQLiteLimiter(DB, extension=EXTENSION, **limiter_options())
@@ -94,12 +94,10 @@ def plan(request):
 
 
 app = Starlette(
-    routes=[Path("/health", ok), Path("/ready", ok), Path("/exact", ok), Path("/policy", ok), Path("/login", ok, methods=["GET", "POST"]),
-            Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/sms", fail), Path("/refund/{order}", fail), Path("/open", ok),
-            Path("/retry", ok, methods=["GET", "POST"]), Path("/free", ok), Path("/big", ok), Path("/window", ok), Path("/hourly", ok),
+    routes=[*[Path(p, ok, methods=["GET", "POST"]) for p in ok_paths()],
+            Path("/api/{name}", ok), Path("/fail", fail), Path("/pfail", fail), Path("/sms", fail), Path("/refund/{order}", fail),
             Path("/counts", counts), Path("/runs", run_counts), Path("/metrics", metrics), Path("/slow", slow),
-            Path("/flood", ok), Path("/gone", ok), Path("/extra", ok), Path("/ai", ai), Path("/pai", ai_sync), Path("/team", ok),
-            Path("/bill", ai)],
+            Path("/ai", ai), Path("/pai", ai_sync), Path("/bill", ai)],
     lifespan=lifespan)
 app.add_middleware(
     RateLimitMiddleware, limiter=limiter, identify=user, tier=plan,

@@ -81,6 +81,20 @@ def routes():
     return found
 
 
+# The handlers of their own (the work, the failures, the slow one); every other path a
+# route of the spec names exactly is served by the plain handler, `ok`.
+OWN_HANDLERS = {"/fail", "/pfail", "/sms", "/slow", "/ai", "/pai", "/bill", "/counts", "/metrics", "/runs"}
+
+
+def ok_paths():
+    """The paths each test application serves with its plain handler (GET and POST): every
+    route of the spec named by an exact path and no handler of its own, the paths the
+    middleware skips, /free (no route limits it) and /extra (RL_WEB_EXTRA_*). A route added
+    to the spec is served without editing the applications."""
+    named = {p for p in SPEC["routes"] if p.startswith("/") and "*" not in p and not p.startswith("/refund/")}
+    return sorted((named | set(SKIP) | {"/free", "/extra"}) - OWN_HANDLERS)
+
+
 def signature(claim: str) -> str:
     return hmac.new(SPEC["secret"].encode(), claim.encode(), hashlib.sha256).hexdigest()[:16]
 

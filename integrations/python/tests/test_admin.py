@@ -30,6 +30,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 EXTENSION = os.environ.get("RATELIMIT_SQLITE_EXTENSION", os.path.join(ROOT, "target", "release", "libratelimit"))
 SCREENSHOT = os.path.join(ROOT, "docs", "monitoring", "admin-page.png")
 POLICY = '{"limits": [{"burst": 2, "refill_per_minute": 0.001}]}'
+# a policy of every kind of limit, which the page reads as the core's table of kinds says
+EVERY_KIND = ('{"limits": [{"burst": 5, "refill_per_minute": 60}, {"period": "month from 15", "quota": 1000}, '
+              '{"limit": 100, "window_seconds": 60}, {"limit": 10, "fixed_window_seconds": 1}]}')
+EVERY_KIND_ROW = ["every kind", "5 burst, 60/min; 1000 per month from 15; 100 per 60 s; 10 per fixed 1 s", "0", "0", "0", "0"]
 ENGINES = ["sqlite"] + (["postgres"] if os.environ.get("PGHOST") else [])
 TOKEN = "ops=let-me-in"
 
@@ -70,6 +74,7 @@ class App:
             run = lambda sql, *a: conn.execute(sql.replace("?", "%s"), a).fetchall()  # noqa: E731
         self.run = run
         run("SELECT rl_policy_set('login', ?)", POLICY)
+        run("SELECT rl_policy_set('every kind', ?)", EVERY_KIND)
         run("SELECT rl_stats_reset()")
         # the page's process counts what it sees: on SQLite and without preload that is
         # this process's own checks, which these are
@@ -279,9 +284,10 @@ def test_the_page_in_chromium_lists_refusals_and_unblocks(app, served_by):
         if counted:
             assert refused[:3] == ["login ip:203.0.113.9 4 0", "POST /ai user:bob 1 0", "login ip:198.51.100.7 1 0"]
             assert rows == [["POST /ai", "its own (no policy of this name)", "2", "1", "0", "0"],  # the route
+                            EVERY_KIND_ROW,
                             ["login", "2 burst, 0.001/min", "4", "5", "0", "0"]]  # admitted 2 + 2, refused 4 + 1
         else:
-            assert refused == ["Nobody refused since the last reset."] and rows == [["login", "2 burst, 0.001/min", "0", "0", "0", "0"]]
+            assert refused == ["Nobody refused since the last reset."] and rows == [EVERY_KIND_ROW, ["login", "2 burst, 0.001/min", "0", "0", "0", "0"]]
         # where the counts are not the server's, the page says so and how to change it
         note = browser.js("[document.getElementById('scope-note').hidden, document.getElementById('scope-note').innerText]")
         if app.engine == "postgres":
@@ -393,7 +399,7 @@ def test_the_wsgi_and_django_forms_of_the_page(app):
     view, factory = django_view(admin), RequestFactory()
     assert view(factory.get("/ratelimit/state"), "state").status_code == 403
     answer = view(factory.get("/ratelimit/state", HTTP_COOKIE=TOKEN), "state")
-    assert [p["name"] for p in json.loads(answer.content)["policies"]] == ["POST /ai", "login"]
+    assert [p["name"] for p in json.loads(answer.content)["policies"]] == ["POST /ai", "every kind", "login"]
     answer = view(factory.post("/ratelimit/unblock", data=json.dumps({"subject": "ip:192.0.2.66"}),
                                content_type="application/json", HTTP_COOKIE=TOKEN), "unblock")
     assert json.loads(answer.content) == {"subject": "ip:192.0.2.66", "unblocked": True}

@@ -113,13 +113,29 @@ def test_the_spec_files_follow_their_schemas():
     unknown fields: a misspelt field in a case is an error, not a check silently skipped."""
     import jsonschema
 
+    from referencing import Registry, Resource
+
     spec = os.path.join(HERE, "..", "..", "spec")
+    # app.schema.json's limits are limit.schema.json's, generated from the core's kinds
+    with open(os.path.join(spec, "limit.schema.json")) as f:
+        limit = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(limit)
+    registry = Registry().with_resource("limit.schema.json", Resource.from_contents(limit))
     for name in ("cases", "app"):
         with open(os.path.join(spec, f"{name}.schema.json")) as f:
             schema = json.load(f)
         jsonschema.Draft202012Validator.check_schema(schema)
         with open(os.path.join(spec, f"{name}.json")) as f:
-            jsonschema.Draft202012Validator(schema).validate(json.load(f))
+            jsonschema.Draft202012Validator(schema, registry=registry).validate(json.load(f))
+    app = jsonschema.Draft202012Validator(json.load(open(os.path.join(spec, "app.schema.json"))), registry=registry)
+    with open(os.path.join(spec, "app.json")) as f:
+        bad = json.load(f)
+    next(iter(bad["policies"].values()))["limits"][0]["fixed_window_secs"] = 1
+    assert not app.is_valid(bad), "a limit with a field no kind has"
+    for each_kind in ({"burst": 1, "refill_per_minute": 1}, {"period": "day", "quota": 1},
+                      {"limit": 1, "window_seconds": 1}, {"limit": 1, "fixed_window_seconds": 1}):
+        next(iter(bad["policies"].values()))["limits"] = [each_kind]
+        assert app.is_valid(bad), each_kind
     with open(os.path.join(spec, "cases.schema.json")) as f:
         validator = jsonschema.Draft202012Validator(json.load(f))
     misspelt = json.loads(json.dumps(CASES))

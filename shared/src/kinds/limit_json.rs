@@ -44,7 +44,9 @@ pub const ITEM: Extra = Extra { before: &["key"], after: &["cost", "multiplier"]
 pub const POLICY: Extra = Extra { before: &[], after: &[] };
 
 /// A kind of limit as JSON names it. Its place in [`Kind::ALL`] is the number the SQL
-/// edition keeps it under (`kind` of its parsed items).
+/// edition keeps it under (`kind` of its parsed items) and the order rl_take_all keeps rows
+/// in. Everything else a client, an error or the edition knows of a kind apart from its
+/// arithmetic is its row of [`KINDS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Bucket,
@@ -53,59 +55,119 @@ pub enum Kind {
     FixedWindow,
 }
 
+/// What a field's value is, as a client types it (the Node package's `Limit` type is
+/// generated from it): a number, or a budget period's text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldType {
+    Number,
+    Period,
+}
+
+/// One kind of limit as its JSON object shows it.
+pub struct KindSpec {
+    pub kind: Kind,
+    /// As JSON, rows and the edition's constants name it (`fixed_window`).
+    pub name: &'static str,
+    /// The field whose presence makes an object this kind; None for the kind an object is
+    /// when it has none of the others' (the bucket, last in [`KINDS`]).
+    pub marker: Option<&'static str>,
+    /// Its own fields, in the order errors list them.
+    pub fields: &'static [(&'static str, FieldType)],
+    /// How the operator's page reads one: each `{field}` replaced by the field's value.
+    pub reads: &'static str,
+    /// What the Node package's `Limit` type says of it.
+    pub doc: &'static str,
+}
+
+/// The kinds in the order an object is recognised: the first whose marker it holds.
+pub const KINDS: [KindSpec; 4] = [
+    KindSpec {
+        kind: Kind::Budget,
+        name: "budget",
+        marker: Some("period"),
+        fields: &[("period", FieldType::Period), ("quota", FieldType::Number)],
+        reads: "{quota} per {period}",
+        doc: "A budget: `quota` units per calendar `period` (\"day\", \"month from 15\", \"day in Europe/Paris\": a unit, an anchor, a zone).",
+    },
+    KindSpec {
+        kind: Kind::FixedWindow,
+        name: "fixed_window",
+        marker: Some("fixed_window_seconds"),
+        fields: &[("limit", FieldType::Number), ("fixed_window_seconds", FieldType::Number)],
+        reads: "{limit} per fixed {fixed_window_seconds} s",
+        doc: "A fixed window: `limit` per epoch-aligned window, counted anew at each window's start.",
+    },
+    KindSpec {
+        kind: Kind::Window,
+        name: "window",
+        marker: Some("window_seconds"),
+        fields: &[("limit", FieldType::Number), ("window_seconds", FieldType::Number)],
+        reads: "{limit} per {window_seconds} s",
+        doc: "A sliding window: at most `limit` in any `window_seconds`.",
+    },
+    KindSpec {
+        kind: Kind::Bucket,
+        name: "bucket",
+        marker: None,
+        fields: &[("burst", FieldType::Number), ("refill_per_minute", FieldType::Number)],
+        reads: "{burst} burst, {refill_per_minute}/min",
+        doc: "A token bucket: `burst` tokens, refilled at `refill_per_minute`.",
+    },
+];
+
 impl Kind {
     pub const ALL: [Kind; 4] = [Kind::Bucket, Kind::Budget, Kind::Window, Kind::FixedWindow];
 
+    /// Its row of [`KINDS`].
+    pub fn spec(self) -> &'static KindSpec {
+        KINDS.iter().find(|s| s.kind == self).expect("every kind has a row in KINDS")
+    }
+
     pub fn name(self) -> &'static str {
-        match self {
-            Kind::Bucket => "bucket",
-            Kind::Budget => "budget",
-            Kind::Window => "window",
-            Kind::FixedWindow => "fixed_window",
-        }
+        self.spec().name
+    }
+
+    /// Its place in [`Kind::ALL`]: the number the edition keeps it under.
+    pub fn number(self) -> usize {
+        Kind::ALL.iter().position(|k| *k == self).expect("every kind is in Kind::ALL")
     }
 
     /// The fields a limit object of this kind may hold, in the order errors list them.
     pub fn allowed(self, extra: &Extra) -> Vec<&'static str> {
-        extra.before.iter().chain(self.fields()).chain(extra.after).copied().collect()
+        extra.before.iter().copied().chain(self.fields()).chain(extra.after.iter().copied()).collect()
     }
 
-    /// A budget has a period; a fixed window, fixed_window_seconds; a window,
-    /// window_seconds; anything else is a bucket.
+    /// The first kind of [`KINDS`] whose marker the object holds.
     fn of(o: &Map<String, Value>) -> Kind {
-        if o.contains_key("period") {
-            Kind::Budget
-        } else if o.contains_key("fixed_window_seconds") {
-            Kind::FixedWindow
-        } else if o.contains_key("window_seconds") {
-            Kind::Window
-        } else {
-            Kind::Bucket
-        }
+        KINDS.iter().find(|s| s.marker.is_none_or(|m| o.contains_key(m))).expect("the last kind has no marker").kind
     }
 
-    fn fields(self) -> &'static [&'static str] {
-        match self {
-            Kind::Bucket => &["burst", "refill_per_minute"],
-            Kind::Budget => &["period", "quota"],
-            Kind::Window => &["limit", "window_seconds"],
-            Kind::FixedWindow => &["limit", "fixed_window_seconds"],
-        }
+    fn fields(self) -> impl Iterator<Item = &'static str> {
+        self.spec().fields.iter().map(|(name, _)| *name)
     }
+}
+
+/// What an unknown field's error lists: every kind's fields, in [`Kind::ALL`]'s order ("a
+/// bucket has burst, refill_per_minute; a budget period, quota; ...").
+pub fn fields_by_kind(extra: &Extra) -> String {
+    Kind::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let has = if i == 0 { " has" } else { "" };
+            format!("a {}{has} {}", k.name().replace('_', " "), k.allowed(extra).join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `v` as a limit object that holds no field but its kind's and `extra`'s.
 pub fn object<'v>(v: &'v Value, extra: &Extra) -> Result<&'v Map<String, Value>> {
     let o = v.as_object().ok_or_else(|| Error::invalid(crate::messages::NOT_AN_OBJECT.template))?;
     if let Some(unknown) = o.keys().find(|k| !Kind::of(o).allowed(extra).contains(&k.as_str())) {
-        let list = |kind: Kind| kind.allowed(extra).join(", ");
-        return Err(Error::invalid(crate::messages::UNKNOWN_LIMIT_FIELD.render(&[
-            &format!("\"{unknown}\""),
-            &list(Kind::Bucket),
-            &list(Kind::Budget),
-            &list(Kind::Window),
-            &list(Kind::FixedWindow),
-        ])));
+        return Err(Error::invalid(
+            crate::messages::UNKNOWN_LIMIT_FIELD.render(&[&format!("\"{unknown}\""), &fields_by_kind(extra)]),
+        ));
     }
     Ok(o)
 }

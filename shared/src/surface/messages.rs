@@ -121,8 +121,8 @@ messages! {
     NO_POLICY = "there is no policy named '{}'";
     /// A limit of rl_take_all or of a policy definition that is no object.
     NOT_AN_OBJECT = "must be a JSON object";
-    /// (the field, quoted as JSON; the fields of a bucket, of a budget, of a window)
-    UNKNOWN_LIMIT_FIELD = "unknown field {} (a bucket has {}; a budget {}; a window {}; a fixed window {})";
+    /// (the field, quoted as JSON; every kind's fields, limit_json::fields_by_kind)
+    UNKNOWN_LIMIT_FIELD = "unknown field {} ({})";
     /// (the list: `limits` or `definition.limits`; the most; how many were given)
     ITEM_COUNT = "{} must hold 1 to {} items, got {}";
     DEFINITION_NOT_AN_OBJECT = "definition must be a JSON object with limits, and optionally tiers and shadow";

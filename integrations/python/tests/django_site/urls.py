@@ -1,10 +1,11 @@
 from django.urls import path
 
+from routes import ok_paths
+
 from . import views
 
 urlpatterns = [
-    *[path(p.lstrip("/"), views.ok) for p in ("/health", "/ready", "/exact", "/policy", "/login", "/open", "/retry",
-                                             "/free", "/big", "/window", "/hourly", "/flood", "/gone", "/extra", "/team")],
+    *[path(p.lstrip("/"), views.ok) for p in ok_paths()],
     path("api/<str:name>", views.ok),
     path("slow", views.slow),
     path("ai", views.ai),

@@ -2,9 +2,8 @@
 
 module RatelimitWeb
   # How one route (or route pattern) is limited: a policy's name (rl_check, the tier as its
-  # tier), or explicit `limits` as rl_take_all items without key and cost (buckets
-  # {burst:, refill_per_minute:}, budgets {period:, quota:}, windows {limit:,
-  # window_seconds:}, fixed windows {limit:, fixed_window_seconds:}) with `tiers` giving
+  # tier), or explicit `limits` as rl_take_all items without key and cost (any kind the engine
+  # has, passed through as given: docs/guides/limits.md, rl_take_all) with `tiers` giving
   # their multipliers. `limits` may be a callable of the request that answers them, for
   # limits that differ by customer (a budget counted from each one's billing date:
   # `->(request) { [{ period: "month from #{day}", quota: quota }] }`); the engine validates
