@@ -41,6 +41,9 @@ trait Fields {
     fn flag(&self, key: &str) -> Option<bool>;
     fn has(&self, key: &str) -> bool;
     fn text(&self, key: &str) -> Option<&str>;
+    /// A number as a count is checked for what the headers can print: any number, even one
+    /// beyond a double (as infinity, which the check refuses).
+    fn count(&self, key: &str) -> Option<f64>;
     /// The `items` array, each item the object it is (None for an item that is not one);
     /// None when there is no such array.
     fn items(&self) -> Option<Vec<Option<&Self>>>;
@@ -61,6 +64,12 @@ impl Fields for Map<String, Value> {
     }
     fn text(&self, key: &str) -> Option<&str> {
         self.get(key).and_then(Value::as_str)
+    }
+    fn count(&self, key: &str) -> Option<f64> {
+        match self.get(key) {
+            Some(Value::Number(n)) => Some(crate::args::number_f64(n)),
+            _ => None,
+        }
     }
     fn items(&self) -> Option<Vec<Option<&Self>>> {
         self.get("items").and_then(Value::as_array).map(|a| a.iter().map(Value::as_object).collect())
@@ -109,6 +118,10 @@ impl Fields for Json {
             Json::Str(s) => Some(s),
             _ => None,
         }
+    }
+    /// The core's own numbers are finite or left out of its answers.
+    fn count(&self, key: &str) -> Option<f64> {
+        self.num(key)
     }
     fn items(&self) -> Option<Vec<Option<&Self>>> {
         match self.field("items")? {
@@ -173,21 +186,10 @@ fn exact_value(field: &str, value: f64) -> Result<()> {
 
 const COUNTS: [&str; 3] = ["limit", "remaining", "in_flight"];
 
-fn exact(o: &Map<String, Value>) -> Result<()> {
+fn exact<F: Fields>(o: &F) -> Result<()> {
     for field in COUNTS {
-        if let Some(Value::Number(n)) = o.get(field) {
-            exact_value(field, crate::args::number_f64(n))?;
-        }
-    }
-    Ok(())
-}
-
-fn exact_json(o: &Json) -> Result<()> {
-    for field in COUNTS {
-        match o.field(field) {
-            Some(Json::Int(n)) => exact_value(field, *n as f64)?,
-            Some(Json::Number(v)) if v.is_finite() => exact_value(field, *v)?,
-            _ => {}
+        if let Some(value) = o.count(field) {
+            exact_value(field, value)?;
         }
     }
     Ok(())
@@ -317,10 +319,10 @@ fn shown_limits<F: Fields>(o: &F) -> Result<Shown> {
 /// states none) and Retry-After (0 when there is none: admitted, or refused for a cost no
 /// wait admits).
 pub fn compact(answer: &Json) -> Result<String> {
-    exact_json(answer)?;
+    exact(answer)?;
     if let Some(items) = answer.items() {
         for item in items.into_iter().flatten() {
-            exact_json(item)?;
+            exact(item)?;
         }
     }
     let limits = shown_limits(answer)?;
