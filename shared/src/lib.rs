@@ -30,7 +30,7 @@ mod policies;
 mod storage;
 mod surface;
 
-pub use kinds::{bucket, budget, lease, limit_json, period, take_all, window};
+pub use kinds::{bucket, budget, kind, lease, limit_json, period, take_all, window};
 pub use observe::{refused, stats};
 pub use policies::{penalty, policy, policy_cache};
 pub use storage::{decision_slot, memory, memory_store, protocol, sql, sql_store, store};

@@ -30,6 +30,42 @@ impl BucketLimits {
     }
 }
 
+/// A bucket as a kind: tokens, its burst and refill scaled alike.
+impl crate::kind::LimitKind for BucketLimits {
+    type Row = Option<BucketState>;
+    type Answer = TakeDecision;
+    type Cost = f64;
+
+    fn scales_by(&self, m: f64) -> bool {
+        let rate = |v: f64| v * m > 0.0 && v * m <= MAX_TOKENS;
+        rate(self.burst) && rate(self.refill_per_minute)
+    }
+
+    fn scaled(&self, m: f64) -> Self {
+        BucketLimits { burst: self.burst * m, refill_per_minute: self.refill_per_minute * m }
+    }
+
+    fn definition(&self) -> crate::json::Json {
+        use crate::json::Json;
+        Json::Object(vec![
+            ("burst", Json::Number(self.burst)),
+            ("refill_per_minute", Json::Number(self.refill_per_minute)),
+        ])
+    }
+
+    fn take(&self, row: &Option<BucketState>, cost: f64, now_ms: i64) -> TakeDecision {
+        take(row.as_ref(), self, cost, now_ms)
+    }
+
+    fn admitted(answer: &TakeDecision) -> bool {
+        answer.admitted
+    }
+
+    fn wait_ms(answer: &TakeDecision, _now_ms: i64) -> i64 {
+        answer.retry_after_ms
+    }
+}
+
 /// The answer to a take, and the state to store when it admitted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakeDecision {

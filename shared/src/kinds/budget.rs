@@ -20,6 +20,50 @@ impl BudgetState {
     }
 }
 
+/// A budget's limits: `quota` millionths per `period`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetLimits {
+    pub period: Period,
+    pub quota: i64,
+}
+
+/// A budget as a kind: millionths, its quota scaled, never its period.
+impl crate::kind::LimitKind for BudgetLimits {
+    type Row = Option<BudgetState>;
+    type Answer = SpendDecision;
+    type Cost = i64;
+
+    fn scales_by(&self, m: f64) -> bool {
+        crate::kind::micros_scale_by(self.quota, m)
+    }
+
+    fn scaled(&self, m: f64) -> Self {
+        BudgetLimits { period: self.period, quota: crate::kind::scaled_micros(self.quota, m) }
+    }
+
+    fn definition(&self) -> crate::json::Json {
+        use crate::json::Json;
+        Json::Object(vec![("period", Json::Str(self.period.text().into_owned())), ("quota", Json::micros(self.quota))])
+    }
+
+    fn take(&self, row: &Option<BudgetState>, cost: i64, now_ms: i64) -> SpendDecision {
+        spend(row.as_ref(), self.period, self.quota, cost, now_ms)
+    }
+
+    fn admitted(answer: &SpendDecision) -> bool {
+        answer.admitted
+    }
+
+    /// A refused spend waits for the period to turn.
+    fn wait_ms(answer: &SpendDecision, now_ms: i64) -> i64 {
+        if answer.admitted {
+            0
+        } else {
+            answer.resets_at_ms - now_ms
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpendDecision {
     pub admitted: bool,

@@ -5,28 +5,39 @@
 use serde_json::{Map, Value};
 
 use crate::args::{self, json_arg, Arg};
+use crate::bucket::BucketLimits;
+use crate::budget::BudgetLimits;
 use crate::error::{Error, Result};
-use crate::units::Period;
+use crate::kind::LimitKind;
+use crate::window::WindowLimits;
 
 /// A limit without a key and a cost: what a policy stores, and the body of an rl_take_all
-/// item.
+/// item; one variant per kind of [`crate::kind::LimitKind`] (a window's limits say whether
+/// it is fixed).
 #[derive(Debug, Clone, PartialEq)]
 pub enum LimitShape {
-    Bucket {
-        burst: f64,
-        refill_per_minute: f64,
-    },
-    /// Millionths.
-    Budget {
-        period: Period,
-        quota: i64,
-    },
-    /// Millionths; `fixed`: a fixed window (`fixed_window_seconds`), not a sliding one.
-    Window {
-        limit: i64,
-        window_ms: i64,
-        fixed: bool,
-    },
+    Bucket(BucketLimits),
+    Budget(BudgetLimits),
+    Window(WindowLimits),
+}
+
+impl LimitShape {
+    /// Whether the limit times `m` is still a valid limit.
+    pub(crate) fn scales_by(&self, m: f64) -> bool {
+        crate::each_kind!(LimitShape, self, l => l.scales_by(m))
+    }
+
+    /// The limit times `m` (a tier's multiplier, or an rl_take_all item's): a bucket's burst
+    /// and refill, a budget's quota or a window's limit (in millionths, rounded, at least
+    /// one); a period or a window's length never scales. Valid where [`Self::scales_by`].
+    pub(crate) fn scaled(&self, m: f64) -> LimitShape {
+        crate::each_kind!(LimitShape => LimitShape, self, l => l.scaled(m))
+    }
+
+    /// The limit as a policy stores and returns it.
+    pub fn definition(&self) -> crate::json::Json {
+        crate::each_kind!(LimitShape, self, l => l.definition())
+    }
 }
 
 /// The fields a limit object holds beside its kind's own.
@@ -175,24 +186,23 @@ pub fn object<'v>(v: &'v Value, extra: &Extra) -> Result<&'v Map<String, Value>>
 /// The limit an object (checked by [`object`]) describes.
 pub fn shape(o: &Map<String, Value>) -> Result<LimitShape> {
     let field = |name: &str| o.get(name).map_or(Arg::Null, json_arg);
-    Ok(match Kind::of(o) {
-        Kind::Budget => LimitShape::Budget {
+    let window = |length: &str, fixed: bool| -> Result<LimitShape> {
+        Ok(LimitShape::Window(WindowLimits {
+            limit: args::amount_micros("limit", &field("limit"))?,
+            window_ms: args::duration_ms(length, &field(length))?,
+            fixed,
+        }))
+    };
+    match Kind::of(o) {
+        Kind::Budget => Ok(LimitShape::Budget(BudgetLimits {
             period: args::period(&field("period"))?,
             quota: args::amount_micros("quota", &field("quota"))?,
-        },
-        Kind::Window => LimitShape::Window {
-            limit: args::amount_micros("limit", &field("limit"))?,
-            window_ms: args::duration_ms("window_seconds", &field("window_seconds"))?,
-            fixed: false,
-        },
-        Kind::FixedWindow => LimitShape::Window {
-            limit: args::amount_micros("limit", &field("limit"))?,
-            window_ms: args::duration_ms("fixed_window_seconds", &field("fixed_window_seconds"))?,
-            fixed: true,
-        },
-        Kind::Bucket => LimitShape::Bucket {
+        })),
+        Kind::Window => window("window_seconds", false),
+        Kind::FixedWindow => window("fixed_window_seconds", true),
+        Kind::Bucket => Ok(LimitShape::Bucket(BucketLimits {
             burst: args::token_number("burst", &field("burst"))?,
             refill_per_minute: args::token_number("refill_per_minute", &field("refill_per_minute"))?,
-        },
-    })
+        })),
+    }
 }

@@ -1,43 +1,38 @@
-//! rl_take_all: several buckets, budgets and sliding windows decided together, all or
-//! nothing. Pure: the limits arrive parsed ([`crate::call_args::TakeAllArgs`]), the rows
+//! rl_take_all: several limits of any kinds decided together, all or nothing, each through
+//! its kind ([`crate::kind::LimitKind`]). Pure: the limits arrive parsed ([`crate::call_args::TakeAllArgs`]), the rows
 //! arrive read.
 
-use crate::bucket::{self, BucketLimits, BucketState, TakeDecision};
-use crate::budget::{self, BudgetState, SpendDecision};
+use crate::bucket::BucketLimits;
+use crate::budget::BudgetLimits;
+use crate::kind::{Cost, LimitKind};
 use crate::units::Period;
-use crate::window::{self, WindowDecision, WindowLimits};
+use crate::window::WindowLimits;
 
 /// Most items one call may hold.
 pub const MAX_ITEMS: usize = 64;
 
+/// One limit of a call: where it stands in the caller's list (0-based: answers keep that
+/// order), its key, its limits and its cost in the kind's unit.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BucketItem<'a> {
-    /// Where the item stands in the caller's list (0-based): answers keep that order.
+pub struct Item<'a, K: LimitKind> {
     pub position: usize,
     pub key: &'a str,
-    pub limits: BucketLimits,
-    pub cost: f64,
+    pub limits: K,
+    pub cost: K::Cost,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct BudgetItem<'a> {
-    pub position: usize,
-    pub key: &'a str,
-    pub period: Period,
-    pub quota: i64,
-    pub cost: i64,
+impl<'a, K: LimitKind> Item<'a, K> {
+    /// The item of a policy's limit, charged `units` (a check's cost).
+    pub fn new(position: usize, key: &'a str, limits: K, units: f64) -> Self {
+        Item { position, key, limits, cost: Cost::of_units(units) }
+    }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct WindowItem<'a> {
-    pub position: usize,
-    pub key: &'a str,
-    pub limits: WindowLimits,
-    /// Millionths.
-    pub cost: i64,
-}
+pub type BucketItem<'a> = Item<'a, BucketLimits>;
+pub type BudgetItem<'a> = Item<'a, BudgetLimits>;
+pub type WindowItem<'a> = Item<'a, WindowLimits>;
 
-/// One limit of a call.
+/// One limit of a call, of any kind.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Limit<'a> {
     Bucket(BucketItem<'a>),
@@ -47,11 +42,7 @@ pub enum Limit<'a> {
 
 impl<'a> Limit<'a> {
     pub fn position(&self) -> usize {
-        match self {
-            Limit::Bucket(b) => b.position,
-            Limit::Budget(b) => b.position,
-            Limit::Window(w) => w.position,
-        }
+        crate::each_kind!(Limit, self, i => i.position)
     }
 
     /// Which state row the limit touches. Limits are kept in this order (buckets, then
@@ -63,75 +54,90 @@ impl<'a> Limit<'a> {
     pub fn row(&self) -> (u8, &'a str, Option<Period>) {
         match self {
             Limit::Bucket(b) => (0, b.key, None),
-            Limit::Budget(b) => (1, b.key, Some(b.period)),
+            Limit::Budget(b) => (1, b.key, Some(b.limits.period)),
             Limit::Window(w) => (if w.limits.fixed { 3 } else { 2 }, w.key, None),
         }
     }
 }
 
-/// A limit with the row it is decided on (None: no row, a full bucket or an unused budget).
+/// A limit with the row it is to be decided on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Read<'i, 'a, K: LimitKind> {
+    pub item: &'i Item<'a, K>,
+    pub row: K::Row,
+}
+
+/// A limit with its row, of any kind.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ItemRow<'i, 'a> {
-    Bucket(&'i BucketItem<'a>, Option<BucketState>),
-    Budget(&'i BudgetItem<'a>, Option<BudgetState>),
-    /// The window's entries, decoded (none when there is no row).
-    Window(&'i WindowItem<'a>, Vec<window::Entry>),
+    Bucket(Read<'i, 'a, BucketLimits>),
+    Budget(Read<'i, 'a, BudgetLimits>),
+    Window(Read<'i, 'a, WindowLimits>),
+}
+
+impl<'i, 'a, K: LimitKind> Read<'i, 'a, K> {
+    pub fn new(item: &'i Item<'a, K>, row: K::Row) -> Self {
+        Read { item, row }
+    }
 }
 
 /// A limit, the row it was decided on, and what that limit alone answers.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ItemAnswer<'i, 'a> {
-    Bucket { item: &'i BucketItem<'a>, row: Option<BucketState>, answer: TakeDecision },
-    Budget { item: &'i BudgetItem<'a>, row: Option<BudgetState>, answer: SpendDecision },
-    Window { item: &'i WindowItem<'a>, entries: Vec<window::Entry>, answer: WindowDecision },
+pub struct Decided<'i, 'a, K: LimitKind> {
+    pub item: &'i Item<'a, K>,
+    pub row: K::Row,
+    pub answer: K::Answer,
 }
 
-impl ItemAnswer<'_, '_> {
-    pub fn admitted(&self) -> bool {
-        match self {
-            ItemAnswer::Bucket { answer, .. } => answer.admitted,
-            ItemAnswer::Budget { answer, .. } => answer.admitted,
-            ItemAnswer::Window { answer, .. } => answer.admitted,
-        }
+impl<'i, 'a, K: LimitKind> Decided<'i, 'a, K> {
+    fn of(read: Read<'i, 'a, K>, now_ms: i64) -> Self {
+        let answer = read.item.limits.take(&read.row, read.item.cost, now_ms);
+        Decided { item: read.item, row: read.row, answer }
     }
 
-    pub fn position(&self) -> usize {
-        match self {
-            ItemAnswer::Bucket { item, .. } => item.position,
-            ItemAnswer::Budget { item, .. } => item.position,
-            ItemAnswer::Window { item, .. } => item.position,
-        }
+    pub fn admitted(&self) -> bool {
+        K::admitted(&self.answer)
     }
 
     /// In a refused call nothing is charged: a limit that alone would admit reports what
-    /// it has left now (its answer to a cost of 0), still admitting.
+    /// it has left now (its answer to a cost of nothing), still admitting.
     fn charged_nothing(self, now_ms: i64) -> Self {
         if !self.admitted() {
             return self;
         }
-        match self {
-            ItemAnswer::Bucket { item, row, .. } => {
-                ItemAnswer::Bucket { item, row, answer: bucket::take(row.as_ref(), &item.limits, 0.0, now_ms) }
-            }
-            ItemAnswer::Budget { item, row, .. } => {
-                let answer = budget::spend(row.as_ref(), item.period, item.quota, 0, now_ms);
-                ItemAnswer::Budget { item, row, answer }
-            }
-            ItemAnswer::Window { item, entries, .. } => {
-                let answer = window::take(&entries, &item.limits, 0, now_ms);
-                ItemAnswer::Window { item, entries, answer }
-            }
-        }
+        let answer = self.item.limits.take(&self.row, Cost::NOTHING, now_ms);
+        Decided { answer, ..self }
     }
 
     /// How long this limit alone makes the caller wait (0 when it admits).
     fn wait_ms(&self, now_ms: i64) -> i64 {
-        match self {
-            ItemAnswer::Bucket { answer, .. } => answer.retry_after_ms,
-            ItemAnswer::Window { answer, .. } => answer.retry_after_ms,
-            ItemAnswer::Budget { answer, .. } if !answer.admitted => answer.resets_at_ms - now_ms,
-            ItemAnswer::Budget { .. } => 0,
-        }
+        K::wait_ms(&self.answer, now_ms)
+    }
+}
+
+/// A decided limit, of any kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ItemAnswer<'i, 'a> {
+    Bucket(Decided<'i, 'a, BucketLimits>),
+    Budget(Decided<'i, 'a, BudgetLimits>),
+    Window(Decided<'i, 'a, WindowLimits>),
+}
+
+impl ItemAnswer<'_, '_> {
+    pub fn admitted(&self) -> bool {
+        crate::each_kind!(ItemAnswer, self, d => d.admitted())
+    }
+
+    pub fn position(&self) -> usize {
+        crate::each_kind!(ItemAnswer, self, d => d.item.position)
+    }
+
+    fn charged_nothing(self, now_ms: i64) -> Self {
+        crate::each_kind!(ItemAnswer => ItemAnswer, self, d => d.charged_nothing(now_ms))
+    }
+
+    fn wait_ms(&self, now_ms: i64) -> i64 {
+        crate::each_kind!(ItemAnswer, self, d => d.wait_ms(now_ms))
     }
 }
 
@@ -146,9 +152,9 @@ pub struct TakeAllDecision<'i, 'a> {
 /// What one limit answers, apart from the item and the row it was decided on.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LimitAnswer {
-    Bucket(TakeDecision),
-    Budget(SpendDecision),
-    Window(WindowDecision),
+    Bucket(<BucketLimits as LimitKind>::Answer),
+    Budget(<BudgetLimits as LimitKind>::Answer),
+    Window(<WindowLimits as LimitKind>::Answer),
 }
 
 /// A [`TakeAllDecision`] as the caller is answered: owned (free of the items and keys a
@@ -165,11 +171,7 @@ impl TakeAllDecision<'_, '_> {
     pub fn answers_in_given_order(&self) -> impl Iterator<Item = LimitAnswer> + '_ {
         let mut in_given_order: Vec<&ItemAnswer> = self.items.iter().collect();
         in_given_order.sort_by_key(|i| i.position());
-        in_given_order.into_iter().map(|i| match i {
-            ItemAnswer::Bucket { answer, .. } => LimitAnswer::Bucket(answer.clone()),
-            ItemAnswer::Budget { answer, .. } => LimitAnswer::Budget(answer.clone()),
-            ItemAnswer::Window { answer, .. } => LimitAnswer::Window(answer.clone()),
-        })
+        in_given_order.into_iter().map(|i| crate::each_kind!(ItemAnswer => LimitAnswer, i, d => d.answer.clone()))
     }
 
     pub fn answer(&self) -> TakeAllAnswer {
@@ -187,20 +189,7 @@ impl TakeAllDecision<'_, '_> {
 pub fn decide<'i, 'a>(rows: Vec<ItemRow<'i, 'a>>, now_ms: i64) -> TakeAllDecision<'i, 'a> {
     let items: Vec<ItemAnswer> = rows
         .into_iter()
-        .map(|r| match r {
-            ItemRow::Bucket(item, row) => {
-                let answer = bucket::take(row.as_ref(), &item.limits, item.cost, now_ms);
-                ItemAnswer::Bucket { item, row, answer }
-            }
-            ItemRow::Budget(item, row) => {
-                let answer = budget::spend(row.as_ref(), item.period, item.quota, item.cost, now_ms);
-                ItemAnswer::Budget { item, row, answer }
-            }
-            ItemRow::Window(item, entries) => {
-                let answer = window::take(&entries, &item.limits, item.cost, now_ms);
-                ItemAnswer::Window { item, entries, answer }
-            }
-        })
+        .map(|r| crate::each_kind!(ItemRow => ItemAnswer, r, read => Decided::of(read, now_ms)))
         .collect();
     let admitted = items.iter().all(ItemAnswer::admitted);
     let retry_after_ms = if admitted { 0 } else { items.iter().map(|i| i.wait_ms(now_ms)).max().unwrap_or(0) };

@@ -48,6 +48,39 @@ impl WindowLimits {
     }
 }
 
+/// A window as a kind, sliding or fixed: millionths, its limit scaled, never its length.
+impl crate::kind::LimitKind for WindowLimits {
+    type Row = Vec<Entry>;
+    type Answer = WindowDecision;
+    type Cost = i64;
+
+    fn scales_by(&self, m: f64) -> bool {
+        crate::kind::micros_scale_by(self.limit, m)
+    }
+
+    fn scaled(&self, m: f64) -> Self {
+        WindowLimits { limit: crate::kind::scaled_micros(self.limit, m), ..*self }
+    }
+
+    fn definition(&self) -> crate::json::Json {
+        use crate::json::Json;
+        let length = if self.fixed { "fixed_window_seconds" } else { "window_seconds" };
+        Json::Object(vec![("limit", Json::micros(self.limit)), (length, Json::Number(self.window_ms as f64 / 1000.0))])
+    }
+
+    fn take(&self, row: &Vec<Entry>, cost: i64, now_ms: i64) -> WindowDecision {
+        take(row, self, cost, now_ms)
+    }
+
+    fn admitted(answer: &WindowDecision) -> bool {
+        answer.admitted
+    }
+
+    fn wait_ms(answer: &WindowDecision, _now_ms: i64) -> i64 {
+        answer.retry_after_ms
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowDecision {
     pub admitted: bool,

@@ -7,16 +7,16 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::args::{self, json_arg};
-use crate::bucket::{BucketLimits, RefundDecision};
+use crate::bucket::RefundDecision;
 use crate::budget::BudgetRefund;
 use crate::error::{Error, Result};
 use crate::json::Json;
 use crate::limit_json::{self, LimitShape};
 use crate::messages as msg;
 use crate::penalty::Block;
-use crate::take_all::{BucketItem, BudgetItem, Limit, TakeAllAnswer, WindowItem};
-use crate::units::{MAX_AMOUNT, MAX_TOKENS, MICROS_PER_UNIT};
-use crate::window::{WindowDecision, WindowLimits};
+use crate::take_all::{Item, Limit, TakeAllAnswer};
+use crate::units::{MAX_AMOUNT, MAX_TOKENS};
+use crate::window::WindowDecision;
 
 /// rl_check's decision: rl_take_all's over the policy's limits, and what the policy makes
 /// of it.
@@ -72,38 +72,6 @@ pub enum LimitRefund {
 pub const MAX_LIMITS: usize = 16;
 
 use crate::units::POLICY_KEY_MARK;
-
-impl LimitShape {
-    /// Whether the limit times `m` is still a valid limit.
-    pub(crate) fn scales_by(&self, m: f64) -> bool {
-        let amount = |micros: i64| {
-            let scaled = (micros as f64 * m).round();
-            (1.0..=MAX_AMOUNT * MICROS_PER_UNIT as f64).contains(&scaled)
-        };
-        let rate = |v: f64| v * m > 0.0 && v * m <= MAX_TOKENS;
-        match *self {
-            LimitShape::Bucket { burst, refill_per_minute } => rate(burst) && rate(refill_per_minute),
-            LimitShape::Budget { quota, .. } => amount(quota),
-            LimitShape::Window { limit, .. } => amount(limit),
-        }
-    }
-
-    /// The limit times `m` (a tier's multiplier, or an rl_take_all item's): a bucket's burst
-    /// and refill, a budget's quota or a window's limit (in millionths, rounded, at least
-    /// one); a period or a window's length never scales. Valid where [`Self::scales_by`].
-    pub(crate) fn scaled(&self, m: f64) -> LimitShape {
-        let micros = |v: i64| ((v as f64) * m).round().max(1.0) as i64;
-        match *self {
-            LimitShape::Bucket { burst, refill_per_minute } => {
-                LimitShape::Bucket { burst: burst * m, refill_per_minute: refill_per_minute * m }
-            }
-            LimitShape::Budget { period, quota } => LimitShape::Budget { period, quota: micros(quota) },
-            LimitShape::Window { limit, window_ms, fixed } => {
-                LimitShape::Window { limit: micros(limit), window_ms, fixed }
-            }
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
@@ -179,27 +147,7 @@ impl Policy {
 
     /// The definition as stored and returned: every field present, numbers as given.
     pub fn to_json(&self) -> Json {
-        let limits = self
-            .limits
-            .iter()
-            .map(|l| match *l {
-                LimitShape::Bucket { burst, refill_per_minute } => Json::Object(vec![
-                    ("burst", Json::Number(burst)),
-                    ("refill_per_minute", Json::Number(refill_per_minute)),
-                ]),
-                LimitShape::Budget { period, quota } => Json::Object(vec![
-                    ("period", Json::Str(period.text().into_owned())),
-                    ("quota", Json::micros(quota)),
-                ]),
-                LimitShape::Window { limit, window_ms, fixed } => Json::Object(vec![
-                    ("limit", Json::micros(limit)),
-                    (
-                        if fixed { "fixed_window_seconds" } else { "window_seconds" },
-                        Json::Number(window_ms as f64 / 1000.0),
-                    ),
-                ]),
-            })
-            .collect();
+        let limits = self.limits.iter().map(LimitShape::definition).collect();
         let tiers = self.tiers.iter().map(|(name, m)| (name.clone(), Json::Number(*m))).collect();
         Json::Object(vec![
             ("limits", Json::Array(limits)),
@@ -236,24 +184,12 @@ impl Policy {
     /// [`Policy::key`]), scaled by `multiplier`, each charged `cost` (millionths for
     /// budgets and windows).
     pub fn items<'k>(&self, keys: &'k [String], multiplier: f64, cost: f64) -> Vec<Limit<'k>> {
-        let cost_micros = (cost * MICROS_PER_UNIT as f64).round() as i64;
         self.limits
             .iter()
             .zip(keys)
             .enumerate()
-            .map(|(position, (l, key))| match l.scaled(multiplier) {
-                LimitShape::Bucket { burst, refill_per_minute } => {
-                    Limit::Bucket(BucketItem { position, key, limits: BucketLimits { burst, refill_per_minute }, cost })
-                }
-                LimitShape::Budget { period, quota } => {
-                    Limit::Budget(BudgetItem { position, key, period, quota, cost: cost_micros })
-                }
-                LimitShape::Window { limit, window_ms, fixed } => Limit::Window(WindowItem {
-                    position,
-                    key,
-                    limits: WindowLimits { limit, window_ms, fixed },
-                    cost: cost_micros,
-                }),
+            .map(|(position, (l, key))| {
+                crate::each_kind!(LimitShape => Limit, l.scaled(multiplier), limits => Item::new(position, key, limits, cost))
             })
             .collect()
     }

@@ -13,11 +13,12 @@ use crate::args::{
 use crate::bucket::BucketLimits;
 use crate::error::{Error, Result};
 use crate::functions::{Function, Param, SqlType};
+use crate::kind::{Cost, LimitKind};
 use crate::lease::MAX_IN_FLIGHT;
 use crate::limit_json::{self, LimitShape};
 use crate::messages as msg;
 use crate::penalty::Escalation;
-use crate::take_all::{BucketItem, BudgetItem, Limit, WindowItem, MAX_ITEMS};
+use crate::take_all::{Item, Limit, MAX_ITEMS};
 use crate::units::{Period, MICROS_PER_UNIT};
 use crate::window::WindowLimits;
 
@@ -548,34 +549,17 @@ impl<'a> TakeAllArgs<'a> {
 fn item<'a>(position: usize, v: &'a Value) -> Result<Limit<'a>> {
     let o = limit_json::object(v, &limit_json::ITEM)?;
     let key = key(&o.get("key").map_or(Arg::Null, json_arg))?;
-    let shape = limit_json::shape(o)?;
     let cost = o.get("cost").map(json_arg);
-    let (tokens, micros) = match shape {
-        LimitShape::Bucket { .. } => (cost.map_or(Ok(1.0), |c| token_number("cost", &c))?, 0),
-        _ => (0.0, cost.map_or(Ok(MICROS_PER_UNIT), |c| amount_micros("cost", &c))?),
-    };
-    let shape = match o.get("multiplier") {
-        None => shape,
-        Some(m) => {
-            let m = crate::args::positive_number("multiplier", &json_arg(m))?;
-            if !shape.scales_by(m) {
-                return Err(Error::invalid(
-                    msg::ITEM_MULTIPLIER_OUT_OF_RANGE
-                        .render(&[&(crate::units::MAX_TOKENS as i64), &(crate::units::MAX_AMOUNT as i64)]),
-                ));
-            }
-            shape.scaled(m)
-        }
-    };
-    Ok(match shape {
-        LimitShape::Window { limit, window_ms, fixed } => {
-            Limit::Window(WindowItem { position, key, limits: WindowLimits { limit, window_ms, fixed }, cost: micros })
-        }
-        LimitShape::Budget { period, quota } => {
-            Limit::Budget(BudgetItem { position, key, period, quota, cost: micros })
-        }
-        LimitShape::Bucket { burst, refill_per_minute } => {
-            Limit::Bucket(BucketItem { position, key, limits: BucketLimits { burst, refill_per_minute }, cost: tokens })
-        }
-    })
+    let item = crate::each_kind!(LimitShape => Limit, limit_json::shape(o)?, limits => {
+        Item { position, key, cost: Cost::read(cost.as_ref())?, limits }
+    });
+    let Some(m) = o.get("multiplier") else { return Ok(item) };
+    let m = crate::args::positive_number("multiplier", &json_arg(m))?;
+    if !crate::each_kind!(Limit, &item, i => i.limits.scales_by(m)) {
+        return Err(Error::invalid(
+            msg::ITEM_MULTIPLIER_OUT_OF_RANGE
+                .render(&[&(crate::units::MAX_TOKENS as i64), &(crate::units::MAX_AMOUNT as i64)]),
+        ));
+    }
+    Ok(crate::each_kind!(Limit => Limit, item, i => Item { limits: i.limits.scaled(m), ..i }))
 }

@@ -263,21 +263,13 @@ impl ToJson for RefundAllDecision {
 
 impl ToJson for LimitRefund {
     fn to_json(&self) -> Json {
-        match self {
-            LimitRefund::Bucket(d) => d.to_json(),
-            LimitRefund::Budget(d) => d.to_json(),
-            LimitRefund::Window(d) => d.to_json(),
-        }
+        crate::each_kind!(LimitRefund, self, d => d.to_json())
     }
 }
 
 impl ToJson for LimitAnswer {
     fn to_json(&self) -> Json {
-        match self {
-            LimitAnswer::Bucket(d) => d.to_json(),
-            LimitAnswer::Budget(d) => d.to_json(),
-            LimitAnswer::Window(d) => d.to_json(),
-        }
+        crate::each_kind!(LimitAnswer, self, d => d.to_json())
     }
 }
 

@@ -162,7 +162,7 @@ pub(super) fn check_one_bucket<'a, S: Store>(store: &mut S, a: &CheckArgs<'a>) -
         PolicyGuard { policy: a.policy, revision: cached.revision, subject: a.subject, now_ms: a.now_ms, epoch };
     let changed = store.change_bucket_for_policy(&keys[0], &guard, decide)?;
     let Changed { decided_on: Some(row), written: true } = changed else { return Ok(None) };
-    let decision = all_or_none::decide(vec![ItemRow::Bucket(item, Some(row))], a.now_ms);
+    let decision = all_or_none::decide(vec![ItemRow::Bucket(all_or_none::Read::new(item, Some(row)))], a.now_ms);
     stats::sink().count(a.policy, Outcome::Admitted);
     Ok(Some(check_decision(a, &policy, None, &decision)))
 }

@@ -65,7 +65,7 @@ fn charge_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<L
             LimitAnswer::Bucket(charge(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?)
         }
         Limit::Budget(b) => {
-            let (period, quota, amount) = (b.period, b.quota, b.cost);
+            let (period, quota, amount) = (b.limits.period, b.limits.quota, b.cost);
             let d = change_budget(store, b.key, period, move |row| {
                 ChargeAgainst(budget::charge_against(row, period, quota, amount, now_ms))
             })?;
@@ -96,7 +96,7 @@ fn refund_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<L
             LimitRefund::Bucket(refund(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?)
         }
         Limit::Budget(b) => {
-            let args = RefundBudgetArgs { key: b.key, period: b.period, amount: b.cost, now_ms };
+            let args = RefundBudgetArgs { key: b.key, period: b.limits.period, amount: b.cost, now_ms };
             LimitRefund::Budget(refund_budget(store, &args)?)
         }
         Limit::Window(w) => LimitRefund::Window(change_entries(store, window_kind(&w.limits), w.key, |row| {
@@ -137,7 +137,7 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
         match limit {
             Limit::Bucket(b) => buckets.push(b),
             Limit::Budget(b) => {
-                let untouched = || budget::untouched(b.period, a.now_ms);
+                let untouched = || budget::untouched(b.limits.period, a.now_ms);
                 budgets.push(hold_in_unit(store, budget_at(b), untouched, true)?);
             }
             Limit::Window(w) => {
@@ -154,9 +154,12 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
             .limits
             .iter()
             .map(|limit| match limit {
-                Limit::Bucket(b) => ItemRow::Bucket(b, bucket_rows.next().copied().flatten()),
-                Limit::Budget(b) => ItemRow::Budget(b, budget_rows.next().copied().flatten()),
-                Limit::Window(w) => ItemRow::Window(w, window_rows.next().map(|(_, e)| e.clone()).unwrap_or_default()),
+                Limit::Bucket(b) => ItemRow::Bucket(all_or_none::Read::new(b, bucket_rows.next().copied().flatten())),
+                Limit::Budget(b) => ItemRow::Budget(all_or_none::Read::new(b, budget_rows.next().copied().flatten())),
+                Limit::Window(w) => ItemRow::Window(all_or_none::Read::new(
+                    w,
+                    window_rows.next().map(|(_, e)| e.clone()).unwrap_or_default(),
+                )),
             })
             .collect();
         let decision = all_or_none::decide(rows, a.now_ms);
@@ -164,8 +167,12 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
             .items
             .iter()
             .filter_map(|item| match item {
-                ItemAnswer::Bucket { answer, .. } => Some(answer.new_state.filter(|_| decision.admitted)),
-                ItemAnswer::Budget { .. } | ItemAnswer::Window { .. } => None,
+                ItemAnswer::Bucket(all_or_none::Decided { answer, .. }) => {
+                    Some(answer.new_state.filter(|_| decision.admitted))
+                }
+                ItemAnswer::Budget(all_or_none::Decided { .. }) | ItemAnswer::Window(all_or_none::Decided { .. }) => {
+                    None
+                }
             })
             .collect();
         (writes, decision)
@@ -174,15 +181,15 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
         let mut held_windows = windows.iter();
         for item in &decision.items {
             let written = match item {
-                ItemAnswer::Bucket { .. } => true,
-                ItemAnswer::Budget { item, row, answer } => {
+                ItemAnswer::Bucket(all_or_none::Decided { .. }) => true,
+                ItemAnswer::Budget(all_or_none::Decided { item, row, answer }) => {
                     let written = write_held(store, budget_at(item), row.as_ref(), answer.new_state.as_ref())?;
                     if let (true, Some(old)) = (written, row.as_ref()) {
-                        keep_ended(store, item.key, item.period, old, answer.new_state.as_ref())?;
+                        keep_ended(store, item.key, item.limits.period, old, answer.new_state.as_ref())?;
                     }
                     written
                 }
-                ItemAnswer::Window { item, answer, .. } => {
+                ItemAnswer::Window(all_or_none::Decided { item, answer, .. }) => {
                     let (old, _) = held_windows.next().expect("one held row per window");
                     let new = window_row(answer, item.limits.window_ms)?;
                     write_held(store, window_at(item), old.as_ref(), new.as_ref())?
@@ -202,11 +209,11 @@ pub(super) fn read_rows<'i, 'a, S: Store>(store: &mut S, a: &'i TakeAllArgs<'a>)
         .iter()
         .map(|limit| {
             Ok(match limit {
-                Limit::Bucket(b) => ItemRow::Bucket(b, store.read_bucket(b.key)?),
-                Limit::Budget(b) => ItemRow::Budget(b, store.read_row(budget_at(b))?),
+                Limit::Bucket(b) => ItemRow::Bucket(all_or_none::Read::new(b, store.read_bucket(b.key)?)),
+                Limit::Budget(b) => ItemRow::Budget(all_or_none::Read::new(b, store.read_row(budget_at(b))?)),
                 Limit::Window(w) => {
                     let row = store.read_row(window_at(w))?;
-                    ItemRow::Window(w, window_entries(row.as_ref())?)
+                    ItemRow::Window(all_or_none::Read::new(w, window_entries(row.as_ref())?))
                 }
             })
         })
@@ -214,7 +221,7 @@ pub(super) fn read_rows<'i, 'a, S: Store>(store: &mut S, a: &'i TakeAllArgs<'a>)
 }
 
 fn budget_at<'a>(item: &all_or_none::BudgetItem<'a>) -> BudgetAt<'a> {
-    BudgetAt { key: item.key, period: item.period }
+    BudgetAt { key: item.key, period: item.limits.period }
 }
 
 fn window_at<'a>(item: &all_or_none::WindowItem<'a>) -> EntriesAt<'a> {
