@@ -206,3 +206,44 @@ pub fn shape(o: &Map<String, Value>) -> Result<LimitShape> {
         })),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::json::Json;
+
+    /// Every row of the table of kinds agrees with the parser and with its kind's trait: an
+    /// object of its fields is recognised as it, parses, and shows the same fields in a
+    /// policy (so the generated edition, schema, type and page describe what the core takes).
+    #[test]
+    fn each_row_of_kinds_is_what_its_kind_parses_and_shows() {
+        for spec in &KINDS {
+            let object: Map<String, Value> = spec
+                .fields
+                .iter()
+                .map(|(name, ty)| {
+                    let value = match ty {
+                        FieldType::Number => Value::from(2),
+                        FieldType::Period => Value::from("day"),
+                    };
+                    (name.to_string(), value)
+                })
+                .collect();
+            assert_eq!(Kind::of(&object), spec.kind, "{}", spec.name);
+            let value = Value::Object(object);
+            let parsed = shape(object_of(&value)).unwrap_or_else(|e| panic!("{}: {e:?}", spec.name));
+            let Json::Object(shown) = parsed.definition() else { panic!("{}: not an object", spec.name) };
+            let shown: Vec<&str> = shown.iter().map(|(k, _)| *k).collect();
+            let fields: Vec<&str> = spec.fields.iter().map(|(k, _)| *k).collect();
+            assert_eq!(shown, fields, "{}", spec.name);
+            assert!(parsed.scales_by(2.0) && parsed.scaled(1.0) == parsed, "{}", spec.name);
+        }
+        let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names, ["bucket", "budget", "window", "fixed_window"]);
+        assert!(KINDS.last().is_some_and(|s| s.marker.is_none()), "the kind without a marker is recognised last");
+    }
+
+    fn object_of(v: &Value) -> &Map<String, Value> {
+        object(v, &POLICY).expect("a limit object")
+    }
+}
