@@ -194,11 +194,10 @@ pub(super) fn in_one_unit<S: Store, R>(store: &mut S, work: impl FnOnce(&mut S) 
 
 /// Which kind of row a limit changes.
 pub(super) fn rows_of(limit: &Limit) -> Rows {
-    match limit {
-        Limit::Bucket(_) => Rows::Buckets,
-        Limit::Budget(_) => Rows::Budgets,
-        Limit::Window(_) => Rows::Entries,
+    fn rows<K: take_all::StoredKind>(_: &crate::take_all::Item<K>) -> Rows {
+        K::ROWS
     }
+    crate::each_kind!(Limit, limit, item => rows(item))
 }
 
 /// Fails (read only) unless every kind of row these limits change can be written.

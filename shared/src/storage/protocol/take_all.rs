@@ -2,7 +2,11 @@
 
 use super::rows::{change_entries, empty_row, window_entries, window_kind, window_row};
 use super::*;
-use crate::take_all::{LimitAnswer, TakeAllAnswer};
+use crate::bucket::BucketLimits;
+use crate::budget::BudgetLimits;
+use crate::kind::LimitKind;
+use crate::take_all::{Item, LimitAnswer, TakeAllAnswer};
+use crate::window::WindowLimits;
 
 /// rl_refund_all: the inverse of rl_take_all, each limit given its cost back in one unit.
 pub fn refund_all<S: Store>(store: &mut S, a: &TakeAllArgs) -> Result<RefundAllDecision> {
@@ -60,46 +64,104 @@ impl RowDecision<BudgetState> for ChargeAgainst {
 }
 
 fn charge_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<LimitAnswer> {
-    Ok(match limit {
-        Limit::Bucket(b) => {
-            LimitAnswer::Bucket(charge(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?)
-        }
-        Limit::Budget(b) => {
-            let (period, quota, amount) = (b.limits.period, b.limits.quota, b.cost);
-            let d = change_budget(store, b.key, period, move |row| {
-                ChargeAgainst(budget::charge_against(row, period, quota, amount, now_ms))
-            })?;
-            LimitAnswer::Budget(d.0.ok_or_else(|| {
-                Error::out_of_range(crate::messages::USE_TOO_HIGH.render(&[&(budget::MAX_USED / 1_000_000)]))
-            })?)
-        }
-        Limit::Window(w) => LimitAnswer::Window(change_entries(store, window_kind(&w.limits), w.key, |row| {
-            let d = window::charge(&window_entries(row)?, &w.limits, w.cost, now_ms);
-            let new = window_row(&d, w.limits.window_ms)?;
-            Ok((d, new))
-        })?),
-    })
+    Ok(crate::each_kind!(Limit => LimitAnswer, limit, item => StoredKind::charge_item(store, item, now_ms)?))
 }
 
 /// Where a limit's row comes in the order rl_take_all holds rows.
 fn hold_rank(limit: &Limit) -> u8 {
-    match limit {
-        Limit::Budget(_) => 0,
-        Limit::Window(_) => 1,
-        Limit::Bucket(_) => 2,
+    fn rank<K: StoredKind>(_: &Item<K>) -> u8 {
+        K::HOLD_RANK
     }
+    crate::each_kind!(Limit, limit, item => rank(item))
 }
 
 fn refund_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<LimitRefund> {
-    Ok(match limit {
-        Limit::Bucket(b) => {
-            LimitRefund::Bucket(refund(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })?)
-        }
-        Limit::Budget(b) => {
-            let args = RefundBudgetArgs { key: b.key, period: b.limits.period, amount: b.cost, now_ms };
-            LimitRefund::Budget(refund_budget(store, &args)?)
-        }
-        Limit::Window(w) => LimitRefund::Window(change_entries(store, window_kind(&w.limits), w.key, |row| {
+    Ok(crate::each_kind!(Limit => LimitRefund, limit, item => StoredKind::refund_item(store, item, now_ms)?))
+}
+
+/// What rl_take_all's reads, rl_charge_all and rl_refund_all do with one kind's row,
+/// written once per kind (rl_take_all's holds and writes are [`take_all_held`]'s).
+pub(super) trait StoredKind: LimitKind {
+    /// What giving a cost back answers.
+    type Refund;
+    /// The table its rows live in (whether a read-only store can take it).
+    const ROWS: Rows;
+    /// Where its rows come in the order rows are held (budgets, windows, buckets), so that
+    /// concurrent calls never wait for each other in a cycle.
+    const HOLD_RANK: u8;
+    /// Its row as it stands, read without holding it.
+    fn read_item<S: Store>(store: &mut S, item: &Item<Self>) -> Result<Self::Row>;
+    /// Charges the item's cost whatever the row holds, answered as an admitted take.
+    fn charge_item<S: Store>(store: &mut S, item: &Item<Self>, now_ms: i64) -> Result<Self::Answer>;
+    /// Gives the item's cost back.
+    fn refund_item<S: Store>(store: &mut S, item: &Item<Self>, now_ms: i64) -> Result<Self::Refund>;
+}
+
+/// A bucket: tokens into debt (rl_charge), back up to the burst (rl_refund).
+impl StoredKind for BucketLimits {
+    type Refund = RefundDecision;
+    const ROWS: Rows = Rows::Buckets;
+    const HOLD_RANK: u8 = 2;
+
+    fn read_item<S: Store>(store: &mut S, item: &Item<Self>) -> Result<Option<BucketState>> {
+        Ok(store.read_bucket(item.key)?)
+    }
+
+    fn charge_item<S: Store>(store: &mut S, b: &Item<Self>, now_ms: i64) -> Result<TakeDecision> {
+        charge(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })
+    }
+
+    fn refund_item<S: Store>(store: &mut S, b: &Item<Self>, now_ms: i64) -> Result<RefundDecision> {
+        refund(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })
+    }
+}
+
+/// A budget: past its quota, keeping the item's quota with the row as a spend does
+/// (rl_charge_budget's rule); back never below 0 (rl_refund_budget).
+impl StoredKind for BudgetLimits {
+    type Refund = BudgetRefund;
+    const ROWS: Rows = Rows::Budgets;
+    const HOLD_RANK: u8 = 0;
+
+    fn read_item<S: Store>(store: &mut S, item: &Item<Self>) -> Result<Option<BudgetState>> {
+        Ok(store.read_row(budget_at(item))?)
+    }
+
+    fn charge_item<S: Store>(store: &mut S, b: &Item<Self>, now_ms: i64) -> Result<SpendDecision> {
+        let (period, quota, amount) = (b.limits.period, b.limits.quota, b.cost);
+        let d = change_budget(store, b.key, period, move |row| {
+            ChargeAgainst(budget::charge_against(row, period, quota, amount, now_ms))
+        })?;
+        d.0.ok_or_else(|| Error::out_of_range(crate::messages::USE_TOO_HIGH.render(&[&(budget::MAX_USED / 1_000_000)])))
+    }
+
+    fn refund_item<S: Store>(store: &mut S, b: &Item<Self>, now_ms: i64) -> Result<BudgetRefund> {
+        refund_budget(store, &RefundBudgetArgs { key: b.key, period: b.limits.period, amount: b.cost, now_ms })
+    }
+}
+
+/// A window, sliding or fixed: past its limit; back by forgetting its newest admissions
+/// that still count (it cannot tell one from another), answered as rl_window_peek.
+impl StoredKind for WindowLimits {
+    type Refund = WindowDecision;
+    const ROWS: Rows = Rows::Entries;
+    const HOLD_RANK: u8 = 1;
+
+    fn read_item<S: Store>(store: &mut S, item: &Item<Self>) -> Result<Vec<window::Entry>> {
+        let row = store.read_row(window_at(item))?;
+        window_entries(row.as_ref())
+    }
+
+    fn charge_item<S: Store>(store: &mut S, w: &Item<Self>, now_ms: i64) -> Result<WindowDecision> {
+        change_entries(store, window_kind(&w.limits), w.key, |row| {
+            let d = window::charge(&window_entries(row)?, &w.limits, w.cost, now_ms);
+            let new = window_row(&d, w.limits.window_ms)?;
+            Ok((d, new))
+        })
+    }
+
+    fn refund_item<S: Store>(store: &mut S, w: &Item<Self>, now_ms: i64) -> Result<WindowDecision> {
+        change_entries(store, window_kind(&w.limits), w.key, |row| {
             let given_back = window::refund(&window_entries(row)?, w.cost);
             // a peek (cost 0) answers the window as the refund left it, and keeps only the
             // entries that still count
@@ -108,8 +170,8 @@ fn refund_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<L
             let unchanged = row.is_none() && d.new_entries.as_ref().is_none_or(|e| e.is_empty());
             let new = if unchanged { None } else { window_row(&d, w.limits.window_ms)? };
             Ok((d, new))
-        })?),
-    })
+        })
+    }
 }
 
 /// rl_take_all: every item is charged, or none. An unlocked read answers most refusals
@@ -167,12 +229,8 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
             .items
             .iter()
             .filter_map(|item| match item {
-                ItemAnswer::Bucket(all_or_none::Decided { answer, .. }) => {
-                    Some(answer.new_state.filter(|_| decision.admitted))
-                }
-                ItemAnswer::Budget(all_or_none::Decided { .. }) | ItemAnswer::Window(all_or_none::Decided { .. }) => {
-                    None
-                }
+                ItemAnswer::Bucket(d) => Some(d.answer.new_state.filter(|_| decision.admitted)),
+                ItemAnswer::Budget(_) | ItemAnswer::Window(_) => None,
             })
             .collect();
         (writes, decision)
@@ -181,7 +239,7 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
         let mut held_windows = windows.iter();
         for item in &decision.items {
             let written = match item {
-                ItemAnswer::Bucket(all_or_none::Decided { .. }) => true,
+                ItemAnswer::Bucket(_) => true,
                 ItemAnswer::Budget(all_or_none::Decided { item, row, answer }) => {
                     let written = write_held(store, budget_at(item), row.as_ref(), answer.new_state.as_ref())?;
                     if let (true, Some(old)) = (written, row.as_ref()) {
@@ -208,14 +266,9 @@ pub(super) fn read_rows<'i, 'a, S: Store>(store: &mut S, a: &'i TakeAllArgs<'a>)
     a.limits
         .iter()
         .map(|limit| {
-            Ok(match limit {
-                Limit::Bucket(b) => ItemRow::Bucket(all_or_none::Read::new(b, store.read_bucket(b.key)?)),
-                Limit::Budget(b) => ItemRow::Budget(all_or_none::Read::new(b, store.read_row(budget_at(b))?)),
-                Limit::Window(w) => {
-                    let row = store.read_row(window_at(w))?;
-                    ItemRow::Window(all_or_none::Read::new(w, window_entries(row.as_ref())?))
-                }
-            })
+            Ok(crate::each_kind!(Limit => ItemRow, limit, item => {
+                all_or_none::Read::new(item, StoredKind::read_item(store, item)?)
+            }))
         })
         .collect()
 }
