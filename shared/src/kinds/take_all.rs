@@ -45,6 +45,15 @@ impl<'a> Limit<'a> {
         crate::each_kind!(Limit, self, i => i.position)
     }
 
+    /// The bucket, where the limit is one (buckets are held and decided in one batch).
+    pub fn as_bucket(&self) -> Option<&BucketItem<'a>> {
+        if let Limit::Bucket(b) = self {
+            Some(b)
+        } else {
+            None
+        }
+    }
+
     /// Which state row the limit touches. Limits are kept in this order (buckets, then
     /// budgets, then sliding windows, then fixed windows, each by key and period; the
     /// number is the kind's place in [`crate::limit_json::Kind::ALL`]) and rows locked in

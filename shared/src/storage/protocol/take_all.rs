@@ -5,7 +5,7 @@ use super::*;
 use crate::bucket::BucketLimits;
 use crate::budget::BudgetLimits;
 use crate::kind::LimitKind;
-use crate::take_all::{Item, LimitAnswer, TakeAllAnswer};
+use crate::take_all::{BucketItem, Item, LimitAnswer, TakeAllAnswer};
 use crate::window::WindowLimits;
 
 /// rl_refund_all: the inverse of rl_take_all, each limit given its cost back in one unit.
@@ -79,8 +79,8 @@ fn refund_limit<S: Store>(store: &mut S, limit: &Limit, now_ms: i64) -> Result<L
     Ok(crate::each_kind!(Limit => LimitRefund, limit, item => StoredKind::refund_item(store, item, now_ms)?))
 }
 
-/// What rl_take_all's reads, rl_charge_all and rl_refund_all do with one kind's row,
-/// written once per kind (rl_take_all's holds and writes are [`take_all_held`]'s).
+/// What rl_take_all (its unlocked read, its hold and its write), rl_charge_all and
+/// rl_refund_all do with one kind's row, written once per kind.
 pub(super) trait StoredKind: LimitKind {
     /// What giving a cost back answers.
     type Refund;
@@ -95,6 +95,24 @@ pub(super) trait StoredKind: LimitKind {
     fn charge_item<S: Store>(store: &mut S, item: &Item<Self>, now_ms: i64) -> Result<Self::Answer>;
     /// Gives the item's cost back.
     fn refund_item<S: Store>(store: &mut S, item: &Item<Self>, now_ms: i64) -> Result<Self::Refund>;
+
+    /// What holding its row in rl_take_all's unit keeps for the write.
+    type Held;
+    /// Holds the item's row until the unit ends (a bucket's is held later, with every
+    /// bucket of the call, by the store's one batch: [`BucketRows::decide_buckets`]).
+    fn hold_item<S: Store>(store: &mut S, item: &Item<Self>, now_ms: i64) -> Result<Self::Held>;
+    /// The held row as the kind decides on it; a bucket's is the batch's next row.
+    fn held_row(held: &Self::Held, batch: &mut dyn Iterator<Item = Option<BucketState>>) -> Self::Row;
+    /// Its decision among an rl_take_all's decided items (None: another kind's).
+    fn decided<'d, 'i, 'a>(answer: &'d ItemAnswer<'i, 'a>) -> Option<&'d all_or_none::Decided<'i, 'a, Self>>;
+    /// What the store's batch writes for it when the call admits (Some: a bucket's new
+    /// row, if any; None: not a bucket).
+    fn batch_write(_decided: &all_or_none::Decided<Self>) -> Option<Option<BucketState>> {
+        None
+    }
+    /// Writes what an admitted rl_take_all decided into the held row; false when the row
+    /// changed while held. A bucket's was written by the batch.
+    fn write_item<S: Store>(store: &mut S, decided: &all_or_none::Decided<Self>, held: &Self::Held) -> Result<bool>;
 }
 
 /// A bucket: tokens into debt (rl_charge), back up to the burst (rl_refund).
@@ -113,6 +131,32 @@ impl StoredKind for BucketLimits {
 
     fn refund_item<S: Store>(store: &mut S, b: &Item<Self>, now_ms: i64) -> Result<RefundDecision> {
         refund(store, &TakeArgs { key: b.key, limits: b.limits, cost: b.cost, now_ms })
+    }
+
+    type Held = ();
+
+    fn hold_item<S: Store>(_: &mut S, _: &Item<Self>, _: i64) -> Result<()> {
+        Ok(())
+    }
+
+    fn held_row(_: &(), batch: &mut dyn Iterator<Item = Option<BucketState>>) -> Option<BucketState> {
+        batch.next().flatten()
+    }
+
+    fn decided<'d, 'i, 'a>(answer: &'d ItemAnswer<'i, 'a>) -> Option<&'d all_or_none::Decided<'i, 'a, Self>> {
+        if let ItemAnswer::Bucket(d) = answer {
+            Some(d)
+        } else {
+            None
+        }
+    }
+
+    fn batch_write(d: &all_or_none::Decided<Self>) -> Option<Option<BucketState>> {
+        Some(d.answer.new_state)
+    }
+
+    fn write_item<S: Store>(_: &mut S, _: &all_or_none::Decided<Self>, _: &()) -> Result<bool> {
+        Ok(true)
     }
 }
 
@@ -137,6 +181,34 @@ impl StoredKind for BudgetLimits {
 
     fn refund_item<S: Store>(store: &mut S, b: &Item<Self>, now_ms: i64) -> Result<BudgetRefund> {
         refund_budget(store, &RefundBudgetArgs { key: b.key, period: b.limits.period, amount: b.cost, now_ms })
+    }
+
+    /// The row as held (None: none yet).
+    type Held = Option<BudgetState>;
+
+    fn hold_item<S: Store>(store: &mut S, b: &Item<Self>, now_ms: i64) -> Result<Option<BudgetState>> {
+        hold_in_unit(store, budget_at(b), || budget::untouched(b.limits.period, now_ms), true)
+    }
+
+    fn held_row(held: &Option<BudgetState>, _: &mut dyn Iterator<Item = Option<BucketState>>) -> Option<BudgetState> {
+        *held
+    }
+
+    fn decided<'d, 'i, 'a>(answer: &'d ItemAnswer<'i, 'a>) -> Option<&'d all_or_none::Decided<'i, 'a, Self>> {
+        if let ItemAnswer::Budget(d) = answer {
+            Some(d)
+        } else {
+            None
+        }
+    }
+
+    /// The new row, and the period it ended kept when the spend started a new one.
+    fn write_item<S: Store>(store: &mut S, d: &all_or_none::Decided<Self>, _: &Option<BudgetState>) -> Result<bool> {
+        let written = write_held(store, budget_at(d.item), d.row.as_ref(), d.answer.new_state.as_ref())?;
+        if let (true, Some(old)) = (written, d.row.as_ref()) {
+            keep_ended(store, d.item.key, d.item.limits.period, old, d.answer.new_state.as_ref())?;
+        }
+        Ok(written)
     }
 }
 
@@ -172,6 +244,32 @@ impl StoredKind for WindowLimits {
             Ok((d, new))
         })
     }
+
+    /// The row as stored (None: none yet), and its entries.
+    type Held = (Option<EntriesRow>, Vec<window::Entry>);
+
+    fn hold_item<S: Store>(store: &mut S, w: &Item<Self>, _: i64) -> Result<Self::Held> {
+        let row = hold_in_unit(store, window_at(w), || empty_row(window_at(w).kind), true)?;
+        let entries = window_entries(row.as_ref())?;
+        Ok((row, entries))
+    }
+
+    fn held_row(held: &Self::Held, _: &mut dyn Iterator<Item = Option<BucketState>>) -> Vec<window::Entry> {
+        held.1.clone()
+    }
+
+    fn decided<'d, 'i, 'a>(answer: &'d ItemAnswer<'i, 'a>) -> Option<&'d all_or_none::Decided<'i, 'a, Self>> {
+        if let ItemAnswer::Window(d) = answer {
+            Some(d)
+        } else {
+            None
+        }
+    }
+
+    fn write_item<S: Store>(store: &mut S, d: &all_or_none::Decided<Self>, held: &Self::Held) -> Result<bool> {
+        let new = window_row(&d.answer, d.item.limits.window_ms)?;
+        write_held(store, window_at(d.item), held.0.as_ref(), new.as_ref())
+    }
 }
 
 /// rl_take_all: every item is charged, or none. An unlocked read answers most refusals
@@ -191,74 +289,66 @@ pub(super) fn take_all_held<'i, 'a, S: Store>(
     store: &mut S,
     a: &'i TakeAllArgs<'a>,
 ) -> Result<TakeAllDecision<'i, 'a>> {
-    let mut budgets = Vec::new();
-    let mut windows = Vec::new();
-    let mut buckets = Vec::new();
-    // Limits are sorted buckets, budgets, windows: hold budgets, then windows, then buckets.
-    for limit in &a.limits {
-        match limit {
-            Limit::Bucket(b) => buckets.push(b),
-            Limit::Budget(b) => {
-                let untouched = || budget::untouched(b.limits.period, a.now_ms);
-                budgets.push(hold_in_unit(store, budget_at(b), untouched, true)?);
-            }
-            Limit::Window(w) => {
-                let row = hold_in_unit(store, window_at(w), || empty_row(window_at(w).kind), true)?;
-                let entries = window_entries(row.as_ref())?;
-                windows.push((row, entries));
-            }
-        }
-    }
+    // Limits are sorted buckets, budgets, windows: budgets are held, then windows, then
+    // (by the store, in one batch) buckets.
+    let held = a
+        .limits
+        .iter()
+        .map(|limit| {
+            Ok(crate::each_kind!(Limit => Held, limit, item => HeldItem {
+                item,
+                held: StoredKind::hold_item(store, item, a.now_ms)?,
+            }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let buckets: Vec<&BucketItem> = a.limits.iter().filter_map(Limit::as_bucket).collect();
     let decision = store.decide_buckets(&buckets, |bucket_rows| {
-        let (mut bucket_rows, mut budget_rows) = (bucket_rows.iter(), budgets.iter());
-        let mut window_rows = windows.iter();
-        let rows = a
-            .limits
-            .iter()
-            .map(|limit| match limit {
-                Limit::Bucket(b) => ItemRow::Bucket(all_or_none::Read::new(b, bucket_rows.next().copied().flatten())),
-                Limit::Budget(b) => ItemRow::Budget(all_or_none::Read::new(b, budget_rows.next().copied().flatten())),
-                Limit::Window(w) => ItemRow::Window(all_or_none::Read::new(
-                    w,
-                    window_rows.next().map(|(_, e)| e.clone()).unwrap_or_default(),
-                )),
-            })
-            .collect();
+        let mut batch = bucket_rows.iter().copied();
+        let rows = held.iter().map(|h| crate::each_kind!(Held => ItemRow, h, h => h.read(&mut batch))).collect();
         let decision = all_or_none::decide(rows, a.now_ms);
         let writes = decision
             .items
             .iter()
-            .filter_map(|item| match item {
-                ItemAnswer::Bucket(d) => Some(d.answer.new_state.filter(|_| decision.admitted)),
-                ItemAnswer::Budget(_) | ItemAnswer::Window(_) => None,
-            })
+            .filter_map(|item| crate::each_kind!(ItemAnswer, item, d => StoredKind::batch_write(d)))
+            .map(|new| new.filter(|_| decision.admitted))
             .collect();
         (writes, decision)
     })?;
     if decision.admitted {
-        let mut held_windows = windows.iter();
-        for item in &decision.items {
-            let written = match item {
-                ItemAnswer::Bucket(_) => true,
-                ItemAnswer::Budget(all_or_none::Decided { item, row, answer }) => {
-                    let written = write_held(store, budget_at(item), row.as_ref(), answer.new_state.as_ref())?;
-                    if let (true, Some(old)) = (written, row.as_ref()) {
-                        keep_ended(store, item.key, item.limits.period, old, answer.new_state.as_ref())?;
-                    }
-                    written
-                }
-                ItemAnswer::Window(all_or_none::Decided { item, answer, .. }) => {
-                    let (old, _) = held_windows.next().expect("one held row per window");
-                    let new = window_row(answer, item.limits.window_ms)?;
-                    write_held(store, window_at(item), old.as_ref(), new.as_ref())?
-                }
-            };
-            if !written {
+        for (h, answer) in held.iter().zip(&decision.items) {
+            if !crate::each_kind!(Held, h, h => h.write(store, answer)?) {
                 return Err(Error::storage("a row changed while this call held it; nothing was charged"));
             }
         }
     }
     Ok(decision)
+}
+
+/// An rl_take_all limit with what holding its row kept for the write.
+struct HeldItem<'i, 'a, K: StoredKind> {
+    item: &'i Item<'a, K>,
+    held: K::Held,
+}
+
+/// A held limit, of any kind.
+enum Held<'i, 'a> {
+    Bucket(HeldItem<'i, 'a, BucketLimits>),
+    Budget(HeldItem<'i, 'a, BudgetLimits>),
+    Window(HeldItem<'i, 'a, WindowLimits>),
+}
+
+impl<'i, 'a, K: StoredKind> HeldItem<'i, 'a, K> {
+    /// The limit with its held row, a bucket's taken from the store's batch in turn.
+    fn read(&self, batch: &mut dyn Iterator<Item = Option<BucketState>>) -> all_or_none::Read<'i, 'a, K> {
+        all_or_none::Read::new(self.item, K::held_row(&self.held, batch))
+    }
+
+    /// Writes what the admitted call decided for this limit (`answer`, the decision's
+    /// item in the same place); false when its row changed while held.
+    fn write<S: Store>(&self, store: &mut S, answer: &ItemAnswer) -> Result<bool> {
+        let decided = K::decided(answer).ok_or_else(|| Error::storage("rl_take_all's answers and held rows differ"))?;
+        K::write_item(store, decided, &self.held)
+    }
 }
 
 /// Every limit with its row as it stands, in the order of `a.limits`.
