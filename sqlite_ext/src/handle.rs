@@ -1,16 +1,23 @@
 //! The extension's own handle on a connection, kept for the connection's life so that
 //! the statements it runs are prepared once, not on every call.
 //!
-//! Cached statements would make a plain sqlite3_close() fail ("unfinalized statements"),
+//! Each statement is held in a slot of its own (the index of the core's `Statement`), so a
+//! call finds it without rusqlite's statement cache, which hashes the statement's text
+//! twice and copies it on every use (about 1,700 instructions of an `rl_take`).
+//!
+//! Prepared statements would make a plain sqlite3_close() fail ("unfinalized statements"),
 //! so they are tied to an eponymous virtual table, `rl_statement_cache`: SQLite
 //! disconnects virtual tables at the start of closing a connection, before it checks for
-//! open statements, and disconnecting this one finalizes the cache.
+//! open statements, and disconnecting this one finalizes them.
 //!
-//! The only module of this crate allowed `unsafe` (the workspace denies it elsewhere):
-//! SQLite's entry point, a second `Connection` over the handle SQLite passes in, and the
-//! virtual table traits. Invariants: the handle stays valid for as long as SQLite keeps
-//! the functions registered on it (they are dropped with the connection), and the
-//! `Connection` made from it never closes it (`from_handle` does not own the handle).
+//! One of the two modules of this crate allowed `unsafe` (the workspace denies it
+//! elsewhere; scalar.rs says why it needs it): SQLite's entry point, a second `Connection`
+//! over the handle SQLite passes in, the statements held beside the `Connection` they
+//! borrow, and the virtual table traits. Invariants: the handle stays valid for as long as
+//! SQLite keeps the functions registered on it (they are dropped with the connection); the
+//! `Connection` made from it never closes it (`from_handle` does not own the handle); a
+//! held statement never outlives, nor leaves, the `Own` whose boxed `Connection` it
+//! borrows (see `Own`).
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
@@ -49,9 +56,62 @@ pub fn alongside(conn: &Connection) -> rusqlite::Result<Connection> {
     unsafe { Connection::from_handle(conn.handle()) }
 }
 
+/// The connection and the statements prepared on it.
+pub struct Own {
+    /// Slot i holds statement i once prepared. Declared before `conn`, so dropped (and
+    /// finalized) before it. The `'static` is not true: each borrows `*conn`, which is boxed
+    /// (its address never changes) and outlives them; no statement is handed out but for
+    /// the length of a closure that cannot keep it (`with_statement`).
+    statements: Vec<Option<rusqlite::Statement<'static>>>,
+    conn: Box<Connection>,
+}
+
+// SAFETY: a Statement is not Send only because it borrows its Connection, which is not
+// Sync. Here the statements move with the one connection they borrow and are only used
+// under the Handle's mutex, with it, so moving an `Own` is moving a Connection (Send).
+unsafe impl Send for Own {}
+
+impl Own {
+    pub fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Runs `f` on the statement of `slot`, prepared from `text` the first time (a failed
+    /// prepare is `Err(_, true)`, and nothing is held). `text` must be the same for a slot
+    /// each time.
+    pub fn with_statement<T>(
+        &mut self,
+        slot: usize,
+        text: &str,
+        f: impl FnOnce(&mut rusqlite::Statement<'_>) -> rusqlite::Result<T>,
+    ) -> Result<T, (rusqlite::Error, bool)> {
+        if self.statements.len() <= slot {
+            self.statements.resize_with(slot + 1, || None);
+        }
+        if self.statements[slot].is_none() {
+            // SAFETY: see the field `statements`: the statement is dropped before the
+            // boxed connection, and never leaves this struct.
+            let conn: &'static Connection = unsafe { &*std::ptr::from_ref::<Connection>(&self.conn) };
+            let prepared = conn.prepare_with_flags(text, rusqlite::PrepFlags::SQLITE_PREPARE_PERSISTENT);
+            self.statements[slot] = Some(prepared.map_err(|e| (e, true))?);
+        }
+        match &mut self.statements[slot] {
+            Some(stmt) => f(stmt).map_err(|e| (e, false)),
+            None => unreachable!("prepared above"),
+        }
+    }
+
+    /// Finalizes every held statement (and rusqlite's cache): before the connection
+    /// closes, and before the schema is created or changed.
+    pub fn finalize_statements(&mut self) {
+        self.statements.clear();
+        self.conn.flush_prepared_statement_cache();
+    }
+}
+
 /// Shared by every function registered on one connection.
 pub struct Handle {
-    conn: Mutex<Connection>,
+    own: Mutex<Own>,
     /// Whether the anchor table is connected, so that closing finalizes the cache.
     anchored: AtomicBool,
 }
@@ -62,7 +122,8 @@ impl Handle {
     pub fn new(db: Connection) -> rusqlite::Result<Arc<Handle>> {
         // SAFETY: the same connection SQLite just handed over; this Connection never closes it.
         let own = unsafe { Connection::from_handle(db.handle())? };
-        let handle = Arc::new(Handle { conn: Mutex::new(own), anchored: AtomicBool::new(false) });
+        let own = Own { statements: Vec::new(), conn: Box::new(own) };
+        let handle = Arc::new(Handle { own: Mutex::new(own), anchored: AtomicBool::new(false) });
         db.create_module(ANCHOR_TABLE, &ANCHOR_MODULE, Some(handle.clone()))?;
         Ok(handle)
     }
@@ -75,9 +136,9 @@ impl Handle {
     /// functions). Waiting would wait for itself forever, so that call is refused. (No
     /// thread id is asked for: std's current-thread handle leaves a destructor in this
     /// library that runs at thread exit, after SQLite may have unloaded it.)
-    pub fn lock(&self, function: &str) -> rusqlite::Result<MutexGuard<'_, Connection>> {
-        let conn = match self.conn.try_lock() {
-            Ok(conn) => conn,
+    pub fn lock(&self, function: &str) -> rusqlite::Result<MutexGuard<'_, Own>> {
+        let own = match self.own.try_lock() {
+            Ok(own) => own,
             // A panic inside a call is caught at the FFI boundary; the connection stays usable.
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => {
@@ -92,21 +153,20 @@ impl Handle {
             }
         };
         if !self.anchored.load(Ordering::Acquire) {
-            conn.execute_batch("SELECT * FROM rl_statement_cache")?;
+            own.conn.execute_batch("SELECT * FROM rl_statement_cache")?;
             self.anchored.store(true, Ordering::Release);
         }
-        Ok(conn)
+        Ok(own)
     }
 
     /// The connection without anchoring: for registering functions during load.
-    pub fn lock_unanchored(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub fn lock_unanchored(&self) -> MutexGuard<'_, Own> {
+        self.own.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn finalize_statements(&self) {
         self.anchored.store(false, Ordering::Release);
-        let conn = self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        conn.flush_prepared_statement_cache();
+        self.own.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).finalize_statements();
     }
 }
 

@@ -63,17 +63,17 @@ fn register_all(db: Connection) -> rusqlite::Result<bool> {
 fn register_stateful(h: &Arc<Handle>, f: &'static Function) -> rusqlite::Result<()> {
     let handle = h.clone();
     let body = move |args: &[Arg]| {
-        let conn = handle.lock(f.name)?;
-        let mut store = SqlStore(SqliteEngine { conn: &conn });
+        let mut own = handle.lock(f.name)?;
+        let mut store = SqlStore(SqliteEngine { own: &mut own });
         calls::call(f, &mut store, args, &Clock::system(true)).map_err(to_sqlite_error)
     };
-    scalar::create(&h.lock_unanchored(), f.name, STATEFUL, Box::new(body))
+    scalar::create(h.lock_unanchored().conn(), f.name, STATEFUL, Box::new(body))
 }
 
 /// A pure or internal function: it never touches the connection.
 fn register_without_store(h: &Arc<Handle>, f: &'static Function, flags: FunctionFlags) -> rusqlite::Result<()> {
     let body = move |args: &[Arg]| calls::call_without_store(f, args).map_err(to_sqlite_error);
-    scalar::create(&h.lock_unanchored(), f.name, flags, Box::new(body))
+    scalar::create(h.lock_unanchored().conn(), f.name, flags, Box::new(body))
 }
 
 /// A core error as the SQLite error the caller sees: the core's text, and SQLite's own
@@ -125,10 +125,19 @@ impl sql::RowColumns for Columns<'_, '_> {
 }
 
 struct SqliteEngine<'c> {
-    conn: &'c Connection,
+    own: &'c mut handle::Own,
 }
 
+/// The slots of the statements that are not the core's, after the core's.
+const BEGIN_IMMEDIATE: usize = Statement::ALL.len();
+const COMMIT: usize = BEGIN_IMMEDIATE + 1;
+const ROLLBACK: usize = BEGIN_IMMEDIATE + 2;
+
 impl SqliteEngine<'_> {
+    fn conn(&self) -> &Connection {
+        self.own.conn()
+    }
+
     fn fail(&self, e: rusqlite::Error) -> StoreError {
         let engine_code = e.sqlite_error().map(|f| f.extended_code);
         let mut message = e.to_string();
@@ -148,23 +157,20 @@ impl SqliteEngine<'_> {
         StoreError { engine_code, message }
     }
 
-    /// Runs one statement, prepared once per connection. When the state tables are missing
+    /// Runs one statement, prepared once per connection and held in its slot. When the state tables are missing
     /// (never created, dropped, or created in a transaction that rolled back) it creates
     /// them and runs the statement once more; but a read-only database, which cannot have
     /// them created, answers `read_only_without_tables` instead when there is one (a read
     /// of a database that never had state: no row).
     fn run<T>(
-        &self,
+        &mut self,
+        slot: usize,
         text: &str,
         read_only_without_tables: Option<T>,
-        f: impl Fn(&mut rusqlite::CachedStatement<'_>) -> rusqlite::Result<T>,
+        f: impl Fn(&mut rusqlite::Statement<'_>) -> rusqlite::Result<T>,
     ) -> StoreResult<T> {
         // the error, and whether it came from preparing the statement
-        let attempt = || {
-            let mut stmt = self.conn.prepare_cached(text).map_err(|e| (e, true))?;
-            f(&mut stmt).map_err(|e| (e, false))
-        };
-        match attempt() {
+        match self.own.with_statement(slot, text, &f) {
             // A missing table is SQLITE_ERROR like any other failed prepare: ask the schema
             // rather than read the message.
             Err((e, at_prepare)) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) => {
@@ -177,16 +183,16 @@ impl SqliteEngine<'_> {
                     self.upgrade_schema()?;
                 } else {
                     if let Some(answer) = read_only_without_tables {
-                        if self.conn.is_readonly(MAIN_DB).map_err(|e| self.fail(e))? {
+                        if self.conn().is_readonly(MAIN_DB).map_err(|e| self.fail(e))? {
                             return Ok(answer);
                         }
                     }
-                    self.conn.flush_prepared_statement_cache();
-                    self.conn.execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))?;
+                    self.own.finalize_statements();
+                    self.conn().execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))?;
                     // a database of 0.1.0 or 0.2.0 had rl_budget already, without its quota
                     self.upgrade_schema()?;
                 }
-                attempt().map_err(|(e, _)| self.fail(e))
+                self.own.with_statement(slot, text, &f).map_err(|(e, _)| self.fail(e))
             }
             Err((e, _)) => Err(self.fail(e)),
             Ok(answer) => Ok(answer),
@@ -196,7 +202,7 @@ impl SqliteEngine<'_> {
     /// Brings tables an earlier version made to this version's schema_version (3: the
     /// column rl_budget.quota, then the schema script's views), if they are not there yet.
     /// A read-only database keeps its layout (the statement's own error follows).
-    fn upgrade_schema(&self) -> StoreResult<()> {
+    fn upgrade_schema(&mut self) -> StoreResult<()> {
         let has_quota = |conn: &rusqlite::Connection| {
             conn.query_row(
                 "SELECT count(*) FROM pragma_table_info('rl_budget', 'main') WHERE name = 'quota'",
@@ -204,24 +210,24 @@ impl SqliteEngine<'_> {
                 |r| r.get::<_, i64>(0),
             )
         };
-        if has_quota(self.conn).map_err(|e| self.fail(e))? == 1 || self.conn.is_readonly(MAIN_DB).unwrap_or(true) {
+        if has_quota(self.conn()).map_err(|e| self.fail(e))? == 1 || self.conn().is_readonly(MAIN_DB).unwrap_or(true) {
             return Ok(());
         }
-        let added = self.conn.execute_batch("ALTER TABLE main.rl_budget ADD COLUMN quota INTEGER NOT NULL DEFAULT 0");
+        let added = self.conn().execute_batch("ALTER TABLE main.rl_budget ADD COLUMN quota INTEGER NOT NULL DEFAULT 0");
         // another connection may have added it between the two statements
         if let Err(e) = added {
-            if has_quota(self.conn).map_err(|e| self.fail(e))? != 1 {
+            if has_quota(self.conn()).map_err(|e| self.fail(e))? != 1 {
                 return Err(self.fail(e));
             }
         }
-        self.conn.flush_prepared_statement_cache();
-        self.conn.execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))
+        self.own.finalize_statements();
+        self.conn().execute_batch(sql::SQLITE_SCHEMA).map_err(|e| self.fail(e))
     }
 
     /// Whether every state table is in `main`.
     fn has_state_tables(&self) -> StoreResult<bool> {
         let found: i64 = self
-            .conn
+            .conn()
             .prepare_cached(&STATE_TABLES_COUNT)
             .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
             .map_err(|e| self.fail(e))?;
@@ -243,11 +249,12 @@ impl SqlEngine for SqliteEngine<'_> {
     const LOCKS_ROWS: bool = false;
 
     fn read_only(&mut self) -> StoreResult<bool> {
-        self.conn.is_readonly(MAIN_DB).map_err(|e| self.fail(e))
+        self.conn().is_readonly(MAIN_DB).map_err(|e| self.fail(e))
     }
 
     fn execute(&mut self, statement: Statement, params: &[Value]) -> StoreResult<u64> {
-        self.run(&SQLITE_TEXT[statement as usize], None, |stmt| stmt.execute(bound(params))).map(|n| n as u64)
+        let slot = statement as usize;
+        self.run(slot, &SQLITE_TEXT[slot], None, |stmt| stmt.execute(bound(params))).map(|n| n as u64)
     }
 
     fn query_row(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Option<Vec<Value<'static>>>> {
@@ -255,7 +262,8 @@ impl SqlEngine for SqliteEngine<'_> {
     }
 
     fn query_rows(&mut self, statement: Statement, params: &[Value]) -> StoreResult<Vec<Vec<Value<'static>>>> {
-        self.run(&SQLITE_TEXT[statement as usize], Some(Vec::new()), |stmt| {
+        let slot = statement as usize;
+        self.run(slot, &SQLITE_TEXT[slot], Some(Vec::new()), |stmt| {
             stmt.query_map(bound(params), |r| sql::decode_row(statement, &Columns(r)))?.collect()
         })
     }
@@ -278,16 +286,17 @@ impl SqlEngine for SqliteEngine<'_> {
     /// own, so a multi-row change takes the write lock first with BEGIN IMMEDIATE. Inside
     /// the caller's transaction the first write holds the lock until the caller commits.
     fn begin_unit(&mut self) -> StoreResult<bool> {
-        if !self.conn.is_autocommit() {
+        if !self.conn().is_autocommit() {
             return Ok(false);
         }
-        self.run("BEGIN IMMEDIATE", None, |stmt| stmt.execute([]))?;
+        self.run(BEGIN_IMMEDIATE, "BEGIN IMMEDIATE", None, |stmt| stmt.execute([]))?;
         Ok(true)
     }
 
     fn end_unit(&mut self, owned: bool, commit: bool) -> StoreResult<()> {
         if owned {
-            self.run(if commit { "COMMIT" } else { "ROLLBACK" }, None, |stmt| stmt.execute([]))?;
+            let (slot, text) = if commit { (COMMIT, "COMMIT") } else { (ROLLBACK, "ROLLBACK") };
+            self.run(slot, text, None, |stmt| stmt.execute([]))?;
         }
         Ok(())
     }

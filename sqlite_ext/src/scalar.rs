@@ -59,6 +59,9 @@ unsafe extern "C" fn destroy(user_data: *mut c_void) {
     drop(unsafe { Box::from_raw(user_data.cast::<Registered>()) });
 }
 
+/// Arguments read onto the stack; a call with more allocates.
+const FEW_ARGS: usize = 8;
+
 unsafe extern "C" fn call(ctx: *mut ffi::sqlite3_context, argc: c_int, argv: *mut *mut ffi::sqlite3_value) {
     // SAFETY: SQLite passes the user data given at registration and argc valid values.
     let function = unsafe { &*ffi::sqlite3_user_data(ctx).cast::<Registered>() };
@@ -67,8 +70,18 @@ unsafe extern "C" fn call(ctx: *mut ffi::sqlite3_context, argc: c_int, argv: *mu
         n => unsafe { std::slice::from_raw_parts(argv, n as usize) },
     };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let args: Vec<Arg> = values.iter().map(|&v| unsafe { arg_of(v) }).collect();
-        (function.body)(&args)
+        // on the stack for the usual few arguments (no allocation in the guarded UPDATE's
+        // callbacks, nor in most calls)
+        let mut few = [Arg::Null; FEW_ARGS];
+        if values.len() <= FEW_ARGS {
+            for (slot, &v) in few.iter_mut().zip(values) {
+                *slot = unsafe { arg_of(v) };
+            }
+            (function.body)(&few[..values.len()])
+        } else {
+            let args: Vec<Arg> = values.iter().map(|&v| unsafe { arg_of(v) }).collect();
+            (function.body)(&args)
+        }
     }));
     match outcome {
         Ok(Ok(answer)) => unsafe { set_answer(ctx, answer) },
