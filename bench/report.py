@@ -407,6 +407,8 @@ def speed_targets(cells):
                      ("first touch", 8, "rl_take table, sync off"),
                      ("first touch", 8, "bare INSERT ... ON CONFLICT, sync off"), 0.9))
     rows.append(pair("SQLite WAL: rl_take / bare UPSERT", ("sqlite", 1, "rl_take"), ("sqlite", 1, "bare UPSERT"), 0.9))
+    rows.append(pair("SQLite WAL, a 16 MB page cache (both tables held): rl_take / bare UPSERT",
+                     ("sqlite", 1, "rl_take, 16 MB page cache"), ("sqlite", 1, "bare UPSERT, 16 MB page cache"), None))
     for store, system in (("table", "rl_take table, sync off"), ("memory", "rl_take memory"),
                           ("table", "bare UPDATE, sync off")):
         wanted = None if system.startswith("bare") else 0.8

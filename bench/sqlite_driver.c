@@ -2,8 +2,10 @@
  * tight loop with a random key per call. Prints one line of JSON: calls/s and latency
  * percentiles. Built by scripts/bench.sh with the system's libsqlite3.
  *
- *   sqlite_driver DB EXTENSION JOURNAL SQL KEYS SECONDS
- *   SQL has one parameter, the key (text); JOURNAL is wal or delete. */
+ *   sqlite_driver DB EXTENSION JOURNAL SQL KEYS SECONDS [CACHE_KIB]
+ *   SQL has one parameter, the key (text); JOURNAL is wal or delete; CACHE_KIB, when
+ *   given, sets the connection's page cache (PRAGMA cache_size=-CACHE_KIB; SQLite's
+ *   default is 2,000 KiB). */
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,15 +31,15 @@ static void check(int rc, sqlite3 *db, const char *what) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: %s DB EXTENSION JOURNAL SQL KEYS SECONDS\n", argv[0]);
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr, "usage: %s DB EXTENSION JOURNAL SQL KEYS SECONDS [CACHE_KIB]\n", argv[0]);
         return 2;
     }
     const char *path = argv[1], *ext = argv[2], *journal = argv[3], *sql = argv[4];
     long keys = atol(argv[5]);
     double seconds = atof(argv[6]);
     sqlite3 *db;
-    char *err = NULL, pragma[128];
+    char *err = NULL, pragma[192];
     check(sqlite3_open(path, &db), db, "open");
     sqlite3_busy_timeout(db, 10000);
     sqlite3_enable_load_extension(db, 1);
@@ -45,8 +47,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "load: %s\n", err);
         return 1;
     }
-    snprintf(pragma, sizeof pragma, "PRAGMA journal_mode=%s; PRAGMA synchronous=%s;", journal,
-             strcmp(journal, "wal") == 0 ? "normal" : "full");
+    snprintf(pragma, sizeof pragma, "PRAGMA journal_mode=%s; PRAGMA synchronous=%s; PRAGMA cache_size=%ld;", journal,
+             strcmp(journal, "wal") == 0 ? "normal" : "full", argc == 8 ? -atol(argv[7]) : -2000L);
     check(sqlite3_exec(db, pragma, NULL, NULL, NULL), db, "pragma");
     sqlite3_stmt *stmt;
     check(sqlite3_prepare_v2(db, sql, -1, &stmt, NULL), db, "prepare");

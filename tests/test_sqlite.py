@@ -48,6 +48,25 @@ def test_tables_are_created_on_first_use(sqlite_db):
     assert tables() == {"rl_bucket", "rl_budget", "rl_entries", "rl_policy", "rl_meta", "rl_usage", "rl_setting"}
 
 
+def test_tables_gone_under_held_statements_are_made_again(sqlite_db):
+    """The extension keeps each statement prepared for the connection's life; when the
+    tables those statements read vanish (created in a transaction that rolled back, or
+    dropped by another connection), the next call makes them again and answers from a
+    fresh state, instead of failing on a statement prepared against tables that are gone."""
+    conn, path = sqlite_db
+    conn.execute("BEGIN")
+    assert take(conn, args=("gone", 3, 0.001))["remaining"] == 2  # prepares, and creates the tables
+    conn.execute("ROLLBACK")
+    assert take(conn, args=("gone", 3, 0.001))["remaining"] == 2
+    assert take(conn, args=("gone", 3, 0.001))["remaining"] == 1
+    other = sqlite3.connect(path)
+    other.execute("DROP TABLE rl_bucket")
+    other.commit()
+    other.close()
+    assert take(conn, args=("gone", 3, 0.001))["remaining"] == 2
+    assert conn.execute("SELECT count(*) FROM rl_bucket").fetchone()[0] == 1
+
+
 def read_only(path):
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     conn.enable_load_extension(True)
