@@ -182,6 +182,34 @@ def test_clean_restart_keeps_every_level_and_a_crash_or_an_immediate_shutdown_st
         conn.close()
 
 
+def test_a_clean_restart_with_another_capacity_keeps_every_level():
+    """pg_ratelimit.memory_buckets changed between a clean shutdown and the next start: the
+    save file lists buckets, not parts, so each is found again in a table of another size
+    (whose parts hold another number of buckets each)."""
+    keys = 300
+    with cluster(next(PORTS), **MEMORY) as c:
+        conn = new_database(c)
+        one(conn, f"SELECT count(rl_take('k' || g, {SLOW}, 1 + g % 9)) FROM generate_series(1, {keys}) g")
+        conn.close()
+        for n, capacity in enumerate(("2000", "100000", "1000000")):
+            c.stop("fast")
+            c.settings["pg_ratelimit.memory_buckets"] = capacity
+            c.write_settings()
+            c.start()
+            conn = c.connect("app")
+            stats = one(conn, "SELECT rl_memory_stats()")
+            held = keys + 64 * n  # and each round's rl_take_all keys below
+            assert (stats["loaded"], stats["in_use"]) == (held, held) and stats["capacity"] >= int(capacity), stats
+            remaining = one(conn, f"SELECT array_agg((rl_peek('k' || g, {SLOW}, 0) ->> 'remaining')::int ORDER BY g)"
+                                  f" FROM generate_series(1, {keys}) g")
+            assert remaining == [10 - (1 + g % 9) for g in range(1, keys + 1)], capacity
+            # and a take on the most keys a call takes holds each of their parts at once
+            items = ", ".join(f'{{"key": "t{n}.{g}", "burst": 10, "refill_per_minute": 0.000001}}'
+                              for g in range(64))
+            assert one(conn, f"SELECT rl_take_all('[{items}]') ->> 'admitted'") == "true"
+            conn.close()
+
+
 def kill_backend(pid):
     """kill -9 of one backend, returning once the postmaster has reaped it: from then on it
     refuses connections until it has reset shared memory, so a reconnect cannot slip in
