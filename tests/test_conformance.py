@@ -357,7 +357,7 @@ STEPS = [
         "would_refuse": True, "blocked": False}),),
      {"RateLimit-Policy": '"login-bucket";q=5;w=60', "RateLimit": '"login-bucket";r=0;t=5', "X-RateLimit-Limit": "5",
       "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "5", "Retry-After": "1"}),
-    ("rl_headers", ('{"used":1}',), ("error", "rl_headers: result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all")),
+    ("rl_headers", ('{"used":1}',), ("error", "rl_headers: result must be the JSON answer of a limit, budget, window or lease call (such as rl_take, rl_check, rl_spend, rl_fixed_window or rl_acquire)")),
     # sliding window: at most 3 in any 10 s; entries of one millisecond merge
     ("rl_window", ("win", 3, 10, 1, 0), window(True, 2, 3, 0, 10, 10)),
     ("rl_window", ("win", 3, 10, 1, 0), window(True, 1, 3, 0, 10, 10)),

@@ -111,7 +111,9 @@ messages! {
     NO_PARTS = "expected at least 1 part, got 0";
     /// (the part's place from 1)
     NULL_PART = "part {} must not be NULL";
-    NOT_A_RESULT = "result must be a JSON object returned by rl_take, rl_peek, rl_refund, rl_charge, rl_spend, rl_budget, rl_window, rl_window_peek, rl_acquire or rl_take_all";
+    /// Names no list of functions: one would go stale with each new kind (it once left out
+    /// rl_check and rl_fixed_window, whose answers rl_headers reads).
+    NOT_A_RESULT = "result must be the JSON answer of a limit, budget, window or lease call (such as rl_take, rl_check, rl_spend, rl_fixed_window or rl_acquire)";
     /// (the field, the largest magnitude, what was given)
     RESULT_TOO_LARGE = "result: {} must be at most {} in magnitude, got {}";
     /// (the kind of row)
