@@ -1170,7 +1170,7 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
         (
             "rl_budget",
             vec![Arg::Text("k"), Arg::Text("day"), Arg::Blob(b"\xff")],
-            "rl_budget: quota must be a finite number greater than 0, got a blob of 1 bytes",
+            "rl_budget: quota must be a finite number greater than 0, got a blob of 1 byte",
         ),
         (
             "rl_sweep",
@@ -1375,7 +1375,7 @@ fn take_all_rejects_bad_lists() {
         (r#"[{"key": "a", "burst": 1, "refil_per_minute": 1}]"#,
          "rl_take_all: item 1: unknown field \"refil_per_minute\" (a bucket has key, burst, refill_per_minute, cost, multiplier; a budget key, period, quota, cost, multiplier; a window key, limit, window_seconds, cost, multiplier; a fixed window key, limit, fixed_window_seconds, cost, multiplier)"),
         (r#"[{"key": "a", "period": "Year", "quota": 1}]"#, "rl_take_all: item 1: period must be 'hour', 'day', 'week', 'month' or 'year', got 'Year'"),
-        (r#"[{"key": "a", "burst": true, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got a blob of 7 bytes"),
+        (r#"[{"key": "a", "burst": true, "refill_per_minute": 1}]"#, "rl_take_all: item 1: burst must be a finite number greater than 0, got true"),
         (r#"[1]"#, "rl_take_all: item 1: must be a JSON object"),
         (r#"[{"key": "a", "burst": 1, "refill_per_minute": 1, "multiplier": 0}]"#,
          "rl_take_all: item 1: multiplier must be a finite number greater than 0, got 0"),
@@ -2025,4 +2025,24 @@ fn compact_answers_are_the_headers_of_the_json_answers() {
         assert_eq!(got, Answer::Text(expected), "step {step}: {} {args:?}", compact.name);
     }
     assert!(refused > 300, "the run refuses too: {refused}");
+}
+
+/// A value inside a JSON argument shows in an error as what it is: an engine's blob is
+/// bytes, a JSON boolean, array or object is none of those.
+#[test]
+fn every_kind_of_value_is_described_as_what_it_is() {
+    let cases: [(Value, &str); 7] = [
+        (serde_json::json!(null), "NULL"),
+        (serde_json::json!(5), "5"),
+        (serde_json::json!(2.5), "2.5"),
+        (serde_json::json!("day"), "'day'"),
+        (serde_json::json!(true), "true"),
+        (serde_json::json!([5]), "a JSON array"),
+        (serde_json::json!({"limits": []}), "a JSON object"),
+    ];
+    for (value, shown) in cases {
+        assert_eq!(ratelimit_core::args::json_arg(&value).describe(), shown, "{value}");
+    }
+    assert_eq!(Arg::Blob(b"\xff").describe(), "a blob of 1 byte");
+    assert_eq!(Arg::Blob(b"\xff\xfe").describe(), "a blob of 2 bytes");
 }

@@ -1553,8 +1553,9 @@ BEGIN
         WHEN 'string' THEN
             t := v #>> '{}';
             RETURN '''' || replace(left(t, 40), '''', '''''') || CASE WHEN length(t) > 40 THEN '...' ELSE '' END || '''';
-        WHEN 'boolean' THEN RETURN 'a blob of 7 bytes';
-        ELSE RETURN 'a blob of 4 bytes';
+        WHEN 'boolean' THEN RETURN v::text;
+        WHEN 'array' THEN RETURN 'a JSON array';
+        ELSE RETURN 'a JSON object';
     END CASE;
 END
 $$;

@@ -22,6 +22,9 @@ pub enum Arg<'a> {
     Text(&'a str),
     /// Bytes that are not (or not known to be) UTF-8 text, e.g. a SQLite BLOB.
     Blob(&'a [u8]),
+    /// A boolean, array or object inside a JSON argument, as an error shows it (`true`,
+    /// `false`, `a JSON array`, `a JSON object`): no number, key or period.
+    Json(&'static str),
 }
 
 impl Arg<'_> {
@@ -36,7 +39,9 @@ impl Arg<'_> {
                 let ellipsis = if shown.len() < t.len() { "..." } else { "" };
                 format!("'{}{}'", shown.replace('\'', "''"), ellipsis)
             }
+            Arg::Blob([_]) => "a blob of 1 byte".into(),
             Arg::Blob(b) => format!("a blob of {} bytes", b.len()),
+            Arg::Json(shown) => (*shown).into(),
         }
     }
 }
@@ -78,7 +83,7 @@ pub(crate) fn as_number(arg: &Arg) -> Option<f64> {
         Arg::Integer(i) => Some(i as f64),
         Arg::Real(r) => Some(r),
         Arg::Text(t) => parse_decimal_text(t),
-        Arg::Null | Arg::Blob(_) => None,
+        Arg::Null | Arg::Blob(_) | Arg::Json(_) => None,
     }
 }
 
@@ -336,7 +341,10 @@ pub fn json_arg(v: &Value) -> Arg<'_> {
         Value::String(s) => Arg::Text(s),
         Value::Number(n) => n.as_i64().map_or_else(|| Arg::Real(number_f64(n)), Arg::Integer),
         // booleans, arrays and objects are not numbers, keys or periods
-        other => Arg::Blob(if other.is_boolean() { b"boolean" } else { b"json" }),
+        Value::Bool(true) => Arg::Json("true"),
+        Value::Bool(false) => Arg::Json("false"),
+        Value::Array(_) => Arg::Json("a JSON array"),
+        Value::Object(_) => Arg::Json("a JSON object"),
     }
 }
 

@@ -17,7 +17,7 @@ pub fn encode_key(parts: &[Arg]) -> Result<String> {
             Arg::Integer(n) => Ok(n.to_string()),
             Arg::Real(r) => Ok(r.to_string()),
             Arg::Null => Err(Error::invalid(crate::messages::NULL_PART.render(&[&(i + 1)]))),
-            Arg::Blob(_) => {
+            Arg::Blob(_) | Arg::Json(_) => {
                 Err(Error::invalid(format!("part {} must be text or a number, got {}", i + 1, part.describe())))
             }
         })
