@@ -200,3 +200,19 @@ def test_a_read_only_database_is_sqlite_readonly(tmp_path):
     outcome = answered(conn, "SELECT rl_take('k', 5, 1, 1, ?)", (NOW,))
     assert outcome == (8, "rl_take: cannot change rate-limit state in a read-only database or transaction")
     assert json.loads(answered(conn, "SELECT rl_peek('k', 5, 1, 0, ?)", (NOW,)))["remaining"] == 4
+
+
+def test_a_query_only_connection_is_sqlite_readonly_and_writes_nothing(tmp_path):
+    path = str(tmp_path / "query_only.db")
+    conn = sqlite_connect(path)
+    conn.execute("SELECT rl_take('k', 5, 1, 1, ?)", (NOW,))
+    conn.execute("PRAGMA query_only = 1")
+    for sql in ("SELECT rl_take('k', 5, 1, 1, ?)", "SELECT rl_take('new', 5, 1, 1, ?)",
+                "SELECT rl_spend('b', 'day', 10, 1, ?)"):
+        function = sql.split("(")[0].split()[-1]
+        outcome = answered(conn, sql, (NOW,))
+        assert outcome == (8, f"{function}: cannot change rate-limit state in a read-only database or transaction")
+    conn.execute("PRAGMA query_only = 0")
+    assert json.loads(answered(conn, "SELECT rl_peek('k', 5, 1, 0, ?)", (NOW,)))["remaining"] == 4
+    assert conn.execute("SELECT count(*) FROM rl_bucket").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM rl_budget").fetchone()[0] == 0

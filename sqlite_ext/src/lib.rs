@@ -140,7 +140,14 @@ impl SqliteEngine<'_> {
 
     fn fail(&self, e: rusqlite::Error) -> StoreError {
         let engine_code = e.sqlite_error().map(|f| f.extended_code);
-        let mut message = e.to_string();
+        // A connection under PRAGMA query_only reads as writable (sqlite3_db_readonly) and
+        // only its write fails: the same words as a database opened read-only. The extended
+        // codes (a moved file, a journal it cannot roll back) keep SQLite's own.
+        let mut message = if engine_code == Some(ffi::SQLITE_READONLY) {
+            ratelimit_core::messages::READ_ONLY.template.to_owned()
+        } else {
+            e.to_string()
+        };
         // SQLite's own code goes to the caller (scalar.rs), with what it means here
         message.push_str(match engine_code.map(|c| c & 0xff) {
             // A statement or transaction that read the database before the call holds a read
