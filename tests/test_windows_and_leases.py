@@ -19,27 +19,40 @@ MAX_IN_FLIGHT = 4
 
 class Watcher(threading.Thread):
     """Reads rl_in_flight over a connection of its own, from outside the workers, until
-    stopped; keeps the most it saw and how often it looked."""
+    stopped; keeps the most it saw and how often it looked. Entering returns once its
+    first read is done, so the workers start under its eye; an error in the thread is
+    raised on leaving, never lost as a silent 0."""
 
     def __init__(self, connect, read):
         super().__init__()
         self.connect, self.read = connect, read
-        self.stop, self.most, self.reads = threading.Event(), 0, 0
+        self.stop, self.looking, self.error = threading.Event(), threading.Event(), None
+        self.most, self.reads = 0, 0
 
     def run(self):
-        conn = self.connect()
-        while not self.stop.is_set():
-            self.most = max(self.most, self.read(conn))
-            self.reads += 1
-        conn.close()
+        try:
+            conn = self.connect()
+            while not self.stop.is_set():
+                self.most = max(self.most, self.read(conn))
+                self.reads += 1
+                self.looking.set()
+            conn.close()
+        except BaseException as e:  # noqa: BLE001 -- handed to the test's thread in __exit__
+            self.error = e
+            self.looking.set()
 
     def __enter__(self):
         self.start()
+        assert self.looking.wait(60), "the watcher's first read did not finish in 60 s"
+        if self.error is not None:
+            raise self.error
         return self
 
     def __exit__(self, *exc):
         self.stop.set()
         self.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
 
 
 class HeldCounter:
@@ -119,6 +132,14 @@ def test_eight_processes_never_hold_more_than_max_in_flight(tmp_path):
     setup = sqlite3.connect(path)
     setup.execute("PRAGMA journal_mode=wal")
     setup.close()
+    # The state tables are made first, so the watcher only reads: a read of a writable file
+    # without them creates them, and a writer waiting in SQLite's busy handler can wait out
+    # eight processes that write in a loop (it once read once, after they had all finished).
+    made = sqlite_connect(path)
+    assert made.execute("SELECT rl_in_flight('jobs')").fetchone()[0] == 0
+    assert made.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
+                        "('rl_bucket', 'rl_entries', 'rl_meta')").fetchone()[0] == 3
+    made.close()
     # the workers are forked before the watcher's thread starts (a fork copies no thread)
     with multiprocessing.get_context("fork").Pool(8) as pool:
         with Watcher(lambda: sqlite_connect(path, timeout=60),
