@@ -405,12 +405,17 @@ def test_load_shedding_answers_503_before_any_work_and_never_sheds_skip_paths(db
     try:
         def slow(_):
             with httpx.Client(base_url=s.url, timeout=30) as c:
-                return c.get("/slow?seconds=1.5", headers=auth("slow"))
+                return c.get("/slow?seconds=3", headers=auth("slow"))
 
         with ThreadPoolExecutor(10) as pool:
             pending = [pool.submit(slow, i) for i in range(10)]
-            time.sleep(0.7)  # the first four are in their handler; the rest were shed at once
+            # until the first four are in their handler and the rest were shed at once (asked
+            # of /counts, a skip path, rather than a fixed wait a busy machine can outrun)
             with httpx.Client(base_url=s.url) as c:
+                deadline = time.monotonic() + 20
+                while ((counts := c.get("/counts").json())["shed"], counts["checks"]) != (6, 4):
+                    assert time.monotonic() < deadline and counts["shed"] <= 6 and counts["checks"] <= 4, counts
+                    time.sleep(0.02)
                 assert c.get("/health").status_code == 200, "a health probe is never shed"
                 shed = c.get("/open", headers=auth("other"))
             responses = [f.result() for f in pending]
