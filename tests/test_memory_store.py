@@ -351,24 +351,28 @@ def stopped_at_the_save(c):
 
     if shutil.which("gdb") is None:
         pytest.fail("gdb is missing (scripts/setup.sh --pg installs it)")
-    hit, go = os.path.join(c.folder, "at_rename"), os.path.join(c.folder, "kill_now")
+    armed, hit, go = (os.path.join(c.folder, name) for name in ("armed", "at_rename", "kill_now"))
     # the shutdown's own signals pass straight to the postmaster
     signals = "handle SIGINT SIGUSR1 SIGUSR2 SIGTERM SIGQUIT SIGCHLD SIGHUP SIGPIPE SIGALRM nostop noprint pass"
     # durable_rename(oldfile, ...): the first argument in rdi; PostgreSQL renames files of its own too
     at_ours = f'break durable_rename if $_streq((char *) $rdi, "{SAVE_FILE}.tmp")'
     gdb = subprocess.Popen(["gdb", "-p", str(c.postmaster_pid()), "-batch", "-ex", signals, "-ex", at_ours,
-                            "-ex", "continue", "-ex", f"shell touch {hit}",
+                            "-ex", f"shell touch {armed}", "-ex", "continue", "-ex", f"shell touch {hit}",
                             "-ex", f"shell while [ ! -f {go} ]; do sleep 0.1; done", "-ex", "signal SIGKILL"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(2)  # attached, the breakpoint set and the postmaster running again
-    c.run(f"{BIN}/pg_ctl", "-D", c.data, "-m", "fast", "-W", "stop")
-    for _ in range(600):
-        if os.path.exists(hit):
-            break
-        time.sleep(0.1)
-    else:
+
+    def wait_for(path, what):
+        for _ in range(600):
+            if os.path.exists(path):
+                return
+            time.sleep(0.1)
         gdb.kill()
-        raise AssertionError("the postmaster never reached the save's rename")
+        raise AssertionError(what)
+
+    # attached and the breakpoint set (a stop asked before gdb continues waits for it)
+    wait_for(armed, "gdb never set the breakpoint")
+    c.run(f"{BIN}/pg_ctl", "-D", c.data, "-m", "fast", "-W", "stop")
+    wait_for(hit, "the postmaster never reached the save's rename")
 
     def kill():
         open(go, "w").close()

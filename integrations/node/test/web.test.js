@@ -265,8 +265,16 @@ for (const engine of ENGINES) {
     const s = await server(db, 5000, { RL_WEB_MAX_IN_FLIGHT: "4" });
     try {
       for (const base of [s.express, s.fetch]) {
-        const pending = Array.from({ length: 10 }, () => fetch(base + "/slow?seconds=1.5", { headers: auth("slow") }));
-        await new Promise((ok) => setTimeout(ok, 700));
+        const pending = Array.from({ length: 10 }, () => fetch(base + "/slow?seconds=3", { headers: auth("slow") }));
+        // until the first four are in their handler and the rest were shed at once (asked of
+        // /counts, a skip path, rather than a fixed wait a busy machine can outrun)
+        const deadline = Date.now() + 20000;
+        for (;;) {
+          const seen = (await get(base + "/counts")).body;
+          if (seen.shed === 6 && seen.checks === 4) break;
+          assert.ok(Date.now() < deadline && seen.shed <= 6 && seen.checks <= 4, JSON.stringify(seen));
+          await new Promise((ok) => setTimeout(ok, 20));
+        }
         assert.equal((await get(base + "/health")).r.status, 200, "a health probe is never shed");
         const shed = await get(base + "/open", auth("other"));
         const statuses = (await Promise.all(pending)).map((r) => r.status).sort();
