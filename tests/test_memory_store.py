@@ -215,7 +215,7 @@ def kill_backend(pid):
     refuses connections until it has reset shared memory, so a reconnect cannot slip in
     before the crash is noticed (one did, under load)."""
     os.kill(pid, signal.SIGKILL)
-    for _ in range(300):
+    for _ in range(3000):
         try:
             os.kill(pid, 0)  # a zombie still answers: not reaped yet
         except ProcessLookupError:

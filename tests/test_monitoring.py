@@ -159,7 +159,7 @@ def test_ratelimit_web_top_in_a_terminal_refreshes_the_operators_view(pg_db):
     tmux("new-session", "-d", "-s", "top", "-x", "120", "-y", "40", command)
     try:
         def screen_with(text):
-            for _ in range(100):
+            for _ in range(300):
                 shown = tmux("capture-pane", "-p", "-t", "top")
                 if text in shown:
                     return shown

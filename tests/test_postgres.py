@@ -297,7 +297,7 @@ def test_a_take_that_waited_decides_on_the_row_the_other_transaction_left(pg_db,
         thread = threading.Thread(target=lambda: answer.update(one(waiter, take)))
         thread.start()
         with conn.cursor() as cur:  # the waiter is blocked on the holder's row
-            for _ in range(200):
+            for _ in range(1500):  # 30 s at most
                 cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND pid OPERATOR(pg_catalog.<>) %s",
                             (holder_pid,))
                 if cur.fetchone()[0]:

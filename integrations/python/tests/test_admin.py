@@ -118,10 +118,12 @@ def serve_asgi(admin):
     server = uvicorn.Server(uvicorn.Config(site, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    for _ in range(100):
+    for _ in range(600):
         if server.started:
             break
         time.sleep(0.05)
+    else:
+        pytest.fail("uvicorn did not start in 30 s")
     return server, thread, f"http://127.0.0.1:{port}/ratelimit/"
 
 
@@ -139,7 +141,7 @@ class Browser:
                                       "--window-size=1280,1000", "about:blank"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         port_file = os.path.join(self.profile, "DevToolsActivePort")
-        for _ in range(200):
+        for _ in range(600):
             if os.path.exists(port_file) and open(port_file).read().strip():
                 break
             time.sleep(0.05)

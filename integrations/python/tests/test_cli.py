@@ -107,7 +107,7 @@ def test_top_shows_hostile_subjects_escaped_in_a_real_terminal(hostile_db):
          f"env RATELIMIT_SQLITE_EXTENSION={EXTENSION} {command}")
     try:
         title = tmux("display-message", "-p", "-t", "top", "#{pane_title}")
-        for _ in range(100):
+        for _ in range(300):
             shown = tmux("capture-pane", "-p", "-t", "top")
             if "pwned" in shown:
                 break
