@@ -51,7 +51,11 @@ def crash_mid_load(name):
     threads = [threading.Thread(target=load, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    # crash once both kinds of call are under way (not after a fixed second a busy machine
+    # can spend connecting)
+    deadline = time.monotonic() + 30
+    while min(seen.values()) < 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
     subprocess.run(CLUSTER + ["crash"], check=True)
     stop.set()
     for t in threads:

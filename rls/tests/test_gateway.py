@@ -314,19 +314,21 @@ def test_a_locked_table_is_met_within_the_statement_timeout(db, tmp_path):
     locker = psycopg.connect(dbname=db.name)
     try:
         locker.execute("LOCK TABLE ratelimit.rl_budget IN ACCESS EXCLUSIVE MODE")
+        # under 6 s: the 300 ms timeout with room for a busy machine, and short of the
+        # 10 s the call would wait without it
         for domain, want in (("open", OK), ("closed", OVER)):
             started = time.monotonic()
             r = server.ask(domain, descriptor(("k", "v")), timeout=10)
-            assert r.overall_code == want and time.monotonic() - started < 2.5, domain
+            assert r.overall_code == want and time.monotonic() - started < 6, domain
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as e:
             server.ask("envoy_decides", descriptor(("k", "v")), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "statement timeout" in e.value.details()
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < 6
         # Envoy gives up first (its own short timeout): the statement is cancelled too
         with pytest.raises(grpc.RpcError):
             server.ask("envoy_decides", descriptor(("k", "w")), timeout=0.05)
-        deadline = time.time() + 10
+        deadline = time.time() + 30
         while True:
             with psycopg.connect(dbname="postgres", autocommit=True) as c:
                 waiting = c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
