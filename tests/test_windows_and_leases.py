@@ -43,9 +43,9 @@ class Watcher(threading.Thread):
 
     def __enter__(self):
         self.start()
-        assert self.looking.wait(60), "the watcher's first read did not finish in 60 s"
-        if self.error is not None:
-            raise self.error
+        if not self.looking.wait(60) or self.error is not None:
+            self.__exit__(None, None, None)  # stops it; raises its error if it had one
+            raise AssertionError("the watcher's first read did not finish in 60 s")
         return self
 
     def __exit__(self, *exc):
